@@ -1,0 +1,12 @@
+"""cpcompile: context parallelism for PyTorch as a torch.compile pass.
+
+model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=mesh), fullgraph=True)
+"""
+
+from .backend import CPBackend, backend
+from .errors import CPCompileError
+from .sharding import pad_to_multiple, shard, shard_batch, unshard
+
+__version__ = "0.1.0"
+
+__all__ = ["CPBackend", "CPCompileError", "backend", "pad_to_multiple", "shard", "shard_batch", "unshard"]

@@ -1,0 +1,91 @@
+"""cpcompile.backend(...): a torch.compile backend that rewrites attention into CP regions, then compiles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.fx
+
+from .errors import CPCompileError
+from .groups import resolve_group
+from .kernels import KERNEL_NAMES
+from .layouts import LAYOUTS
+from .passes import COMMS, CPConfig, CPPlan, find_attention_sites, plan_site, rewrite_graph
+
+INNER = ("inductor", "aot_eager", "eager")
+
+
+def _inner_compiler(name: str) -> Callable:
+    if name == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx
+    if name == "aot_eager":
+        from torch._dynamo.backends.debugging import aot_eager
+
+        return aot_eager
+    return lambda gm, example_inputs: gm.forward
+
+
+@dataclass
+class CPBackend:
+    """The backend object torch.compile calls once per captured graph.
+
+    `plans` lists every site rewritten so far (one CPPlan each), across all graphs this backend compiled.
+    """
+
+    config: CPConfig
+    mesh: object = None
+    group: dist.ProcessGroup | None = None
+    inner: str = "inductor"
+    plans: list[CPPlan] = field(default_factory=list)
+
+    def transform(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        """Run the pass alone (find, plan every site, then rewrite): all validation precedes any rewrite."""
+        sites = find_attention_sites(gm)
+        if not sites:
+            return gm
+        group = resolve_group(self.mesh, self.group)
+        plans = [plan_site(site, self.config, group) for site in sites]
+        rewrite_graph(gm, plans)
+        self.plans.extend(plans)
+        return gm
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        return _inner_compiler(self.inner)(self.transform(gm), example_inputs)
+
+
+def backend(
+    strategy: str = "flat",
+    comm: str = "all_gather",
+    *,
+    mesh=None,
+    group: dist.ProcessGroup | None = None,
+    kernel: str = "auto",
+    inner: str = "inductor",
+) -> CPBackend:
+    """A torch.compile backend that runs every attention node context-parallel.
+
+    strategy: token layout across ranks ("flat", "zigzag"); comm: "all_gather"; mesh: a 1-D DeviceMesh or one
+    with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" or a provider
+    name; inner: the compiler after the pass ("inductor", "aot_eager", "eager").
+    """
+    for what, value, allowed in (
+        ("strategy", strategy, tuple(LAYOUTS)),
+        ("comm", comm, COMMS),
+        ("kernel", kernel, KERNEL_NAMES),
+        ("inner", inner, INNER),
+    ):
+        if value not in allowed:
+            raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
+    if mesh is not None and group is not None:
+        raise CPCompileError("both mesh= and group= were given. Fix: pass only one of them.")
+    return CPBackend(CPConfig(strategy=strategy, comm=comm, kernel=kernel), mesh=mesh, group=group, inner=inner)
+
+
+def default_backend(gm: torch.fx.GraphModule, example_inputs):
+    """Entry point for torch.compile(model, backend="cpcompile"): flat layout, all-gather, default group."""
+    return backend()(gm, example_inputs)

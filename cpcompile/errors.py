@@ -1,0 +1,29 @@
+"""One error type for everything cpcompile refuses, raised before any collective runs."""
+
+from __future__ import annotations
+
+import re
+
+import torch.fx
+
+
+class CPCompileError(ValueError):
+    """An input or configuration cpcompile cannot turn into a correct CP region.
+
+    The message always says what was found, the rule it breaks and what to do about it.
+    """
+
+
+def node_origin(node: torch.fx.Node) -> str:
+    """Name an FX node for an error message: node name plus the user's source line when Dynamo recorded it."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    if frames:
+        path, line, func, code = frames[-1]
+        return f"attention node '{node.name}' at {path}:{line} in {func}: `{code.strip()}`"
+    return f"attention node '{node.name}'"
+
+
+def site_error(node: torch.fx.Node, rule: str, fix: str) -> CPCompileError:
+    """Build the error for an attention site: which node, which rule, which fix."""
+    return CPCompileError(f"cpcompile cannot rewrite {node_origin(node)}: {rule}. Fix: {fix}")

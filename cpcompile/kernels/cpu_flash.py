@@ -1,0 +1,27 @@
+"""CPU provider: aten's flash-attention kernel for CPU (forward and backward, GQA, any float dtype)."""
+
+from __future__ import annotations
+
+import torch
+
+_aten = torch.ops.aten
+
+
+class CPUFlashKernel:
+    name = "cpu_flash"
+
+    def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
+        if device.type != "cpu":
+            return f"it runs on CPU tensors only, these are on {device}"
+        if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            return f"it takes floating-point q/k/v, not {dtype}"
+        return None
+
+    def forward(self, q, k, v, causal, scale):
+        out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, causal, scale):
+        return _aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, causal, scale=scale
+        )

@@ -1,0 +1,130 @@
+"""Plan each attention site: pick layout x comm x kernel and check every rule, failing with one clear error."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from ..errors import CPCompileError, node_origin, site_error
+from ..groups import CPGroup
+from ..kernels import resolve_kernel
+from ..layouts import get_layout
+from .match import AttentionSite
+
+COMMS = ("all_gather",)
+
+
+@dataclass(frozen=True)
+class CPConfig:
+    """What the user asked for in cpcompile.backend(...)."""
+
+    strategy: str
+    comm: str
+    kernel: str
+
+
+@dataclass(frozen=True)
+class CPPlan:
+    """How one site becomes a CP region: everything the region call needs, as constants."""
+
+    site: AttentionSite
+    layout: str
+    comm: str
+    kernel: str
+    causal: bool
+    scale: float
+    group: CPGroup
+
+    def region_kwargs(self) -> dict:
+        return dict(
+            layout=self.layout,
+            causal=self.causal,
+            scale=self.scale,
+            kernel=self.kernel,
+            group_name=self.group.name,
+            rank=self.group.rank,
+            world=self.group.size,
+        )
+
+
+def _constant(site: AttentionSite, name: str, value, types):
+    if isinstance(value, torch.fx.Node) or not isinstance(value, types):
+        raise site_error(
+            site.node,
+            f"its `{name}` is {'a traced value' if isinstance(value, torch.fx.Node) else repr(value)}, "
+            "cpcompile needs a Python constant there",
+            f"pass `{name}` as a plain Python constant so the pass can plan the CP region",
+        )
+    return value
+
+
+def _is_static(shape: tuple) -> bool:
+    return all(isinstance(s, int) for s in shape)
+
+
+def plan_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
+    """Validate `site` against the rules of CP with this config and return its plan (or raise CPCompileError)."""
+    node = site.node
+    if site.attn_mask is not None:
+        raise site_error(
+            node,
+            "an explicit attn_mask tensor cannot be sharded across CP ranks",
+            "use is_causal=True (or no mask) in scaled_dot_product_attention; for padded or packed "
+            "sequences use varlen attention with cu_seqlens",
+        )
+    dropout = _constant(site, "dropout_p", site.dropout_p, (int, float))
+    if dropout != 0:
+        raise site_error(
+            node,
+            f"dropout_p={dropout}: attention dropout is not supported in a CP region",
+            "set attention dropout to 0 (e.g. attention_dropout=0.0 in the model config)",
+        )
+    causal = bool(_constant(site, "is_causal", site.is_causal, (bool, int)))
+    gqa = bool(_constant(site, "enable_gqa", site.enable_gqa, (bool, int)))
+    for name, shape in (("query", site.q_shape), ("key", site.k_shape), ("value", site.v_shape)):
+        if len(shape) != 4:
+            raise site_error(
+                node,
+                f"its {name} has shape {shape}; cpcompile needs 4-D (batch, heads, seq, head_dim) inputs",
+                "call scaled_dot_product_attention with 4-D tensors",
+            )
+        if not _is_static(shape):
+            raise site_error(
+                node,
+                f"its {name} has a dynamic shape {shape}; the CP blocks are planned for static lengths",
+                "compile with dynamic=False (pad batches to a fixed length with cpcompile.pad_to_multiple)",
+            )
+    (_, hq, sq, d), (_, hkv, sk, _), (_, hv, sv, _) = site.q_shape, site.k_shape, site.v_shape
+    if sq != sk or sk != sv:
+        raise site_error(
+            node,
+            f"q has {sq} local tokens but k/v have {sk}/{sv}; CP shards q, k and v along the same sequence",
+            "use CP only for self-attention whose q, k and v come from the same sharded tokens",
+        )
+    if hkv != hv or (hq != hkv and not (gqa and hq % hkv == 0)):
+        raise site_error(
+            node,
+            f"q has {hq} heads, k {hkv} and v {hv}; heads must match, or with enable_gqa=True "
+            "k/v heads must be equal and divide the q heads",
+            "fix the head counts (pass enable_gqa=True for grouped-query attention)",
+        )
+    layout = get_layout(config.strategy)
+    if sq % layout.chunks_per_rank != 0:
+        raise site_error(
+            node,
+            f"layout {layout.name!r} splits each rank's tokens into {layout.chunks_per_rank} equal chunks, "
+            f"but this rank has {sq} tokens",
+            f"pad the global sequence to a multiple of {layout.required_multiple(group.size)} tokens "
+            "(cpcompile.pad_to_multiple) before cpcompile.shard",
+        )
+    try:
+        kernel = resolve_kernel(config.kernel, site.device, site.dtype)
+    except CPCompileError as e:
+        raise CPCompileError(f"cpcompile cannot rewrite {node_origin(node)}: {e}") from None
+    scale = float(_constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
+    return CPPlan(
+        site=site, layout=layout.name, comm=config.comm, kernel=kernel, causal=causal, scale=scale, group=group
+    )

@@ -1,0 +1,1 @@
+"""Helpers for tests and demos: a small Llama-style model and a bounded multi-process launcher."""

@@ -1,0 +1,89 @@
+"""Run a function on N local ranks (gloo on 127.0.0.1) with a hard timeout: a bug fails, it never hangs."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, backend, fn, args, results, threads):
+    torch.set_num_threads(threads)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=120),
+        )
+        try:
+            results.put((rank, "ok", fn(rank, world, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # report every failure to the parent, which raises it
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    timeout: float = 300.0,
+    backend: str = "gloo",
+    threads: int = 1,
+) -> list[Any]:
+    """Call fn(rank, world, *args) in `world` spawned processes after init_process_group; return their results.
+
+    `fn` must be importable (module level). Raises RuntimeError with the rank's traceback if any rank fails,
+    and TimeoutError (after killing every rank) if they do not all finish within `timeout` seconds.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world, port, backend, fn, args, results, threads), daemon=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    collected: dict[int, Any] = {}
+    try:
+        deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout)
+        while len(collected) < world:
+            left = (deadline - datetime.datetime.now()).total_seconds()
+            if left <= 0:
+                raise TimeoutError(f"ranks {sorted(set(range(world)) - set(collected))} did not finish in {timeout}s")
+            try:
+                rank, status, value = results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in collected]
+                if dead:
+                    codes = [procs[r].exitcode for r in dead]
+                    raise RuntimeError(f"rank(s) {dead} died with exit codes {codes}") from None
+                continue
+            if status == "error":
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            collected[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [collected[r] for r in range(world)]
