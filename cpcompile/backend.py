@@ -18,7 +18,9 @@ from .passes import COMMS, CPConfig, CPPlan, find_attention_sites, plan_site, re
 INNER = ("inductor", "aot_eager", "eager")
 
 
-def _inner_compiler(name: str) -> Callable:
+def _inner_compiler(name: str | Callable) -> Callable:
+    if callable(name):
+        return name
     if name == "inductor":
         from torch._inductor.compile_fx import compile_fx
 
@@ -40,7 +42,7 @@ class CPBackend:
     config: CPConfig
     mesh: object = None
     group: dist.ProcessGroup | None = None
-    inner: str = "inductor"
+    inner: str | Callable = "inductor"
     plans: list[CPPlan] = field(default_factory=list)
 
     def transform(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -65,13 +67,14 @@ def backend(
     mesh=None,
     group: dist.ProcessGroup | None = None,
     kernel: str = "auto",
-    inner: str = "inductor",
+    inner: str | Callable = "inductor",
 ) -> CPBackend:
     """A torch.compile backend that runs every attention node context-parallel.
 
     strategy: token layout across ranks ("flat", "zigzag"); comm: "all_gather"; mesh: a 1-D DeviceMesh or one
     with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" or a provider
-    name; inner: the compiler after the pass ("inductor", "aot_eager", "eager").
+    name; inner: the compiler after the pass ("inductor", "aot_eager", "eager", or any torch.compile backend
+    callable, e.g. one that records aot_autograd graphs).
     """
     for what, value, allowed in (
         ("strategy", strategy, tuple(LAYOUTS)),
@@ -79,7 +82,7 @@ def backend(
         ("kernel", kernel, KERNEL_NAMES),
         ("inner", inner, INNER),
     ):
-        if value not in allowed:
+        if not (what == "inner" and callable(value)) and value not in allowed:
             raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
     if mesh is not None and group is not None:
         raise CPCompileError("both mesh= and group= were given. Fix: pass only one of them.")

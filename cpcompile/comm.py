@@ -25,12 +25,17 @@ class _GatherSeqFirst(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group_name: str) -> torch.Tensor:
         ctx.group_name, ctx.dtype = group_name, x.dtype
-        return funcol.wait_tensor(_all_gather(x, 0, group_name))
+        return _waited(_all_gather(x, 0, group_name))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         summed = _reduce_scatter(grad.contiguous().to(grad_reduce_dtype(ctx.dtype)), "sum", 0, ctx.group_name)
-        return funcol.wait_tensor(summed).to(ctx.dtype), None
+        return _waited(summed).to(ctx.dtype), None
+
+
+def _waited(t: torch.Tensor) -> torch.Tensor:
+    """Eager funcol returns an AsyncCollectiveTensor; traced funcol already inserted its wait."""
+    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
 
 def gather_seq_first(x: torch.Tensor, group_name: str) -> torch.Tensor:
@@ -41,17 +46,30 @@ def gather_seq_first(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return _GatherSeqFirst.apply(x.contiguous(), group_name)
 
 
-def gather_kv(k: torch.Tensor, v: torch.Tensor, group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """All-gather K and V (.., S, D) along S in one collective when their shapes match.
+def _slots_tokens_first(x: torch.Tensor, slots: int) -> torch.Tensor:
+    """(B, H, slots*C, D) -> (C, slots, B, H, D): tokens outermost, the slot of a token next."""
+    b, h, s, d = x.shape
+    return x.view(b, h, slots, s // slots, d).permute(3, 2, 0, 1, 4)
 
-    Returns views shaped like the inputs with S multiplied by the group size, whose storage is token-major,
-    so any key range that spans consecutive ranks is a strided view with no copy.
+
+def _seq_view(gathered: torch.Tensor) -> torch.Tensor:
+    """(cp*C, B, H, D) -> (B, H, cp*C, D), a view."""
+    return gathered.permute(1, 2, 0, 3)
+
+
+def gather_kv(
+    k: torch.Tensor, v: torch.Tensor, slots: int, group_name: str
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """All-gather K and V (B, H, slots*C, D) of every local slot in ONE collective.
+
+    Returns, per slot i, K and V of slot i of every rank (rank-major, (B, H, cp*C, D)). Tokens are the
+    outermost dim of the send buffer and slot/K-V inner, so each slot's gathered tokens have one uniform
+    stride: any key range spanning consecutive ranks is a strided view, with no reorder copy.
     """
     if k.shape == v.shape and k.dtype == v.dtype:
-        kv = torch.stack((k.movedim(-2, 0), v.movedim(-2, 0)), dim=1)  # (S, 2, ..., D)
-        gathered = gather_seq_first(kv, group_name)
-        return gathered[:, 0].movedim(0, -2), gathered[:, 1].movedim(0, -2)
-    return (
-        gather_seq_first(k.movedim(-2, 0), group_name).movedim(0, -2),
-        gather_seq_first(v.movedim(-2, 0), group_name).movedim(0, -2),
-    )
+        packed = torch.stack((_slots_tokens_first(k, slots), _slots_tokens_first(v, slots)), dim=2)
+        g = gather_seq_first(packed, group_name)  # (cp*C, slots, 2, B, H, D)
+        return [_seq_view(g[:, i, 0]) for i in range(slots)], [_seq_view(g[:, i, 1]) for i in range(slots)]
+    gk = gather_seq_first(_slots_tokens_first(k, slots), group_name)
+    gv = gather_seq_first(_slots_tokens_first(v, slots), group_name)
+    return [_seq_view(gk[:, i]) for i in range(slots)], [_seq_view(gv[:, i]) for i in range(slots)]

@@ -24,17 +24,14 @@ def all_gather_attention(
 ) -> torch.Tensor:
     """Causal or full attention of this rank's q over the whole sequence's K/V, in the given layout.
 
-    K/V of each local slot (one per chunk a rank owns) are gathered separately so that a block's key range
-    is always a contiguous slice of one gathered buffer: no reorder copy. Causal squares read the local K/V,
-    so they do not wait for the gather.
+    K/V of all local slots (one per chunk a rank owns) travel in one all-gather, and each slot's gathered
+    tokens form one strided buffer, so a block's key range is always a slice of one buffer: no reorder
+    copy. Causal squares read the local K/V, so they do not wait for the gather.
     """
     lay = get_layout(layout)
     chunk = q.shape[-2] // lay.chunks_per_rank
-    ks, vs = [k], [v]
-    for slot in range(lay.chunks_per_rank):
-        gk, gv = gather_kv(k.narrow(-2, slot * chunk, chunk), v.narrow(-2, slot * chunk, chunk), group_name)
-        ks.append(gk)
-        vs.append(gv)
+    gathered_k, gathered_v = gather_kv(k, v, lay.chunks_per_rank, group_name)
+    ks, vs = [k, *gathered_k], [v, *gathered_v]
     blocks = [i for b in lay.blocks(world, rank, chunk, causal) for i in b.as_ints()]
     out, _lse = torch.ops.cpcompile.attend_blocks(q, ks, vs, blocks, scale, kernel)
     return out
