@@ -23,8 +23,8 @@ def fake_group(rank: int, world: int):
 
 
 def normalize_gm(code: str) -> str:
-    """Drop source-location comments and blank lines so snapshots do not depend on file paths."""
-    lines = [ln.rstrip() for ln in code.splitlines()]
+    """Drop source-location comments, blank lines and `x = None` frees: snapshots show only the computation."""
+    lines = [re.sub(r";\s+[\w\s=]+= None$", "", ln.rstrip()) for ln in code.splitlines()]
     return "\n".join(ln for ln in lines if ln.strip() and not ln.strip().startswith("#")) + "\n"
 
 

@@ -42,7 +42,7 @@ class GraphModule(torch.nn.Module):
         l_q_ = L_q_
         l_k_ = L_k_
         l_v_ = L_v_
-        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_regions_all_gather_all_gather_attention(l_q_, l_k_, l_v_, layout = 'flat', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4);  l_q_ = l_k_ = l_v_ = None
+        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_regions_all_gather_all_gather_attention(l_q_, l_k_, l_v_, layout = 'flat', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
         return (all_gather_attention,)
 """,
         )
@@ -58,7 +58,7 @@ class GraphModule(torch.nn.Module):
         l_q_ = L_q_
         l_k_ = L_k_
         l_v_ = L_v_
-        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_regions_all_gather_all_gather_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4);  l_q_ = l_k_ = l_v_ = None
+        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_regions_all_gather_all_gather_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
         return (all_gather_attention,)
 """,
         )
@@ -77,29 +77,29 @@ class GraphModule(torch.nn.Module):
 class GraphModule(torch.nn.Module):
     def forward(self, primals_1: "f32[1, 4, 8, 16]", primals_2: "f32[1, 2, 8, 16]", primals_3: "f32[1, 2, 8, 16]"):
         view: "f32[1, 2, 2, 4, 16]" = torch.ops.aten.view.default(primals_2, [1, 2, 2, 4, 16])
-        permute: "f32[4, 2, 1, 2, 16]" = torch.ops.aten.permute.default(view, [3, 2, 0, 1, 4]);  view = None
+        permute: "f32[4, 2, 1, 2, 16]" = torch.ops.aten.permute.default(view, [3, 2, 0, 1, 4])
         view_1: "f32[1, 2, 2, 4, 16]" = torch.ops.aten.view.default(primals_3, [1, 2, 2, 4, 16])
-        permute_1: "f32[4, 2, 1, 2, 16]" = torch.ops.aten.permute.default(view_1, [3, 2, 0, 1, 4]);  view_1 = None
-        stack: "f32[4, 2, 2, 1, 2, 16]" = torch.ops.aten.stack.default([permute, permute_1], 2);  permute = permute_1 = None
-        all_gather_into_tensor: "f32[16, 2, 2, 1, 2, 16]" = torch.ops._c10d_functional.all_gather_into_tensor.default(stack, 4, '0');  stack = None
-        wait_tensor: "f32[16, 2, 2, 1, 2, 16]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor);  all_gather_into_tensor = None
+        permute_1: "f32[4, 2, 1, 2, 16]" = torch.ops.aten.permute.default(view_1, [3, 2, 0, 1, 4])
+        stack: "f32[4, 2, 2, 1, 2, 16]" = torch.ops.aten.stack.default([permute, permute_1], 2)
+        all_gather_into_tensor: "f32[16, 2, 2, 1, 2, 16]" = torch.ops._c10d_functional.all_gather_into_tensor.default(stack, 4, '0')
+        wait_tensor: "f32[16, 2, 2, 1, 2, 16]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor)
         select: "f32[16, 2, 1, 2, 16]" = torch.ops.aten.select.int(wait_tensor, 1, 0)
-        select_1: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select, 1, 0);  select = None
-        permute_2: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_1, [1, 2, 0, 3]);  select_1 = None
+        select_1: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select, 1, 0)
+        permute_2: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_1, [1, 2, 0, 3])
         select_2: "f32[16, 2, 1, 2, 16]" = torch.ops.aten.select.int(wait_tensor, 1, 1)
-        select_3: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select_2, 1, 0);  select_2 = None
-        permute_3: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_3, [1, 2, 0, 3]);  select_3 = None
+        select_3: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select_2, 1, 0)
+        permute_3: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_3, [1, 2, 0, 3])
         select_4: "f32[16, 2, 1, 2, 16]" = torch.ops.aten.select.int(wait_tensor, 1, 0)
-        select_5: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select_4, 1, 1);  select_4 = None
-        permute_4: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_5, [1, 2, 0, 3]);  select_5 = None
-        select_6: "f32[16, 2, 1, 2, 16]" = torch.ops.aten.select.int(wait_tensor, 1, 1);  wait_tensor = None
-        select_7: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select_6, 1, 1);  select_6 = None
-        permute_5: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_7, [1, 2, 0, 3]);  select_7 = None
+        select_5: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select_4, 1, 1)
+        permute_4: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_5, [1, 2, 0, 3])
+        select_6: "f32[16, 2, 1, 2, 16]" = torch.ops.aten.select.int(wait_tensor, 1, 1)
+        select_7: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select_6, 1, 1)
+        permute_5: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_7, [1, 2, 0, 3])
         attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [primals_2, permute_2, permute_3], [primals_3, permute_4, permute_5], [0, 4, 0, 0, 4, 1, 0, 4, 1, 0, 4, 0, 4, 4, 0, 4, 4, 1, 4, 4, 1, 0, 16, 0, 4, 4, 2, 8, 8, 0], 0.25, 'cpu_flash')
         getitem: "f32[1, 4, 8, 16]" = attend_blocks[0]
-        getitem_1: "f32[1, 4, 8]" = attend_blocks[1];  attend_blocks = None
+        getitem_1: "f32[1, 4, 8]" = attend_blocks[1]
         detach: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(getitem)
-        detach_1: "f32[1, 4, 8]" = torch.ops.aten.detach.default(getitem_1);  getitem_1 = None
+        detach_1: "f32[1, 4, 8]" = torch.ops.aten.detach.default(getitem_1)
         return (getitem, primals_1, primals_2, primals_3, permute_2, permute_3, permute_4, permute_5, detach, detach_1)
 """,
         )
