@@ -83,7 +83,6 @@ def plan_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
             "set attention dropout to 0 (e.g. attention_dropout=0.0 in the model config)",
         )
     causal = bool(_constant(site, "is_causal", site.is_causal, (bool, int)))
-    gqa = bool(_constant(site, "enable_gqa", site.enable_gqa, (bool, int)))
     for name, shape in (("query", site.q_shape), ("key", site.k_shape), ("value", site.v_shape)):
         if len(shape) != 4:
             raise site_error(
@@ -97,19 +96,12 @@ def plan_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
                 f"its {name} has a dynamic shape {shape}; the CP blocks are planned for static lengths",
                 "compile with dynamic=False (pad batches to a fixed length with cpcompile.pad_to_multiple)",
             )
-    (_, hq, sq, d), (_, hkv, sk, _), (_, hv, sv, _) = site.q_shape, site.k_shape, site.v_shape
+    (_, _, sq, d), (_, _, sk, _), (_, _, sv, _) = site.q_shape, site.k_shape, site.v_shape
     if sq != sk or sk != sv:
         raise site_error(
             node,
             f"q has {sq} local tokens but k/v have {sk}/{sv}; CP shards q, k and v along the same sequence",
             "use CP only for self-attention whose q, k and v come from the same sharded tokens",
-        )
-    if hkv != hv or (hq != hkv and not (gqa and hq % hkv == 0)):
-        raise site_error(
-            node,
-            f"q has {hq} heads, k {hkv} and v {hv}; heads must match, or with enable_gqa=True "
-            "k/v heads must be equal and divide the q heads",
-            "fix the head counts (pass enable_gqa=True for grouped-query attention)",
         )
     layout = get_layout(config.strategy)
     if sq % layout.chunks_per_rank != 0:
