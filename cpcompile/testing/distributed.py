@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import io
 import os
 import queue
 import socket
@@ -21,6 +22,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _to_bytes(value: Any) -> bytes:
+    """Results travel as bytes: tensors sent through the queue would share memory with an exited process."""
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
 def _worker(rank, world, port, backend, fn, args, results, threads):
     torch.set_num_threads(threads)
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -33,7 +41,7 @@ def _worker(rank, world, port, backend, fn, args, results, threads):
             timeout=datetime.timedelta(seconds=120),
         )
         try:
-            results.put((rank, "ok", fn(rank, world, *args)))
+            results.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
         finally:
             dist.destroy_process_group()
     except BaseException:  # report every failure to the parent, which raises it
@@ -79,7 +87,7 @@ def run_ranks(
                 continue
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
-            collected[rank] = value
+            collected[rank] = torch.load(io.BytesIO(value), weights_only=False)
     finally:
         for p in procs:
             p.join(timeout=5)

@@ -1,0 +1,87 @@
+"""Train TinyLlama for a few steps with CP, or on one process over the full sequence, to compare the two.
+
+Both runs see the same batches and initial weights. With CP each rank feeds its shard of every batch,
+normalises its loss by the GLOBAL token count and sums parameter gradients over the CP group, so the CP
+losses and updated weights must equal the single-process ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import cpcompile
+
+from .model import TinyConfig, TinyLlama, token_loss_sum
+
+
+@dataclass
+class TrainResult:
+    losses: list[float]
+    params: dict[str, torch.Tensor]
+    rewritten: int = 0
+
+
+def make_batches(cfg: TinyConfig, steps: int, batch: int, seq: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Random token batches with next-token labels (last position ignored) and positions 0..seq-1."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        ids = torch.randint(0, cfg.vocab, (batch, seq + 1), generator=g)
+        labels = ids[:, 1:].clone()
+        labels[:, -1] = -100
+        out.append({"input_ids": ids[:, :-1], "labels": labels, "position_ids": torch.arange(seq).expand(batch, seq)})
+    return out
+
+
+def _model(cfg: TinyConfig, seed: int, dtype: torch.dtype, device: torch.device) -> TinyLlama:
+    torch.manual_seed(seed)
+    return TinyLlama(cfg).to(device=device, dtype=dtype)
+
+
+def train(
+    cfg: TinyConfig,
+    batches: list[dict[str, torch.Tensor]],
+    *,
+    strategy: str | None = None,
+    comm: str = "all_gather",
+    inner: str = "aot_eager",
+    lr: float = 0.5,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainResult:
+    """Train on `batches`: single-process when strategy is None, else CP over the default group."""
+    device = torch.device(device)
+    model = _model(cfg, seed, dtype, device)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)  # plain SGD: weight error tracks gradient error
+    backend = None
+    if strategy is None:
+        step_model = torch.compile(model, backend=inner, fullgraph=True)
+    else:
+        backend = cpcompile.backend(strategy=strategy, comm=comm, inner=inner)
+        step_model = torch.compile(model, backend=backend, fullgraph=True)
+    losses = []
+    for i, full in enumerate(batches):
+        n_tokens = int((full["labels"] != -100).sum())
+        batch = full if strategy is None else cpcompile.shard_batch(full, strategy=strategy)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        logits = step_model(batch["input_ids"], batch["position_ids"])
+        loss = token_loss_sum(logits, batch["labels"]) / n_tokens
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        total = loss.detach().clone()
+        if strategy is not None:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)  # each rank's grads come from its own tokens only
+            dist.all_reduce(total)
+        opt.step()
+        losses.append(total.item())
+        if on_step is not None:
+            on_step(i, losses[-1])
+    params = {k: v.detach().float().cpu().clone() for k, v in model.named_parameters()}
+    return TrainResult(losses, params, len(backend.plans) if backend else 0)
