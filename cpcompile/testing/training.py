@@ -26,11 +26,19 @@ class TrainResult:
 
 
 def make_batches(cfg: TinyConfig, steps: int, batch: int, seq: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Random token batches with next-token labels (last position ignored) and positions 0..seq-1."""
+    """Learnable token batches: a noisy chain where token t+1 = (5 * t + 3) % vocab 90% of the time.
+
+    Labels are the next tokens (last position ignored); positions run 0..seq-1.
+    """
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(steps):
-        ids = torch.randint(0, cfg.vocab, (batch, seq + 1), generator=g)
+        ids = torch.empty(batch, seq + 1, dtype=torch.long)
+        ids[:, 0] = torch.randint(0, cfg.vocab, (batch,), generator=g)
+        noise = torch.rand(batch, seq, generator=g) < 0.1
+        random_next = torch.randint(0, cfg.vocab, (batch, seq), generator=g)
+        for t in range(seq):
+            ids[:, t + 1] = torch.where(noise[:, t], random_next[:, t], (5 * ids[:, t] + 3) % cfg.vocab)
         labels = ids[:, 1:].clone()
         labels[:, -1] = -100
         out.append({"input_ids": ids[:, :-1], "labels": labels, "position_ids": torch.arange(seq).expand(batch, seq)})
