@@ -14,6 +14,7 @@ from .groups import resolve_group
 from .kernels import KERNEL_NAMES
 from .layouts import LAYOUTS
 from .passes import COMMS, CPConfig, CPPlan, find_attention_sites, plan_site, rewrite_graph
+from .passes.dtensor import is_dtensor_site, localize_dtensor_site
 
 INNER = ("inductor", "aot_eager", "eager")
 
@@ -50,8 +51,13 @@ class CPBackend:
         sites = find_attention_sites(gm)
         if not sites:
             return gm
-        group = resolve_group(self.mesh, self.group)
-        plans = [plan_site(site, self.config, group) for site in sites]
+        plans = []
+        for site in sites:
+            if is_dtensor_site(site):  # mesh and seq dim come from the placements
+                site, group = localize_dtensor_site(site, self.config.strategy, self.mesh, self.group)
+            else:
+                group = resolve_group(self.mesh, self.group)
+            plans.append(plan_site(site, self.config, group))
         rewrite_graph(gm, plans)
         self.plans.extend(plans)
         return gm
@@ -86,6 +92,10 @@ def backend(
             raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
     if mesh is not None and group is not None:
         raise CPCompileError("both mesh= and group= were given. Fix: pass only one of them.")
+    if dist.is_available():
+        from .dtensor_ops import register_cpu_sdpa_rules
+
+        register_cpu_sdpa_rules()  # lets Dynamo trace SDPA on CPU DTensors
     return CPBackend(CPConfig(strategy=strategy, comm=comm, kernel=kernel), mesh=mesh, group=group, inner=inner)
 
 
