@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
+from .dtensor_ops import register_cpu_sdpa_rules
 from .errors import CPCompileError
 from .groups import resolve_group
 from .kernels import KERNEL_NAMES
@@ -17,6 +18,8 @@ from .passes import COMMS, CPConfig, CPPlan, find_attention_sites, plan_site, re
 from .passes.dtensor import is_dtensor_site, localize_dtensor_site
 
 INNER = ("inductor", "aot_eager", "eager")
+
+register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
 
 
 def _inner_compiler(name: str | Callable) -> Callable:
@@ -92,10 +95,6 @@ def backend(
             raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
     if mesh is not None and group is not None:
         raise CPCompileError("both mesh= and group= were given. Fix: pass only one of them.")
-    if dist.is_available():
-        from .dtensor_ops import register_cpu_sdpa_rules
-
-        register_cpu_sdpa_rules()  # lets Dynamo trace SDPA on CPU DTensors
     return CPBackend(CPConfig(strategy=strategy, comm=comm, kernel=kernel), mesh=mesh, group=group, inner=inner)
 
 

@@ -106,3 +106,13 @@ def localize_dtensor_site(site: AttentionSite, strategy: str, mesh=None, group=N
         )
     local = {name: tuple(v._local_tensor.shape) for name, v in vals.items()}
     return dataclasses.replace(site, q_shape=local["query"], k_shape=local["key"], v_shape=local["value"]), cp
+
+
+def region_example_value(site: AttentionSite):
+    """The region's output as Dynamo would have traced it: the SDPA output's shape and dtype, placed like q.
+
+    (Dynamo traced SDPA with DTensor's own rule, which redistributes to Replicate; the region keeps Shard(2).)
+    """
+    q, out = _example(site.query), _example(site.node)
+    local = out._local_tensor.new_empty(q._local_tensor.shape[:-1] + out.shape[-1:])
+    return DTensor.from_local(local, q.device_mesh, q.placements, run_check=False)

@@ -6,7 +6,7 @@ import torch.fx
 
 from ..regions import REGIONS
 from ..regions.dtensor import dtensor_region
-from .dtensor import is_dtensor_site
+from .dtensor import is_dtensor_site, region_example_value
 from .plan import CPPlan
 
 
@@ -22,6 +22,8 @@ def rewrite_graph(gm: torch.fx.GraphModule, plans: list[CPPlan]) -> torch.fx.Gra
             region = graph.call_function(target, args=(plan.site.query, plan.site.key, plan.site.value), kwargs=kwargs)
         region.meta = dict(node.meta)
         region.meta["cpcompile_plan"] = plan
+        if is_dtensor_site(plan.site):
+            region.meta["example_value"] = region_example_value(plan.site)
         node.replace_all_uses_with(region)
         graph.erase_node(node)
     graph.lint()
