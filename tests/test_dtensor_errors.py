@@ -3,13 +3,12 @@ a DTensor site. One process on a fake process group: tracing and rewriting need 
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from expecttest import assert_expected_inline
+from fake_pg import normalize_gm
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -112,10 +111,6 @@ def test_helper_errors():
         cpcompile.unshard(x, strategy="flat")
 
 
-def _normalize(code: str) -> str:
-    return "\n".join(ln for ln in code.splitlines() if ln.strip() and not re.match(r"\s*# File:", ln)) + "\n"
-
-
 def test_dtensor_site_graph():
     """A DTensor site becomes one dtensor_region call: mesh and group read from the placements (2-D mesh)."""
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
@@ -125,14 +120,14 @@ def test_dtensor_site_graph():
     assert be.plans[0].group.size == 2 and be.plans[0].group.rank == 1
     group = be.plans[0].group.name
     assert_expected_inline(
-        _normalize(gm.print_readable(False)).replace(repr(group), "'<cp group>'"),
+        normalize_gm(gm.print_readable(False)).replace(repr(group), "'<cp group>'"),
         """\
 class GraphModule(torch.nn.Module):
     def forward(self, L_a_: "DTensor(f32[2, 4, 16, 8], S(0)S(2))", L_b_: "DTensor(f32[2, 4, 16, 8], S(0)S(2))", L_c_: "DTensor(f32[2, 4, 16, 8], S(0)S(2))"):
         l_a_ = L_a_
         l_b_ = L_b_
         l_c_ = L_c_
-        dtensor_region: "DTensor(f32[2, 4, 16, 8], S(0)S(2))" = cpcompile_regions_dtensor_dtensor_region(l_a_, l_b_, l_c_, comm = 'all_gather', layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '<cp group>', rank = 1, world = 2);  l_a_ = l_b_ = l_c_ = None
+        dtensor_region: "DTensor(f32[2, 4, 16, 8], S(0)S(2))" = cpcompile_regions_dtensor_dtensor_region(l_a_, l_b_, l_c_, comm = 'all_gather', layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '<cp group>', rank = 1, world = 2)
         return (dtensor_region,)
-""",  # noqa: E501
+""",
     )
