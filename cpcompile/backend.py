@@ -9,13 +9,17 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
+from .dtensor_ops import register_cpu_sdpa_rules
 from .errors import CPCompileError
 from .groups import resolve_group
 from .kernels import KERNEL_NAMES
 from .layouts import LAYOUTS
 from .passes import COMMS, CPConfig, CPPlan, find_attention_sites, plan_site, rewrite_graph
+from .passes.dtensor import is_dtensor_site, localize_dtensor_site
 
 INNER = ("inductor", "aot_eager", "eager")
+
+register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
 
 
 def _inner_compiler(name: str | Callable) -> Callable:
@@ -50,8 +54,13 @@ class CPBackend:
         sites = find_attention_sites(gm)
         if not sites:
             return gm
-        group = resolve_group(self.mesh, self.group)
-        plans = [plan_site(site, self.config, group) for site in sites]
+        plans = []
+        for site in sites:
+            if is_dtensor_site(site):  # mesh and seq dim come from the placements
+                site, group = localize_dtensor_site(site, self.config.strategy, self.mesh, self.group)
+            else:
+                group = resolve_group(self.mesh, self.group)
+            plans.append(plan_site(site, self.config, group))
         rewrite_graph(gm, plans)
         self.plans.extend(plans)
         return gm

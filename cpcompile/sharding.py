@@ -56,8 +56,19 @@ def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int, value: float = 0) 
     return F.pad(x, pad, value=value)
 
 
-def shard(x: torch.Tensor, *, strategy: str, seq_dim: int, mesh=None, group=None) -> torch.Tensor:
-    """This rank's tokens of the global tensor `x`, in the layout's local order (a new tensor)."""
+def shard(
+    x: torch.Tensor, *, strategy: str, seq_dim: int, mesh=None, group=None, as_dtensor: bool = False
+) -> torch.Tensor:
+    """This rank's tokens of the global tensor `x`, in the layout's local order (a new tensor).
+
+    as_dtensor=True wraps them as a DTensor on `mesh`, Shard(seq_dim) on its CP dim (for "flat" this equals
+    distribute_tensor(x, mesh, [Shard(seq_dim)])); such DTensors can be fed to a model compiled with the backend.
+    """
+    if as_dtensor:
+        from .sharding_dtensor import local_to_dtensor
+
+        local = shard(x, strategy=strategy, seq_dim=seq_dim, mesh=mesh, group=group)
+        return local_to_dtensor(local, seq_dim % x.dim(), mesh)
     cp = resolve_group(mesh, group)
     layout = get_layout(strategy)
     seq_dim = seq_dim % x.dim()
@@ -95,8 +106,21 @@ class _Unshard(torch.autograd.Function):
         return torch.cat(mine, dim=seq_dim), None, None, None, None, None
 
 
-def unshard(x_local: torch.Tensor, *, strategy: str, seq_dim: int, mesh=None, group=None) -> torch.Tensor:
-    """The full sequence in global order on every rank, from each rank's local tokens (differentiable)."""
+def unshard(x_local: torch.Tensor, *, strategy: str, seq_dim: int | None = None, mesh=None, group=None) -> torch.Tensor:
+    """The full sequence in global order on every rank, from each rank's local tokens (differentiable).
+
+    `x_local` may be a DTensor sharded over a CP mesh dim: mesh and seq_dim then come from its placement, and
+    for "flat" the result equals x_local.full_tensor() (as a plain tensor; other mesh dims stay local).
+    """
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(x_local, DTensor):
+        from .sharding_dtensor import dtensor_local
+
+        x_local, seq_dim, mesh = dtensor_local(x_local, seq_dim, mesh, group)
+        group = None
+    if seq_dim is None:
+        raise CPCompileError("unshard of a plain tensor needs seq_dim=. Fix: pass the sequence dim.")
     cp = resolve_group(mesh, group)
     layout = get_layout(strategy)
     seq_dim = seq_dim % x_local.dim()
