@@ -38,6 +38,16 @@ def _waited(t: torch.Tensor) -> torch.Tensor:
     return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
 
+def all_gather_dim0(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Plain (non-differentiable) all-gather of a contiguous tensor along dim 0, rank-major."""
+    return _waited(_all_gather(x, 0, group_name))
+
+
+def reduce_scatter_dim0(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Plain reduce-scatter (sum) along dim 0: this rank's slice of the sum over ranks."""
+    return _waited(_reduce_scatter(x.contiguous(), "sum", 0, group_name))
+
+
 def gather_seq_first(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """All-gather `x` (tokens on dim 0) rank-major along dim 0; backward reduce-scatters the gradient.
 
@@ -46,30 +56,7 @@ def gather_seq_first(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return _GatherSeqFirst.apply(x.contiguous(), group_name)
 
 
-def _slots_tokens_first(x: torch.Tensor, slots: int) -> torch.Tensor:
+def slots_tokens_first(x: torch.Tensor, slots: int) -> torch.Tensor:
     """(B, H, slots*C, D) -> (C, slots, B, H, D): tokens outermost, the slot of a token next."""
     b, h, s, d = x.shape
     return x.view(b, h, slots, s // slots, d).permute(3, 2, 0, 1, 4)
-
-
-def _seq_view(gathered: torch.Tensor) -> torch.Tensor:
-    """(cp*C, B, H, D) -> (B, H, cp*C, D), a view."""
-    return gathered.permute(1, 2, 0, 3)
-
-
-def gather_kv(
-    k: torch.Tensor, v: torch.Tensor, slots: int, group_name: str
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """All-gather K and V (B, H, slots*C, D) of every local slot in ONE collective.
-
-    Returns, per slot i, K and V of slot i of every rank (rank-major, (B, H, cp*C, D)). Tokens are the
-    outermost dim of the send buffer and slot/K-V inner, so each slot's gathered tokens have one uniform
-    stride: any key range spanning consecutive ranks is a strided view, with no reorder copy.
-    """
-    if k.shape == v.shape and k.dtype == v.dtype:
-        packed = torch.stack((_slots_tokens_first(k, slots), _slots_tokens_first(v, slots)), dim=2)
-        g = gather_seq_first(packed, group_name)  # (cp*C, slots, 2, B, H, D)
-        return [_seq_view(g[:, i, 0]) for i in range(slots)], [_seq_view(g[:, i, 1]) for i in range(slots)]
-    gk = gather_seq_first(_slots_tokens_first(k, slots), group_name)
-    gv = gather_seq_first(_slots_tokens_first(v, slots), group_name)
-    return [_seq_view(gk[:, i]) for i in range(slots)], [_seq_view(gv[:, i]) for i in range(slots)]

@@ -1,7 +1,7 @@
 """The block executor: one custom op that runs a rank's attention blocks and merges them by log-sum-exp.
 
-`cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel)` runs every block (see layouts.Block, encoded as
-six ints each) with the kernel provider and merges partial outputs in fp32 (or fp64 for fp64 inputs). Its
+`cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None)` runs every block (see
+layouts.Block, encoded as six ints each) with the kernel provider and merges partial outputs in fp32 (or fp64 for fp64 inputs). Its
 registered backward calls each block's kernel backward with the FINAL output and LSE, which yields the exact
 partial gradients (the ring-attention identity); autograd never differentiates through the merge.
 """
@@ -47,8 +47,10 @@ def attend_blocks(
     blocks: list[int],
     scale: float,
     kernel: str,
+    packed_kv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_kernel(kernel)
+    ks, vs = with_packed_sources(ks, vs, packed_kv)
     acc_t = _acc_dtype(q.dtype)
     acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
     lse = q.new_full(q.shape[:-1], float("-inf"), dtype=acc_t)
@@ -66,7 +68,8 @@ def attend_blocks(
 
 
 @attend_blocks.register_fake
-def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel):
+def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None):
+    vs = with_packed_sources(ks, vs, packed_kv)[1]
     out = _empty_like_layout(q, vs[0].shape[-1], q.dtype)
     return out, q.new_empty(q.shape[:-1], dtype=_acc_dtype(q.dtype))
 
@@ -82,12 +85,19 @@ def attend_blocks_backward(
     blocks: list[int],
     scale: float,
     kernel: str,
-) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    packed_kv: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     impl = get_kernel(kernel)
     acc_t = _acc_dtype(q.dtype)
     dq = torch.zeros_like(q, dtype=acc_t)
+    n_explicit = len(ks)
     dks = [torch.zeros_like(k, dtype=acc_t) for k in ks]
     dvs = [torch.zeros_like(v, dtype=acc_t) for v in vs]
+    dpacked = _packed_grad_like(packed_kv, q)
+    if packed_kv is not None:  # gradients of packed sources accumulate straight into the packed layout
+        packed_dks, packed_dvs = with_packed_sources([], [], dpacked)
+        dks, dvs = dks + packed_dks, dvs + packed_dvs
+    ks, vs = with_packed_sources(ks, vs, packed_kv)
     kernel_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     for q0, qn, src, k0, kn, causal in _decode(blocks):
         dq_b, dk_b, dv_b = impl.backward(
@@ -105,8 +115,9 @@ def attend_blocks_backward(
         _rows(dvs[src], k0, kn).add_(dv_b)
     return (
         _cast_like(dq, q),
-        [_cast_like(g, k) for g, k in zip(dks, ks)],
-        [_cast_like(g, v) for g, v in zip(dvs, vs)],
+        [_cast_like(g, k) for g, k in zip(dks[:n_explicit], ks)],
+        [_cast_like(g, v) for g, v in zip(dvs[:n_explicit], vs)],
+        dpacked,
     )
 
 
@@ -117,25 +128,57 @@ def _cast_like(acc: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 @attend_blocks_backward.register_fake
-def _attend_blocks_backward_fake(dout, q, ks, vs, out, lse, blocks, scale, kernel):
-    return torch.empty_like(q), [torch.empty_like(k) for k in ks], [torch.empty_like(v) for v in vs]
+def _attend_blocks_backward_fake(dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv=None):
+    return (
+        torch.empty_like(q),
+        [torch.empty_like(k) for k in ks],
+        [torch.empty_like(v) for v in vs],
+        _packed_grad_like(packed_kv, q),
+    )
+
+
+def _packed_grad_like(packed_kv: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """Zeros shaped like the packed buffer in the accumulation dtype (an empty tensor when there is none)."""
+    shape = packed_kv.shape if packed_kv is not None else (0,)
+    return q.new_zeros(shape, dtype=_acc_dtype(q.dtype))
+
+
+def with_packed_sources(
+    ks: list[torch.Tensor], vs: list[torch.Tensor], packed_kv: torch.Tensor | None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Append the sources held in a packed all-gather buffer (T, slots, 2, B, H, D) to ks/vs.
+
+    Slot i's K is packed_kv[:, i, 0] and V is packed_kv[:, i, 1], viewed as (B, H, T, D) with no copy. The
+    executor takes the packed buffer itself so its backward can write the gradient of every gathered source
+    directly in the layout the reduce-scatter sends: no pack kernel between them.
+    """
+    if packed_kv is None:
+        return list(ks), list(vs)
+    slots = range(packed_kv.shape[1])
+    return (
+        [*ks, *(packed_kv[:, i, 0].permute(1, 2, 0, 3) for i in slots)],
+        [*vs, *(packed_kv[:, i, 1].permute(1, 2, 0, 3) for i in slots)],
+    )
 
 
 def _setup_context(ctx, inputs, output):
-    q, ks, vs, blocks, scale, kernel = inputs
+    q, ks, vs, blocks, scale, kernel, packed_kv = inputs
     out, lse = output
-    ctx.save_for_backward(q, out, lse, *ks, *vs)
+    ctx.has_packed = packed_kv is not None
+    ctx.save_for_backward(q, out, lse, *([packed_kv] if ctx.has_packed else []), *ks, *vs)
     ctx.n_sources = len(ks)
     ctx.blocks, ctx.scale, ctx.kernel = blocks, scale, kernel
 
 
 def _backward(ctx, dout, _dlse):
-    q, out, lse, *kv = ctx.saved_tensors
-    ks, vs = kv[: ctx.n_sources], kv[ctx.n_sources :]
-    dq, dks, dvs = torch.ops.cpcompile.attend_blocks_backward(
-        dout, q, ks, vs, out, lse, ctx.blocks, ctx.scale, ctx.kernel
+    q, out, lse, *rest = ctx.saved_tensors
+    packed_kv = rest.pop(0) if ctx.has_packed else None
+    ks, vs = rest[: ctx.n_sources], rest[ctx.n_sources :]
+    dq, dks, dvs, dpacked = torch.ops.cpcompile.attend_blocks_backward(
+        dout, q, ks, vs, out, lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv
     )
-    return dq, dks, dvs, None, None, None
+    dpacked = dpacked.to(packed_kv.dtype) if ctx.has_packed else None
+    return dq, dks, dvs, None, None, None, dpacked
 
 
 attend_blocks.register_autograd(_backward, setup_context=_setup_context)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 import torch
 import torch.nn.functional as F
 
-from .comm import gather_seq_first
+from .comm import all_gather_dim0
 from .errors import CPCompileError
 from .groups import resolve_group
 from .layouts import ChunkLayout, get_layout
@@ -89,7 +89,7 @@ class _Unshard(torch.autograd.Function):
     def forward(ctx, x, seq_dim, layout_name, group_name, rank, world):
         layout = get_layout(layout_name)
         ctx.seq_dim, ctx.layout, ctx.rank, ctx.world = seq_dim, layout_name, rank, world
-        gathered = gather_seq_first(x.movedim(seq_dim, 0), group_name)
+        gathered = all_gather_dim0(x.movedim(seq_dim, 0).contiguous(), group_name)
         chunk = x.shape[seq_dim] // layout.chunks_per_rank
         order = layout.unshard_chunk_order(world)
         if order != sorted(order):

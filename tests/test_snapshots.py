@@ -83,24 +83,11 @@ class GraphModule(torch.nn.Module):
         stack: "f32[4, 2, 2, 1, 2, 16]" = torch.ops.aten.stack.default([permute, permute_1], 2)
         all_gather_into_tensor: "f32[16, 2, 2, 1, 2, 16]" = torch.ops._c10d_functional.all_gather_into_tensor.default(stack, 4, '0')
         wait_tensor: "f32[16, 2, 2, 1, 2, 16]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor)
-        select: "f32[16, 2, 1, 2, 16]" = torch.ops.aten.select.int(wait_tensor, 1, 0)
-        select_1: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select, 1, 0)
-        permute_2: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_1, [1, 2, 0, 3])
-        select_2: "f32[16, 2, 1, 2, 16]" = torch.ops.aten.select.int(wait_tensor, 1, 1)
-        select_3: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select_2, 1, 0)
-        permute_3: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_3, [1, 2, 0, 3])
-        select_4: "f32[16, 2, 1, 2, 16]" = torch.ops.aten.select.int(wait_tensor, 1, 0)
-        select_5: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select_4, 1, 1)
-        permute_4: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_5, [1, 2, 0, 3])
-        select_6: "f32[16, 2, 1, 2, 16]" = torch.ops.aten.select.int(wait_tensor, 1, 1)
-        select_7: "f32[16, 1, 2, 16]" = torch.ops.aten.select.int(select_6, 1, 1)
-        permute_5: "f32[1, 2, 16, 16]" = torch.ops.aten.permute.default(select_7, [1, 2, 0, 3])
-        attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [primals_2, permute_2, permute_3], [primals_3, permute_4, permute_5], [0, 4, 0, 0, 4, 1, 0, 4, 1, 0, 4, 0, 4, 4, 0, 4, 4, 1, 4, 4, 1, 0, 16, 0, 4, 4, 2, 8, 8, 0], 0.25, 'cpu_flash')
+        attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [primals_2], [primals_3], [0, 4, 0, 0, 4, 1, 0, 4, 1, 0, 4, 0, 4, 4, 0, 4, 4, 1, 4, 4, 1, 0, 16, 0, 4, 4, 2, 8, 8, 0], 0.25, 'cpu_flash', wait_tensor)
         getitem: "f32[1, 4, 8, 16]" = attend_blocks[0]
         getitem_1: "f32[1, 4, 8]" = attend_blocks[1]
         detach: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(getitem)
-        detach_1: "f32[1, 4, 8]" = torch.ops.aten.detach.default(getitem_1)
-        return (getitem, primals_1, primals_2, primals_3, permute_2, permute_3, permute_4, permute_5, detach, detach_1)
+        return (getitem, primals_1, primals_2, primals_3, wait_tensor, getitem_1, detach)
 """,
         )
 

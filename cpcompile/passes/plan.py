@@ -103,6 +103,12 @@ def plan_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
             f"q has {sq} local tokens but k/v have {sk}/{sv}; CP shards q, k and v along the same sequence",
             "use CP only for self-attention whose q, k and v come from the same sharded tokens",
         )
+    if site.v_shape[-1] != d or site.k_shape[-1] != d:
+        raise site_error(
+            node,
+            f"q/k head dim {d} and v head dim {site.v_shape[-1]} differ; the CP kernels take one head dim",
+            "use the same head dim for q, k and v (pad v's head dim and slice the output)",
+        )
     layout = get_layout(config.strategy)
     if sq % layout.chunks_per_rank != 0:
         raise site_error(

@@ -1,12 +1,55 @@
-"""The all-gather CP region: gather K/V per local slot, then run the layout's blocks on the block executor."""
+"""The all-gather CP region: gather K/V of every local slot in one collective, run the layout's blocks."""
 
 from __future__ import annotations
 
 import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm import gather_kv
+from ..comm import all_gather_dim0, reduce_scatter_dim0, slots_tokens_first
 from ..layouts import get_layout
+
+
+def _pack(k: torch.Tensor, v: torch.Tensor, slots: int) -> torch.Tensor:
+    """(B, H, slots*C, D) K and V -> the send buffer (C, slots, 2, B, H, D): tokens outermost.
+
+    Stacking the two permuted views in place lets Inductor write the buffer from the kernel that computes
+    K and V (RoPE), with no intermediate.
+    """
+    return torch.stack((slots_tokens_first(k, slots), slots_tokens_first(v, slots)), dim=2)
+
+
+def _unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of _pack: (C, slots, 2, B, H, D) -> K and V (B, H, slots*C, D)."""
+    c, slots, _, b, h, d = packed.shape
+    kv = packed.permute(2, 3, 4, 1, 0, 5).reshape(2, b, h, slots * c, d)
+    return kv[0], kv[1]
+
+
+class _PackedAllGatherAttention(torch.autograd.Function):
+    """Gather packed K/V, attend; backward: executor gradients in fp32, straight into the reduce-scatter.
+
+    The executor's backward writes the gradient of the gathered buffer in its packed layout and in fp32,
+    so the reduce-scatter needs no pack kernel and sums the ranks' partial dK/dV without rounding them to
+    the input dtype first.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, blocks, scale, kernel, slots, group_name):
+        gathered = all_gather_dim0(_pack(k, v, slots), group_name)
+        out, lse = torch.ops.cpcompile.attend_blocks(q, [k], [v], blocks, scale, kernel, gathered)
+        ctx.save_for_backward(q, k, v, gathered, out, lse)
+        ctx.args = (blocks, scale, kernel, group_name)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, gathered, out, lse = ctx.saved_tensors
+        blocks, scale, kernel, group_name = ctx.args
+        dq, (dk,), (dv,), dgathered = torch.ops.cpcompile.attend_blocks_backward(
+            dout, q, [k], [v], out, lse, blocks, scale, kernel, gathered
+        )
+        dk_gathered, dv_gathered = _unpack(reduce_scatter_dim0(dgathered, group_name))
+        return dq, (dk + dk_gathered).to(k.dtype), (dv + dv_gathered).to(v.dtype), None, None, None, None, None
 
 
 def all_gather_attention(
@@ -29,9 +72,6 @@ def all_gather_attention(
     copy. Causal squares read the local K/V, so they do not wait for the gather.
     """
     lay = get_layout(layout)
-    chunk = q.shape[-2] // lay.chunks_per_rank
-    gathered_k, gathered_v = gather_kv(k, v, lay.chunks_per_rank, group_name)
-    ks, vs = [k, *gathered_k], [v, *gathered_v]
-    blocks = [i for b in lay.blocks(world, rank, chunk, causal) for i in b.as_ints()]
-    out, _lse = torch.ops.cpcompile.attend_blocks(q, ks, vs, blocks, scale, kernel)
-    return out
+    slots = lay.chunks_per_rank
+    blocks = [i for b in lay.blocks(world, rank, q.shape[-2] // slots, causal) for i in b.as_ints()]
+    return _PackedAllGatherAttention.apply(q, k, v, blocks, scale, kernel, slots, group_name)
