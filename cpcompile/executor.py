@@ -1,9 +1,10 @@
 """The block executor: one custom op that runs a rank's attention blocks and merges them by log-sum-exp.
 
 `cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None)` runs every block (see
-layouts.Block, encoded as six ints each) with the kernel provider and merges partial outputs in fp32 (or fp64 for fp64 inputs). Its
-registered backward calls each block's kernel backward with the FINAL output and LSE, which yields the exact
-partial gradients (the ring-attention identity); autograd never differentiates through the merge.
+layouts.Block, encoded as six ints each) with the kernel provider and merges partial outputs in fp32 (or
+fp64 for fp64 inputs). Its registered backward calls each block's kernel backward with the FINAL output and
+LSE, which yields the exact partial gradients (the ring-attention identity); autograd never differentiates
+through the merge.
 """
 
 from __future__ import annotations
