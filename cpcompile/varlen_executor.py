@@ -5,7 +5,8 @@ sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see ker
 block (source, causal, max_q, max_k). Block metadata lives in tensors computed on device, so documents can
 change every batch without recompiling or syncing. Rows a block does not cover are masked out of the merge
 (kernels may leave garbage there); rows no block covers get out = 0, lse = -inf. The registered backward
-calls each block's kernel backward with the FINAL out and lse, like executor.attend_blocks.
+calls each block's kernel backward with the FINAL out and lse, like executor.attend_blocks; the backward op
+returns gradients in the accumulation dtype (fp32 for bf16) so a caller can reduce them before rounding.
 """
 
 from __future__ import annotations
@@ -92,12 +93,14 @@ def attend_varlen_blocks_backward(
         dq = dq + torch.where(rows[:, None, None], dq_b.to(acc_t), 0)
         dks[src] = dks[src] + torch.where(keys[:, None, None], dk_b.to(acc_t), 0)
         dvs[src] = dvs[src] + torch.where(keys[:, None, None], dv_b.to(acc_t), 0)
-    return dq.to(q.dtype), [g.to(k.dtype) for g, k in zip(dks, ks)], [g.to(v.dtype) for g, v in zip(dvs, vs)]
+    return dq, dks, dvs
 
 
 @attend_varlen_blocks_backward.register_fake
 def _attend_varlen_blocks_backward_fake(dout, q, ks, vs, out, lse, ranges, blocks, scale, kernel):
-    return torch.empty_like(q), [torch.empty_like(k) for k in ks], [torch.empty_like(v) for v in vs]
+    acc_t = _acc_dtype(q.dtype)
+    like = lambda t: torch.empty_like(t, dtype=acc_t)  # noqa: E731
+    return like(q), [like(k) for k in ks], [like(v) for v in vs]
 
 
 def _setup_context(ctx, inputs, output):
@@ -115,6 +118,9 @@ def _backward(ctx, dout, _dlse):
     dq, dks, dvs = torch.ops.cpcompile.attend_varlen_blocks_backward(
         dout.contiguous(), q, ks, vs, out, lse, ranges, ctx.blocks, ctx.scale, ctx.kernel
     )
+    dq = dq.to(q.dtype)
+    dks = [g.to(k.dtype) for g, k in zip(dks, ks)]
+    dvs = [g.to(v.dtype) for g, v in zip(dvs, vs)]
     return dq, dks, dvs, [None] * ctx.n_blocks, None, None, None
 
 

@@ -52,12 +52,14 @@ class VarlenAttentionKernel(Protocol):
     q_len == k_len per sequence, where top-left and bottom-right alignment coincide, so either kind of kernel
     is correct. Non-causal: no mask inside a sequence.
 
-    Returns out (Tq, Hq, Dv) and lse (Hq, Tq) (the log-sum-exp of the scaled scores, flash varlen's layout) in
-    fp32 (fp64 for fp64 inputs). Rows that are in no sequence, or whose sequence has no keys, may hold anything
-    (even NaN/inf): the executor masks them out. GQA: Hkv divides Hq, q head h uses kv head h // (Hq // Hkv).
+    Returns out (Tq, Hq, Dv) in q's dtype or wider and lse (Hq, Tq) (the log-sum-exp of the scaled scores,
+    flash varlen's layout) in fp32 (fp64 for fp64 inputs). Rows that are in no sequence, or whose sequence
+    has no keys, may hold anything (even NaN/inf): the executor masks them out. GQA: Hkv divides Hq, q head
+    h uses kv head h // (Hq // Hkv).
 
     backward gets the FINAL merged out and lse of every q row (ring-attention identity) and returns (dq, dk,
-    dv) shaped like q, k, v; rows/keys outside every range may hold anything (the executor masks them).
+    dv) shaped like q, k, v, in their dtype or wider (the executor accumulates across blocks in fp32); rows/keys
+    outside every range may hold anything (the executor masks them).
     """
 
     name: str

@@ -2,7 +2,9 @@
 
 O(Tq * Tk) memory per block, computed in fp32 (fp64 for fp64 inputs): meant for tests and small CPU runs,
 where its simplicity is the point. It follows base.VarlenAttentionKernel exactly (bottom-right causal, LSE
-(Hq, Tq), final out/lse in backward) and returns out = 0, lse = -inf for rows without keys.
+(Hq, Tq), final out/lse in backward) and returns out = 0, lse = -inf for rows without keys. Its partial
+outputs and gradients stay in the accumulation dtype (the executor sums them in it anyway), so low-precision
+runs round once, at the end.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class CPUVarlenReference:
     def forward(self, q, k, v, ranges, max_q, max_k, causal, scale):
         probs, lse, _, _, groups = self._probs(q, k, ranges, causal, scale)
         out = probs @ _heads_first(v, groups, probs.dtype)
-        return out.transpose(0, 1).to(q.dtype), lse
+        return out.transpose(0, 1), lse
 
     def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale):
         probs, _, qh, kh, groups = self._probs(q, k, ranges, causal, scale, lse.to(_acc(q.dtype)))
@@ -74,6 +76,6 @@ class CPUVarlenReference:
 
         def fold(g: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
             g = g.transpose(0, 1)  # (T, Hq, D)
-            return g.unflatten(1, (ref.shape[1], groups)).sum(2).to(ref.dtype)
+            return g.unflatten(1, (ref.shape[1], groups)).sum(2)
 
-        return dq.transpose(0, 1).to(q.dtype), fold(dk, k), fold(dv, v)
+        return dq.transpose(0, 1), fold(dk, k), fold(dv, v)
