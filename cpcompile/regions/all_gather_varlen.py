@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed._functional_collectives as funcol
 
 from .. import varlen_executor  # noqa: F401  (registers torch.ops.cpcompile.attend_varlen_blocks)
-from ..comm import _all_gather, _reduce_scatter, grad_reduce_dtype
+from ..comm import _all_gather, _reduce_scatter, _waited, grad_reduce_dtype
 from ..layouts.thd import get_packed_layout
 
 
 def _gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return funcol.wait_tensor(_all_gather(x.contiguous(), 0, group_name))
+    return _waited(_all_gather(x.contiguous(), 0, group_name))
 
 
 def _reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return funcol.wait_tensor(_reduce_scatter(x.contiguous(), "sum", 0, group_name))
+    return _waited(_reduce_scatter(x.contiguous(), "sum", 0, group_name))
 
 
 class _GatherAttend(torch.autograd.Function):
