@@ -6,7 +6,18 @@ model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=m
 from .backend import CPBackend, backend
 from .errors import CPCompileError
 from .sharding import pad_to_multiple, shard, shard_batch, unshard
+from .sharding_thd import pad_cu_seqlens, pad_documents
 
 __version__ = "0.1.0"
 
-__all__ = ["CPBackend", "CPCompileError", "backend", "pad_to_multiple", "shard", "shard_batch", "unshard"]
+__all__ = [
+    "CPBackend",
+    "CPCompileError",
+    "backend",
+    "pad_cu_seqlens",
+    "pad_documents",
+    "pad_to_multiple",
+    "shard",
+    "shard_batch",
+    "unshard",
+]

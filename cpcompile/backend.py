@@ -14,6 +14,7 @@ from .errors import CPCompileError
 from .groups import resolve_group
 from .kernels import KERNEL_NAMES
 from .layouts import LAYOUTS
+from .layouts.thd import THD_LAYOUTS
 from .passes import COMMS, CPConfig, CPPlan, find_attention_sites, plan_site, rewrite_graph
 from .passes.dtensor import is_dtensor_site, localize_dtensor_site
 
@@ -80,13 +81,14 @@ def backend(
 ) -> CPBackend:
     """A torch.compile backend that runs every attention node context-parallel.
 
-    strategy: token layout across ranks ("flat", "zigzag"); comm: "all_gather"; mesh: a 1-D DeviceMesh or one
+    strategy: token layout across ranks ("flat", "zigzag"; "thd", "thd_zigzag" for packed documents under
+    torch.nn.attention.varlen.varlen_attn); comm: "all_gather"; mesh: a 1-D DeviceMesh or one
     with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" or a provider
     name; inner: the compiler after the pass ("inductor", "aot_eager", "eager", or any torch.compile backend
     callable, e.g. one that records aot_autograd graphs).
     """
     for what, value, allowed in (
-        ("strategy", strategy, tuple(LAYOUTS)),
+        ("strategy", strategy, (*LAYOUTS, *THD_LAYOUTS)),
         ("comm", comm, COMMS),
         ("kernel", kernel, KERNEL_NAMES),
         ("inner", inner, INNER),

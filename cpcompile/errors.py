@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 
+import torch
 import torch.fx
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 class CPCompileError(ValueError):
@@ -18,8 +22,9 @@ def node_origin(node: torch.fx.Node) -> str:
     """Name an FX node for an error message: node name plus the user's source line when Dynamo recorded it."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]  # varlen_attn's own frame is torch's
     if frames:
-        path, line, func, code = frames[-1]
+        path, line, func, code = (user or frames)[-1]
         return f"attention node '{node.name}' at {path}:{line} in {func}: `{code.strip()}`"
     return f"attention node '{node.name}'"
 

@@ -11,6 +11,8 @@ from .comm import all_gather_dim0
 from .errors import CPCompileError
 from .groups import resolve_group
 from .layouts import ChunkLayout, get_layout
+from .layouts.thd import THD_LAYOUTS
+from .sharding_thd import shard_packed, unshard_packed
 
 SEQUENCE_KEYS = frozenset(
     {
@@ -56,14 +58,41 @@ def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int, value: float = 0) 
     return F.pad(x, pad, value=value)
 
 
+def _packed(strategy: str, cu_seqlens, helper: str) -> bool:
+    """Whether `strategy` is a packed-document layout (which needs cu_seqlens); refuse cu_seqlens otherwise."""
+    if strategy in THD_LAYOUTS:
+        return True
+    if cu_seqlens is not None:
+        raise CPCompileError(
+            f"{helper}(strategy={strategy!r}) got cu_seqlens=, which only the packed-document strategies use. "
+            f"Fix: use strategy in {sorted(THD_LAYOUTS)} for packed documents, or drop cu_seqlens=."
+        )
+    return False
+
+
 def shard(
-    x: torch.Tensor, *, strategy: str, seq_dim: int, mesh=None, group=None, as_dtensor: bool = False
+    x: torch.Tensor,
+    *,
+    strategy: str,
+    seq_dim: int,
+    mesh=None,
+    group=None,
+    as_dtensor: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's tokens of the global tensor `x`, in the layout's local order (a new tensor).
 
     as_dtensor=True wraps them as a DTensor on `mesh`, Shard(seq_dim) on its CP dim (for "flat" this equals
     distribute_tensor(x, mesh, [Shard(seq_dim)])); such DTensors can be fed to a model compiled with the backend.
+    Packed documents (strategy "thd" / "thd_zigzag") also need cu_seqlens=, the global document offsets.
     """
+    if _packed(strategy, cu_seqlens, "shard"):
+        if as_dtensor:
+            raise CPCompileError(
+                f"shard(strategy={strategy!r}, as_dtensor=True): packed documents are not DTensor-sharded. "
+                "Fix: shard plain tensors with cu_seqlens= and pass the global cu_seqlens to the model."
+            )
+        return shard_packed(x, strategy=strategy, seq_dim=seq_dim, cu_seqlens=cu_seqlens, mesh=mesh, group=group)
     if as_dtensor:
         from .sharding_dtensor import local_to_dtensor
 
@@ -106,11 +135,20 @@ class _Unshard(torch.autograd.Function):
         return torch.cat(mine, dim=seq_dim), None, None, None, None, None
 
 
-def unshard(x_local: torch.Tensor, *, strategy: str, seq_dim: int | None = None, mesh=None, group=None) -> torch.Tensor:
+def unshard(
+    x_local: torch.Tensor,
+    *,
+    strategy: str,
+    seq_dim: int | None = None,
+    mesh=None,
+    group=None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The full sequence in global order on every rank, from each rank's local tokens (differentiable).
 
     `x_local` may be a DTensor sharded over a CP mesh dim: mesh and seq_dim then come from its placement, and
     for "flat" the result equals x_local.full_tensor() (as a plain tensor; other mesh dims stay local).
+    Packed documents (strategy "thd" / "thd_zigzag") also need cu_seqlens=, the global document offsets.
     """
     from torch.distributed.tensor import DTensor
 
@@ -121,6 +159,10 @@ def unshard(x_local: torch.Tensor, *, strategy: str, seq_dim: int | None = None,
         group = None
     if seq_dim is None:
         raise CPCompileError("unshard of a plain tensor needs seq_dim=. Fix: pass the sequence dim.")
+    if _packed(strategy, cu_seqlens, "unshard"):
+        return unshard_packed(
+            x_local, strategy=strategy, seq_dim=seq_dim, cu_seqlens=cu_seqlens, mesh=mesh, group=group
+        )
     cp = resolve_group(mesh, group)
     layout = get_layout(strategy)
     seq_dim = seq_dim % x_local.dim()
@@ -141,12 +183,18 @@ def shard_batch(
     seq_dim: int = 1,
     seq_keys: Iterable[str] = (),
     passthrough_keys: Iterable[str] = (),
+    cu_seqlens: torch.Tensor | None = None,
 ) -> dict[str, object]:
     """Shard every per-token tensor of a batch; pass metadata and non-tensors through; refuse the unknown.
 
     Per-token keys: SEQUENCE_KEYS plus `seq_keys`. Passed through: METADATA_KEYS plus `passthrough_keys`,
     0-dim tensors and non-tensors. Any other tensor raises, since guessing wrong silently corrupts training.
+    Packed documents ("thd", "thd_zigzag"): the layout follows cu_seqlens= or else batch["cu_seqlens"], which
+    stays in the batch unchanged (the model gets the GLOBAL offsets).
     """
+    if strategy in THD_LAYOUTS and cu_seqlens is None:
+        cu_seqlens = batch.get("cu_seqlens")
+    _packed(strategy, cu_seqlens, "shard_batch")
     seq = SEQUENCE_KEYS | set(seq_keys)
     meta = METADATA_KEYS | set(passthrough_keys)
     out: dict[str, object] = {}
@@ -159,7 +207,7 @@ def shard_batch(
                     f"batch[{key!r}] has shape {tuple(value.shape)}, with no sequence dim {seq_dim}. "
                     "Fix: pass seq_dim= to match the batch layout."
                 )
-            out[key] = shard(value, strategy=strategy, seq_dim=seq_dim, mesh=mesh, group=group)
+            out[key] = shard(value, strategy=strategy, seq_dim=seq_dim, mesh=mesh, group=group, cu_seqlens=cu_seqlens)
         else:
             raise CPCompileError(
                 f"shard_batch does not know whether batch[{key!r}] (shape {tuple(value.shape)}) is per-token. "

@@ -35,3 +35,88 @@ class AttentionKernel(Protocol):
         scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dq, dk, dv) for one block, given the final out and lse of its q rows."""
+
+
+class VarlenAttentionKernel(Protocol):
+    """One varlen block: packed q (Tq, Hq, D) against packed k, v (Tk, Hkv, D[v]), tokens on dim 0.
+
+    Which q rows see which keys is given by `ranges`, an int64 tensor (4, B) on the q device whose columns are
+    sequences i: q rows [ranges[0, i], ranges[1, i]) attend keys [ranges[2, i], ranges[3, i]). Ranges are
+    non-overlapping and in increasing order on each side, may be empty (q or k side), and need not be adjacent
+    (gaps are rows/keys of no sequence). `max_q`/`max_k` are static upper bounds of any range's length (for
+    grid sizing; never read the ranges on the host). `ranges_to_cu_seqlens` turns ranges into the adjacent
+    cu_seqlens that FA2/cuDNN-style kernels take. k/v may be strided views (e.g. of an all-gather buffer).
+
+    causal: within each sequence, key j is visible to q row t iff (j - k_start) <= (t - q_start) + (k_len -
+    q_len), i.e. BOTTOM-RIGHT aligned (flash-attn's convention). cpcompile issues causal blocks only with
+    q_len == k_len per sequence, where top-left and bottom-right alignment coincide, so either kind of kernel
+    is correct. Non-causal: no mask inside a sequence.
+
+    Returns out (Tq, Hq, Dv) in q's dtype or wider and lse (Hq, Tq) (the log-sum-exp of the scaled scores,
+    flash varlen's layout) in fp32 (fp64 for fp64 inputs). Rows that are in no sequence, or whose sequence
+    has no keys, may hold anything (even NaN/inf): the executor masks them out. GQA: Hkv divides Hq, q head
+    h uses kv head h // (Hq // Hkv).
+
+    backward gets the FINAL merged out and lse of every q row (ring-attention identity) and returns (dq, dk,
+    dv) shaped like q, k, v, in their dtype or wider (the executor accumulates across blocks in fp32); rows/keys
+    outside every range may hold anything (the executor masks them).
+    """
+
+    name: str
+
+    def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
+        """None when this provider can run on `device`/`dtype`, else the reason it cannot."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ranges: torch.Tensor,
+        max_q: int,
+        max_k: int,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, lse) for one varlen block."""
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        ranges: torch.Tensor,
+        max_q: int,
+        max_k: int,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv) for one varlen block, given the final out and lse of its q rows."""
+
+
+def range_ids(starts: torch.Tensor, ends: torch.Tensor, length: int) -> torch.Tensor:
+    """For each of `length` rows, the index of the (non-empty) range containing it, or -1 (on device, no sync).
+
+    Ranges must be non-overlapping; +(i+1) at each start and -(i+1) at each end, summed, is i+1 inside range i.
+    """
+    ids = torch.arange(1, starts.numel() + 1, device=starts.device, dtype=torch.int64)
+    delta = torch.zeros(length + 1, device=starts.device, dtype=torch.int64)
+    delta = delta.scatter_add(0, starts.long(), ids).scatter_add(0, ends.long(), -ids)
+    return delta.cumsum(0)[:length] - 1
+
+
+def ranges_to_cu_seqlens(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cu_seqlens_q, cu_seqlens_k), int32 of length 3B+1, for kernels whose sequences must be adjacent.
+
+    Range i becomes 3 adjacent sequences: (q_i, k_i); (the q gap after q_i, no keys); (no queries, the k gap
+    after k_i). Gap sequences have an empty side, so they add no attention. The first offsets may be nonzero:
+    rows before them belong to no sequence.
+    """
+    qs, qe, ks, ke = ranges.long()
+    q_next = torch.cat((qs[1:], qe[-1:]))
+    cu_q = torch.cat((torch.stack((qs, qe, q_next), 1).flatten(), qe[-1:]))
+    cu_k = torch.cat((torch.stack((ks, ke, ke), 1).flatten(), ke[-1:]))
+    return cu_q.int(), cu_k.int()

@@ -32,9 +32,46 @@ def _sdpa_signature(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     )
 
 
+def _varlen_targets() -> frozenset:
+    try:
+        import torch.nn.attention.varlen  # noqa: F401  (registers torch.ops.torch_attn._varlen_attn)
+
+        op = torch.ops.torch_attn._varlen_attn
+    except (ImportError, AttributeError):
+        return frozenset()
+    return frozenset({op, op.default})
+
+
+VARLEN_TARGETS = _varlen_targets()
+VARLEN_INFERENCE_ARGS = (
+    "seqused_k",
+    "block_table",
+    "k_cache",
+    "v_cache",
+    "cache_seqlens",
+    "cache_batch_idx",
+    "page_table",
+)
+"""Optional _varlen_attn inputs (KV cache / paging, torch 2.11 or 2.13) that have no meaning in CP training."""
+
+
+def _varlen_signature(node: torch.fx.Node) -> dict:
+    """Bind a _varlen_attn call to its schema's argument names: the schema differs between torch versions
+    (2.11: ..., window_size, k_cache, v_cache, ...; 2.13: ..., window_size, enable_gqa, seqused_k, ...)."""
+    schema = torch.ops.torch_attn._varlen_attn.default._schema
+    bound = {a.name: a.default_value if a.has_default_value() else None for a in schema.arguments}
+    bound.update(zip((a.name for a in schema.arguments), node.args))
+    bound.update(node.kwargs)
+    return bound
+
+
 @dataclass(frozen=True)
 class AttentionSite:
-    """One attention call, normalised: its tensor inputs as FX nodes and every option as a constant."""
+    """One attention call, normalised: its tensor inputs as FX nodes and every option as a constant.
+
+    kind "sdpa" or "varlen". Varlen sites (packed q/k/v of shape (T, H, D)) also carry their cu_seqlens nodes,
+    window and any KV-cache inputs (`inference_args`, names of those that were given).
+    """
 
     node: torch.fx.Node
     kind: str
@@ -51,6 +88,10 @@ class AttentionSite:
     v_shape: tuple
     dtype: torch.dtype
     device: torch.device
+    cu_seqlens_q: Any = None
+    cu_seqlens_k: Any = None
+    window: Any = None
+    inference_args: tuple = ()
 
 
 def _example(node: Any) -> torch.Tensor | None:
@@ -65,10 +106,44 @@ def is_sdpa(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in SDPA_TARGETS
 
 
+def is_varlen(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target in VARLEN_TARGETS
+
+
+def varlen_site(node: torch.fx.Node) -> AttentionSite:
+    """Normalise a torch_attn._varlen_attn node (the op behind torch.nn.attention.varlen.varlen_attn)."""
+    a = _varlen_signature(node)
+    q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
+    return AttentionSite(
+        node=node,
+        kind="varlen",
+        query=a["query"],
+        key=a["key"],
+        value=a["value"],
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=a["is_causal"],
+        scale=a["scale"],
+        enable_gqa=a.get("enable_gqa", True),  # torch 2.11 has no flag: GQA follows the head counts
+        q_shape=tuple(q.shape) if q is not None else (),
+        k_shape=tuple(k.shape) if k is not None else (),
+        v_shape=tuple(v.shape) if v is not None else (),
+        dtype=q.dtype if q is not None else torch.float32,
+        device=q.device if q is not None else torch.device("cpu"),
+        cu_seqlens_q=a["cu_seq_q"],
+        cu_seqlens_k=a["cu_seq_k"],
+        window=a["window_size"],
+        inference_args=tuple(n for n in VARLEN_INFERENCE_ARGS if a.get(n) is not None),
+    )
+
+
 def find_attention_sites(gm: torch.fx.GraphModule) -> list[AttentionSite]:
-    """Every SDPA call in graph order, whichever form Dynamo recorded it in (positional or keyword args)."""
+    """Every SDPA and varlen_attn call in graph order, whichever form Dynamo recorded it in."""
     sites = []
     for node in gm.graph.nodes:
+        if is_varlen(node):
+            sites.append(varlen_site(node))
+            continue
         if not is_sdpa(node):
             continue
         a = _sdpa_signature(*node.args, **node.kwargs)

@@ -12,6 +12,8 @@ from ..errors import CPCompileError, node_origin, site_error
 from ..groups import CPGroup
 from ..kernels import resolve_kernel
 from ..layouts import get_layout
+from ..layouts.thd import THD_LAYOUTS
+from ..regions import REGIONS
 from .match import AttentionSite
 
 COMMS = ("all_gather",)
@@ -37,6 +39,12 @@ class CPPlan:
     causal: bool
     scale: float
     group: CPGroup
+
+    def region_target(self):
+        return REGIONS[self.comm]
+
+    def region_args(self) -> tuple:
+        return (self.site.query, self.site.key, self.site.value)
 
     def region_kwargs(self) -> dict:
         return dict(
@@ -68,6 +76,17 @@ def _is_static(shape: tuple) -> bool:
 def plan_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
     """Validate `site` against the rules of CP with this config and return its plan (or raise CPCompileError)."""
     node = site.node
+    if site.kind == "varlen":
+        from .plan_varlen import plan_varlen_site
+
+        return plan_varlen_site(site, config, group)
+    if config.strategy in THD_LAYOUTS:
+        raise site_error(
+            node,
+            f"strategy={config.strategy!r} lays out packed documents for varlen_attn, but this is "
+            "scaled_dot_product_attention over one unpacked sequence",
+            "use strategy='flat' or 'zigzag' for SDPA models, or call torch.nn.attention.varlen.varlen_attn",
+        )
     if site.attn_mask is not None:
         raise site_error(
             node,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch.fx
 
-from ..regions import REGIONS
 from ..regions.dtensor import dtensor_region
 from .dtensor import is_dtensor_site, region_example_value
 from .plan import CPPlan
@@ -15,11 +14,11 @@ def rewrite_graph(gm: torch.fx.GraphModule, plans: list[CPPlan]) -> torch.fx.Gra
     graph = gm.graph
     for plan in plans:
         node = plan.site.node
-        target, kwargs = REGIONS[plan.comm], plan.region_kwargs()
+        target, kwargs = plan.region_target(), plan.region_kwargs()
         if is_dtensor_site(plan.site):  # DTensor q/k/v: the region runs on their local shards
             target, kwargs = dtensor_region, dict(comm=plan.comm, **kwargs)
         with graph.inserting_before(node):
-            region = graph.call_function(target, args=(plan.site.query, plan.site.key, plan.site.value), kwargs=kwargs)
+            region = graph.call_function(target, args=plan.region_args(), kwargs=kwargs)
         region.meta = dict(node.meta)
         region.meta["cpcompile_plan"] = plan
         if is_dtensor_site(plan.site):

@@ -1,0 +1,81 @@
+"""CPU reference varlen provider: dense attention under a mask built from the ranges (aten has no CPU varlen).
+
+O(Tq * Tk) memory per block, computed in fp32 (fp64 for fp64 inputs): meant for tests and small CPU runs,
+where its simplicity is the point. It follows base.VarlenAttentionKernel exactly (bottom-right causal, LSE
+(Hq, Tq), final out/lse in backward) and returns out = 0, lse = -inf for rows without keys. Its partial
+outputs and gradients stay in the accumulation dtype (the executor sums them in it anyway), so low-precision
+runs round once, at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import range_ids
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _mask(ranges: torch.Tensor, tq: int, tk: int, causal: bool) -> torch.Tensor:
+    """(Tq, Tk) bool: which keys each q row sees."""
+    qs, qe, ks, ke = ranges
+    qid, kid = range_ids(qs, qe, tq), range_ids(ks, ke, tk)
+    mask = (qid[:, None] == kid[None, :]) & (qid >= 0)[:, None]
+    if causal:
+        seq = qid.clamp(min=0)
+        t = torch.arange(tq, device=ranges.device) - qs[seq]
+        shift = (ke - ks - (qe - qs))[seq]
+        j = torch.arange(tk, device=ranges.device)[None, :] - ks[kid.clamp(min=0)][None, :]
+        mask &= j <= (t + shift)[:, None]
+    return mask
+
+
+def _heads_first(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """(T, H, D) -> (H * groups, T, D) in `dtype`, each kv head repeated for its group of q heads."""
+    return x.to(dtype).repeat_interleave(groups, dim=1).transpose(0, 1)
+
+
+class CPUVarlenReference:
+    name = "cpu_varlen_ref"
+
+    def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
+        if device.type != "cpu":
+            return f"it runs on CPU tensors only, these are on {device}"
+        if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            return f"it takes floating-point q/k/v, not {dtype}"
+        return None
+
+    def _probs(self, q, k, ranges, causal, scale, lse=None):
+        acc = _acc(q.dtype)
+        groups = q.shape[1] // k.shape[1]
+        qh, kh = q.to(acc).transpose(0, 1), _heads_first(k, groups, acc)
+        mask = _mask(ranges, q.shape[0], k.shape[0], causal)
+        scores = (qh @ kh.transpose(1, 2)) * scale
+        if lse is None:
+            lse = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        safe = torch.where(torch.isinf(lse), 0, lse)
+        probs = torch.where(mask, torch.exp(scores - safe[..., None]), 0)
+        return probs, lse, qh, kh, groups
+
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale):
+        probs, lse, _, _, groups = self._probs(q, k, ranges, causal, scale)
+        out = probs @ _heads_first(v, groups, probs.dtype)
+        return out.transpose(0, 1), lse
+
+    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale):
+        probs, _, qh, kh, groups = self._probs(q, k, ranges, causal, scale, lse.to(_acc(q.dtype)))
+        acc = probs.dtype
+        do, vh = dout.to(acc).transpose(0, 1), _heads_first(v, groups, acc)
+        delta = (do * out.to(acc).transpose(0, 1)).sum(-1, keepdim=True)
+        ds = probs * (do @ vh.transpose(1, 2) - delta)
+        dq = (ds @ kh) * scale
+        dk = (ds.transpose(1, 2) @ qh) * scale
+        dv = probs.transpose(1, 2) @ do
+
+        def fold(g: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+            g = g.transpose(0, 1)  # (T, Hq, D)
+            return g.unflatten(1, (ref.shape[1], groups)).sum(2)
+
+        return dq.transpose(0, 1), fold(dk, k), fold(dv, v)

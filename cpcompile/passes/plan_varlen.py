@@ -1,0 +1,166 @@
+"""Plan varlen_attn sites (packed documents): validate them against the THD layouts and build a VarlenPlan."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.fx
+
+from ..errors import CPCompileError, node_origin, site_error
+from ..groups import CPGroup
+from ..kernels import resolve_kernel
+from ..layouts.thd import THD_LAYOUTS
+from ..regions import VARLEN_REGIONS
+from .match import AttentionSite
+
+if TYPE_CHECKING:
+    from .plan import CPConfig
+
+CAUSAL_WINDOW, FULL_WINDOW = (-1, 0), (-1, -1)
+
+
+@dataclass(frozen=True)
+class VarlenPlan:
+    """How one varlen site becomes a CP region: its tensor inputs and every constant the region call needs."""
+
+    site: AttentionSite
+    layout: str
+    comm: str
+    kernel: str
+    causal: bool
+    scale: float
+    group: CPGroup
+
+    def region_target(self):
+        return VARLEN_REGIONS[self.comm]
+
+    def region_args(self) -> tuple:
+        return (self.site.query, self.site.key, self.site.value, self.site.cu_seqlens_q)
+
+    def region_kwargs(self) -> dict:
+        return dict(
+            layout=self.layout,
+            causal=self.causal,
+            scale=self.scale,
+            kernel=self.kernel,
+            group_name=self.group.name,
+            rank=self.group.rank,
+            world=self.group.size,
+        )
+
+
+def _window(site: AttentionSite) -> tuple | None:
+    window = site.window
+    if isinstance(window, torch.fx.Node) or (window is not None and not isinstance(window, (list, tuple))):
+        return None
+    window = tuple(FULL_WINDOW if window is None else window)
+    return window if all(isinstance(w, int) for w in window) else None
+
+
+def _causal(site: AttentionSite) -> bool:
+    """Causal from the window ((-1, 0)) or is_causal; full attention from (-1, -1); anything else is refused."""
+    node, window, is_causal = site.node, _window(site), site.is_causal
+    if window is None or not isinstance(is_causal, (bool, int)) or isinstance(is_causal, torch.fx.Node):
+        raise site_error(
+            node,
+            f"its window_size {site.window!r} / is_causal {is_causal!r} are not Python constants",
+            "pass window_size=(-1, 0) (causal) or leave it at (-1, -1), as constants",
+        )
+    if window not in (CAUSAL_WINDOW, FULL_WINDOW):
+        raise site_error(
+            node,
+            f"window_size={window}: sliding-window attention is not supported by the all-gather THD region "
+            "(only causal (-1, 0) and full (-1, -1) attention within each document)",
+            "use window_size=(-1, 0) or (-1, -1)",
+        )
+    return bool(is_causal) or window == CAUSAL_WINDOW
+
+
+def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> VarlenPlan:
+    """Validate a varlen `site` against CP with this config and return its plan (or raise CPCompileError)."""
+    node = site.node
+    if config.strategy not in THD_LAYOUTS:
+        raise site_error(
+            node,
+            f"varlen_attn packs documents, but strategy={config.strategy!r} lays out one unpacked sequence",
+            "use strategy='thd' (any document lengths) or 'thd_zigzag' (documents of multiples of 2*cp), "
+            "and shard with cpcompile.shard(..., cu_seqlens=cu_seqlens)",
+        )
+    if config.comm not in VARLEN_REGIONS:
+        raise site_error(
+            node,
+            f"comm={config.comm!r} has no varlen region yet",
+            f"use comm in {sorted(VARLEN_REGIONS)} for varlen_attn",
+        )
+    if site.inference_args:
+        raise site_error(
+            node,
+            f"it passes {', '.join(site.inference_args)}: KV-cache and paged inputs are inference-only",
+            "call varlen_attn without KV-cache/paging inputs under CP",
+        )
+    if site.cu_seqlens_k is not None and site.cu_seqlens_k is not site.cu_seqlens_q:
+        raise site_error(
+            node,
+            "cu_seq_q and cu_seq_k are different tensors; CP shards q, k and v of the same packed documents",
+            "pass the same global cu_seqlens tensor as cu_seq_q and cu_seq_k (self-attention)",
+        )
+    cu = site.cu_seqlens_q
+    cu_val = cu.meta.get("example_value", cu.meta.get("val")) if isinstance(cu, torch.fx.Node) else None
+    if not isinstance(cu_val, torch.Tensor) or cu_val.dim() != 1 or cu_val.is_floating_point():
+        raise site_error(
+            node,
+            "its cu_seqlens is not a 1-D integer tensor",
+            "pass the global document offsets as a 1-D int32 tensor (an unsharded model input)",
+        )
+    causal = _causal(site)
+    gqa = bool(site.enable_gqa) if isinstance(site.enable_gqa, (bool, int)) else False
+    for name, shape in (("query", site.q_shape), ("key", site.k_shape), ("value", site.v_shape)):
+        if len(shape) != 3:
+            raise site_error(
+                node,
+                f"its {name} has shape {shape}; varlen_attn under CP takes packed (tokens, heads, head_dim)",
+                "call varlen_attn with 3-D packed tensors",
+            )
+        if not all(isinstance(s, int) for s in shape):
+            raise site_error(
+                node,
+                f"its {name} has a dynamic shape {shape}; the packed length per rank must be static",
+                "compile with dynamic=False and pack every batch to the same total length "
+                "(cpcompile.pad_cu_seqlens adds a padding document)",
+            )
+    (tq, hq, d), (tk, hkv, _), (tv, hv, _) = site.q_shape, site.k_shape, site.v_shape
+    if tq != tk or tk != tv:
+        raise site_error(
+            node,
+            f"q has {tq} local tokens but k/v have {tk}/{tv}; CP shards q, k and v of the same packed tokens",
+            "use CP only for self-attention over one packed buffer",
+        )
+    if hkv != hv or (hq != hkv and not (gqa and hq % hkv == 0)):
+        raise site_error(
+            node,
+            f"q has {hq} heads, k {hkv} and v {hv}; heads must match, or with enable_gqa=True k/v heads must "
+            "be equal and divide the q heads",
+            "fix the head counts (pass enable_gqa=True for grouped-query attention)",
+        )
+    layout = THD_LAYOUTS[config.strategy]
+    local_multiple = layout.required_multiple(group.size) // group.size
+    if tq % local_multiple:
+        raise site_error(
+            node,
+            f"layout {layout.name!r} needs every document length to be a multiple of 2*cp, so each rank holds "
+            f"an even number of tokens, but this rank has {tq}",
+            "pad every document to a multiple of 2*cp (cpcompile.pad_documents) before cpcompile.shard",
+        )
+    try:
+        kernel = resolve_kernel(config.kernel, site.device, site.dtype, varlen=True)
+    except CPCompileError as e:
+        raise CPCompileError(f"cpcompile cannot rewrite {node_origin(node)}: {e}") from None
+    if site.scale is not None and (isinstance(site.scale, torch.fx.Node) or not isinstance(site.scale, (int, float))):
+        raise site_error(node, f"its `scale` is {site.scale!r}", "pass `scale` as a plain Python constant")
+    scale = float(site.scale) if site.scale is not None else 1 / math.sqrt(d)
+    return VarlenPlan(
+        site=site, layout=layout.name, comm=config.comm, kernel=kernel, causal=causal, scale=scale, group=group
+    )

@@ -1,0 +1,126 @@
+"""Sharding helpers for packed documents (thd, thd_zigzag): cu_seqlens-aware shard/unshard and padding.
+
+These run in the user's data pipeline, so they may read cu_seqlens on the host to check the document rules
+and raise a clear CPCompileError (the compiled region cannot: it never syncs). unshard stays on device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .comm import gather_seq_first
+from .errors import CPCompileError
+from .groups import resolve_group
+from .layouts.thd import THD_LAYOUTS, get_packed_layout
+
+
+def _need_cu(cu_seqlens, strategy: str, helper: str) -> torch.Tensor:
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+        raise CPCompileError(
+            f"{helper}(strategy={strategy!r}) needs cu_seqlens= (the global document offsets, a 1-D integer "
+            f"tensor), got {type(cu_seqlens).__name__}. Fix: pass cu_seqlens=<the batch's cu_seqlens>."
+        )
+    return cu_seqlens
+
+
+def check_documents(cu_seqlens: torch.Tensor, total: int, strategy: str, cp: int) -> None:
+    """Raise CPCompileError when `cu_seqlens` and the packed length break the rules of `strategy` (host check)."""
+    layout = get_packed_layout(strategy)
+    reason = layout.document_error(cu_seqlens.tolist(), total, cp)
+    if reason is None:
+        return
+    if layout.doc_multiple_per_cp:
+        fix = (
+            f"pad every document to a multiple of {layout.doc_multiple_per_cp * cp} tokens "
+            f"(cpcompile.pad_documents(x, cu_seqlens, {layout.doc_multiple_per_cp * cp}, dim=...)), or use "
+            "strategy='thd', which takes documents of any length"
+        )
+    else:
+        fix = (
+            f"pad the packed buffer to a multiple of {layout.required_multiple(cp)} tokens "
+            f"(cpcompile.pad_to_multiple(x, {layout.required_multiple(cp)}, dim=...)) and append the padding "
+            "as one more document (cpcompile.pad_cu_seqlens(cu_seqlens, padded_length))"
+        )
+    raise CPCompileError(f"cannot shard packed documents: {reason}. Fix: {fix}.")
+
+
+def shard_packed(x: torch.Tensor, *, strategy: str, seq_dim: int, cu_seqlens, mesh=None, group=None) -> torch.Tensor:
+    """This rank's tokens of the packed tensor `x` under a THD layout (a new tensor)."""
+    cp = resolve_group(mesh, group)
+    cu = _need_cu(cu_seqlens, strategy, "shard")
+    seq_dim = seq_dim % x.dim()
+    total = x.shape[seq_dim]
+    check_documents(cu, total, strategy, cp.size)
+    index = get_packed_layout(strategy).shard_index(cu.to(x.device), total, cp.size, cp.rank)
+    return x.index_select(seq_dim, index)
+
+
+class _UnshardPacked(torch.autograd.Function):
+    """All-gather, then put the tokens in packed (global) order; backward keeps this rank's tokens."""
+
+    @staticmethod
+    def forward(ctx, x, cu, seq_dim, strategy, group_name, rank, world):
+        layout = get_packed_layout(strategy)
+        total = x.shape[seq_dim] * world
+        gathered = gather_seq_first(x.movedim(seq_dim, 0), group_name)
+        where = torch.cat([layout.shard_index(cu, total, world, p) for p in range(world)])
+        order = torch.empty_like(where).scatter_(0, where, torch.arange(total, device=where.device))
+        ctx.seq_dim, ctx.index = seq_dim, layout.shard_index(cu, total, world, rank)
+        return gathered.index_select(0, order).movedim(0, seq_dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.index_select(ctx.seq_dim, ctx.index), None, None, None, None, None, None
+
+
+def unshard_packed(x_local: torch.Tensor, *, strategy: str, seq_dim: int, cu_seqlens, mesh=None, group=None):
+    """The packed tensor in global order on every rank, from each rank's local tokens (differentiable)."""
+    cp = resolve_group(mesh, group)
+    cu = _need_cu(cu_seqlens, strategy, "unshard").to(x_local.device).long()
+    seq_dim = seq_dim % x_local.dim()
+    return _UnshardPacked.apply(x_local, cu, seq_dim, strategy, cp.name, cp.rank, cp.size)
+
+
+def pad_cu_seqlens(cu_seqlens: torch.Tensor, total: int, length: int | None = None) -> torch.Tensor:
+    """cu_seqlens for a packed buffer padded to `total` tokens: the padding becomes one more document.
+
+    With `length`, also repeat the last offset (empty documents) up to `length` entries, so that cu_seqlens
+    keeps one shape across batches and the compiled model never recompiles for a new number of documents.
+    """
+    last = int(cu_seqlens[-1])
+    if total < last:
+        raise CPCompileError(f"pad_cu_seqlens: total={total} is shorter than the documents ({last} tokens).")
+    out = torch.cat((cu_seqlens, cu_seqlens.new_tensor([total]))) if total > last else cu_seqlens
+    if length is not None:
+        if length < out.numel():
+            raise CPCompileError(
+                f"pad_cu_seqlens: cu_seqlens needs {out.numel()} entries, more than length={length}. "
+                "Fix: pass a larger length (the most documents a batch can hold, plus 2)."
+            )
+        out = torch.cat((out, out.new_full((length - out.numel(),), total)))
+    return out
+
+
+def pad_documents(
+    x: torch.Tensor, cu_seqlens: torch.Tensor, multiple: int, dim: int, value: float = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad every document of the packed `x` at its end to a multiple of `multiple` tokens (for thd_zigzag).
+
+    Returns (padded x, its cu_seqlens). Under causal attention real tokens never see the padding after them;
+    pad labels with the loss's ignore index. For non-causal attention prefer strategy='thd' (no padding).
+    """
+    dim = dim % x.dim()
+    bounds = cu_seqlens.tolist()
+    pieces, new_cu = [], [0]
+    for a, b in zip(bounds, bounds[1:]):
+        piece = x.narrow(dim, a, b - a)
+        extra = -(b - a) % multiple
+        if extra:
+            piece = F.pad(piece, [0, 0] * (x.dim() - dim - 1) + [0, extra], value=value)
+        pieces.append(piece)
+        new_cu.append(new_cu[-1] + b - a + extra)
+    return torch.cat(pieces, dim=dim), cu_seqlens.new_tensor(new_cu)
+
+
+__all__ = ["THD_LAYOUTS", "check_documents", "pad_cu_seqlens", "pad_documents", "shard_packed", "unshard_packed"]

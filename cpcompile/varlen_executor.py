@@ -1,0 +1,127 @@
+"""The varlen block executor: one custom op that runs a rank's varlen blocks and merges them by log-sum-exp.
+
+`cpcompile::attend_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel)`: q (Tq, Hq, D) packed tokens,
+sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base) and four ints per
+block (source, causal, max_q, max_k). Block metadata lives in tensors computed on device, so documents can
+change every batch without recompiling or syncing. Rows a block does not cover are masked out of the merge
+(kernels may leave garbage there); rows no block covers get out = 0, lse = -inf. The registered backward
+calls each block's kernel backward with the FINAL out and lse, like executor.attend_blocks; the backward op
+returns gradients in the accumulation dtype (fp32 for bf16) so a caller can reduce them before rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernels import get_varlen_kernel
+from .kernels.base import range_ids
+
+VARLEN_BLOCK_FIELDS = 4
+
+
+def _decode(blocks: list[int]) -> list[tuple[int, bool, int, int]]:
+    it = [blocks[i : i + VARLEN_BLOCK_FIELDS] for i in range(0, len(blocks), VARLEN_BLOCK_FIELDS)]
+    return [(src, bool(causal), mq, mk) for src, causal, mq, mk in it]
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _covered(ranges: torch.Tensor, tq: int, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q rows, keys) that belong to a sequence with both queries and keys in this block."""
+    qs, qe, ks, ke = ranges
+    live = (qe > qs) & (ke > ks)
+    qid, kid = range_ids(qs, qe, tq), range_ids(ks, ke, tk)
+    return (qid >= 0) & live[qid.clamp(min=0)], (kid >= 0) & live[kid.clamp(min=0)]
+
+
+@torch.library.custom_op("cpcompile::attend_varlen_blocks", mutates_args=())
+def attend_varlen_blocks(
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    ranges: list[torch.Tensor],
+    blocks: list[int],
+    scale: float,
+    kernel: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = get_varlen_kernel(kernel)
+    acc_t = _acc_dtype(q.dtype)
+    acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
+    lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
+    for r, (src, causal, max_q, max_k) in zip(ranges, _decode(blocks)):
+        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale)
+        rows, _ = _covered(r, q.shape[0], ks[src].shape[0])
+        l = torch.where(rows, l.to(acc_t), float("-inf"))
+        merged = torch.logaddexp(lse, l)
+        safe = torch.where(torch.isinf(merged), 0, merged)
+        keep, add = torch.exp(lse - safe).T.unsqueeze(-1), torch.exp(l - safe).T.unsqueeze(-1)
+        acc = acc * keep + torch.where(rows[:, None, None], o.to(acc_t), 0) * add
+        lse = merged
+    return acc.to(q.dtype), lse
+
+
+@attend_varlen_blocks.register_fake
+def _attend_varlen_blocks_fake(q, ks, vs, ranges, blocks, scale, kernel):
+    out = q.new_empty((*q.shape[:-1], vs[0].shape[-1]))
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=_acc_dtype(q.dtype))
+
+
+@torch.library.custom_op("cpcompile::attend_varlen_blocks_backward", mutates_args=())
+def attend_varlen_blocks_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    ranges: list[torch.Tensor],
+    blocks: list[int],
+    scale: float,
+    kernel: str,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    impl = get_varlen_kernel(kernel)
+    acc_t = _acc_dtype(q.dtype)
+    dq = torch.zeros_like(q, dtype=acc_t)
+    dks = [torch.zeros_like(k, dtype=acc_t) for k in ks]
+    dvs = [torch.zeros_like(v, dtype=acc_t) for v in vs]
+    kernel_lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    for r, (src, causal, max_q, max_k) in zip(ranges, _decode(blocks)):
+        dq_b, dk_b, dv_b = impl.backward(dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale)
+        rows, keys = _covered(r, q.shape[0], ks[src].shape[0])
+        dq = dq + torch.where(rows[:, None, None], dq_b.to(acc_t), 0)
+        dks[src] = dks[src] + torch.where(keys[:, None, None], dk_b.to(acc_t), 0)
+        dvs[src] = dvs[src] + torch.where(keys[:, None, None], dv_b.to(acc_t), 0)
+    return dq, dks, dvs
+
+
+@attend_varlen_blocks_backward.register_fake
+def _attend_varlen_blocks_backward_fake(dout, q, ks, vs, out, lse, ranges, blocks, scale, kernel):
+    acc_t = _acc_dtype(q.dtype)
+    like = lambda t: torch.empty_like(t, dtype=acc_t)  # noqa: E731
+    return like(q), [like(k) for k in ks], [like(v) for v in vs]
+
+
+def _setup_context(ctx, inputs, output):
+    q, ks, vs, ranges, blocks, scale, kernel = inputs
+    out, lse = output
+    ctx.save_for_backward(q, out, lse, *ks, *vs, *ranges)
+    ctx.n_sources, ctx.n_blocks = len(ks), len(ranges)
+    ctx.blocks, ctx.scale, ctx.kernel = blocks, scale, kernel
+
+
+def _backward(ctx, dout, _dlse):
+    q, out, lse, *rest = ctx.saved_tensors
+    n = ctx.n_sources
+    ks, vs, ranges = rest[:n], rest[n : 2 * n], rest[2 * n :]
+    dq, dks, dvs = torch.ops.cpcompile.attend_varlen_blocks_backward(
+        dout.contiguous(), q, ks, vs, out, lse, ranges, ctx.blocks, ctx.scale, ctx.kernel
+    )
+    dq = dq.to(q.dtype)
+    dks = [g.to(k.dtype) for g, k in zip(dks, ks)]
+    dvs = [g.to(v.dtype) for g, v in zip(dvs, vs)]
+    return dq, dks, dvs, [None] * ctx.n_blocks, None, None, None
+
+
+attend_varlen_blocks.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,104 @@
+# ruff: noqa: E501  (graph snapshots keep their long lines)
+"""The graph the pass produces for varlen_attn sites (fake process group, one process): part of its contract."""
+
+from __future__ import annotations
+
+import expecttest
+import torch
+from fake_pg import aot_graphs, count_ops, fake_group, rewritten_graph
+from torch.nn.attention.varlen import AuxRequest, varlen_attn
+
+
+def causal_with_lse(q, k, v, cu):
+    out, lse = varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-1, 0), return_aux=AuxRequest(lse=True))
+    return out * 2, lse
+
+
+def causal(q, k, v, cu):
+    return varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-1, 0))
+
+
+def full(q, k, v, cu):
+    return varlen_attn(q, k, v, cu, cu, 16, 16, enable_gqa=True)
+
+
+def _inputs(heads=(2, 2), cu=(0, 3, 16, 32), requires_grad=False):
+    q = torch.randn(8, heads[0], 4, requires_grad=requires_grad)
+    k = torch.randn(8, heads[1], 4, requires_grad=requires_grad)
+    v = torch.randn(8, heads[1], 4, requires_grad=requires_grad)
+    return q, k, v, torch.tensor(cu, dtype=torch.int32)
+
+
+class TestThdSnapshot(expecttest.TestCase):
+    def test_thd_causal_with_lse(self):
+        with fake_group(rank=1, world=4):
+            code = rewritten_graph(causal_with_lse, *_inputs(), strategy="thd")
+        self.assertExpectedInline(
+            code,
+            """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_q_: "f32[8, 2, 4]", L_k_: "f32[8, 2, 4]", L_v_: "f32[8, 2, 4]", L_cu_: "i32[4]"):
+        l_q_ = L_q_
+        l_k_ = L_k_
+        l_v_ = L_v_
+        l_cu_ = L_cu_
+        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4)
+        out: "f32[8, 2, 4]" = all_gather_varlen_attention[0]
+        lse: "f32[2, 8]" = all_gather_varlen_attention[1]
+        mul: "f32[8, 2, 4]" = out * 2
+        return (mul, lse)
+""",
+        )
+
+    def test_thd_zigzag_full_gqa(self):
+        with fake_group(rank=1, world=4):
+            code = rewritten_graph(full, *_inputs(heads=(4, 2), cu=(0, 8, 32)), strategy="thd_zigzag")
+        self.assertExpectedInline(
+            code,
+            """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_q_: "f32[8, 4, 4]", L_k_: "f32[8, 2, 4]", L_v_: "f32[8, 2, 4]", L_cu_: "i32[3]"):
+        l_q_ = L_q_
+        l_k_ = L_k_
+        l_v_ = L_v_
+        l_cu_ = L_cu_
+        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd_zigzag', causal = False, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4)
+        out: "f32[8, 4, 4]" = all_gather_varlen_attention[0]
+        return (out,)
+""",
+        )
+
+    def test_thd_aot_forward_computes_blocks_on_device(self):
+        """Block ranges come from cu_seqlens by tensor ops (no .item(), no host sync): one gather, two blocks."""
+        with fake_group(rank=1, world=2):
+            fwd, bwd = aot_graphs(causal, *_inputs(cu=(0, 3, 16), requires_grad=True), strategy="thd")
+        self.assertExpectedInline(
+            fwd,
+            """\
+class GraphModule(torch.nn.Module):
+    def forward(self, primals_1: "f32[8, 2, 4]", primals_2: "f32[8, 2, 4]", primals_3: "f32[8, 2, 4]", primals_4: "i32[3]"):
+        _to_copy: "i64[3]" = torch.ops.aten._to_copy.default(primals_4, dtype = torch.int64)
+        sub: "i64[3]" = torch.ops.aten.sub.Tensor(_to_copy, 8)
+        clamp: "i64[3]" = torch.ops.aten.clamp.default(sub, 0, 8)
+        slice_1: "i64[2]" = torch.ops.aten.slice.Tensor(clamp, 0, 0, -1)
+        slice_2: "i64[2]" = torch.ops.aten.slice.Tensor(clamp, 0, 1, 9223372036854775807)
+        stack: "i64[4, 2]" = torch.ops.aten.stack.default([slice_1, slice_2, slice_1, slice_2])
+        clamp_1: "i64[3]" = torch.ops.aten.clamp.default(_to_copy, 0, 8)
+        slice_3: "i64[2]" = torch.ops.aten.slice.Tensor(clamp_1, 0, 0, -1)
+        slice_4: "i64[2]" = torch.ops.aten.slice.Tensor(clamp_1, 0, 1, 9223372036854775807)
+        stack_1: "i64[4, 2]" = torch.ops.aten.stack.default([slice_1, slice_2, slice_3, slice_4])
+        stack_2: "f32[8, 2, 2, 4]" = torch.ops.aten.stack.default([primals_2, primals_3], 1)
+        all_gather_into_tensor: "f32[16, 2, 2, 4]" = torch.ops._c10d_functional.all_gather_into_tensor.default(stack_2, 2, '0')
+        wait_tensor: "f32[16, 2, 2, 4]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor)
+        select: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor, 1, 0)
+        select_1: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor, 1, 1)
+        attend_varlen_blocks = torch.ops.cpcompile.attend_varlen_blocks.default(primals_1, [primals_2, select], [primals_3, select_1], [stack, stack_1], [0, 1, 8, 8, 1, 0, 8, 8], 0.5, 'cpu_varlen_ref')
+        getitem: "f32[8, 2, 4]" = attend_varlen_blocks[0]
+        getitem_1: "f32[2, 8]" = attend_varlen_blocks[1]
+        detach: "f32[8, 2, 4]" = torch.ops.aten.detach.default(getitem)
+        return (getitem, primals_1, primals_2, primals_3, stack, stack_1, select, select_1, getitem_1, detach)
+""",
+        )
+        self.assertEqual(count_ops(fwd, r"all_gather_into_tensor\.default\("), 1)
+        self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
+        self.assertEqual(count_ops(fwd + bwd, r"\.item\(|_local_scalar_dense"), 0)
