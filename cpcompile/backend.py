@@ -80,7 +80,8 @@ def backend(
 ) -> CPBackend:
     """A torch.compile backend that runs every attention node context-parallel.
 
-    strategy: token layout across ranks ("flat", "zigzag"); comm: "all_gather"; mesh: a 1-D DeviceMesh or one
+    strategy: token layout across ranks ("flat", "zigzag"); comm: "all_gather" (gather K/V) or "a2a"
+    (Ulysses: trade heads for sequence); mesh: a 1-D DeviceMesh or one
     with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" or a provider
     name; inner: the compiler after the pass ("inductor", "aot_eager", "eager", or any torch.compile backend
     callable, e.g. one that records aot_autograd graphs).

@@ -10,11 +10,12 @@ import torch.fx
 
 from ..errors import CPCompileError, node_origin, site_error
 from ..groups import CPGroup
+from ..head_split import head_split_problem
 from ..kernels import resolve_kernel
 from ..layouts import get_layout
 from .match import AttentionSite
 
-COMMS = ("all_gather",)
+COMMS = ("all_gather", "a2a")
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ def plan_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
             f"q has {sq} local tokens but k/v have {sk}/{sv}; CP shards q, k and v along the same sequence",
             "use CP only for self-attention whose q, k and v come from the same sharded tokens",
         )
+    if config.comm == "a2a" and (problem := head_split_problem(site.q_shape[1], site.k_shape[1], group.size)):
+        raise site_error(node, *problem)
     layout = get_layout(config.strategy)
     if sq % layout.chunks_per_rank != 0:
         raise site_error(
