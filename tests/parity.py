@@ -72,3 +72,54 @@ def compare_sdpa(
         allowed = bf16_rule(err, max_err(shard(lo), shard(e)), dtype)
         report[name] = (err, allowed)
     return report
+
+
+def compare_tiny_llama(
+    strategy: str, comm: str, *, seq: int = 32, batch: int = 2, steps: int = 2, lr: float = 0.05, inner="aot_eager"
+) -> dict:
+    """(cp error, allowed error) of a TinyLlama training run under CP against the same run on one process.
+
+    Each step compares the global mean loss and every parameter gradient (summed over CP ranks, as a data
+    parallel reduction over the CP dim would) with the single-process run, then takes the same SGD step.
+    fp32: the allowed error is the fp32 floor scaled by the reference magnitude.
+    """
+    import torch.distributed as dist
+
+    from cpcompile.testing.model import TinyLlama, token_loss_sum
+
+    torch.manual_seed(0)
+    ref = TinyLlama()
+    cp_model = TinyLlama(ref.cfg)
+    cp_model.load_state_dict(ref.state_dict())
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, ref.cfg.vocab, (batch, seq), generator=g)
+    labels = torch.cat([ids[:, 1:], torch.full((batch, 1), -100)], dim=1)
+    pos = torch.arange(seq).expand(batch, seq)
+    n_tokens = int((labels != -100).sum())
+    local = cpcompile.shard_batch({"input_ids": ids, "labels": labels, "position_ids": pos}, strategy=strategy)
+    be = cpcompile.backend(strategy=strategy, comm=comm, inner=inner)
+    torch._dynamo.reset()
+    compiled = torch.compile(cp_model, backend=be, fullgraph=True)
+    report = {}
+    for step in range(steps):
+        for m in (ref, cp_model):
+            m.zero_grad()
+        ref_loss = token_loss_sum(ref(ids, pos), labels) / n_tokens
+        ref_loss.backward()
+        loss = token_loss_sum(compiled(local["input_ids"], local["position_ids"]), local["labels"]) / n_tokens
+        loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        tol = lambda t: FLOORS[torch.float32] * 50 * max(1.0, t.abs().max().item())  # noqa: E731
+        report[f"step{step}/loss"] = (max_err(total, ref_loss.detach()), tol(ref_loss.detach()))
+        for (name, p_ref), p in zip(ref.named_parameters(), cp_model.parameters()):
+            grad = p.grad.clone()
+            dist.all_reduce(grad)
+            report[f"step{step}/{name}.grad"] = (max_err(grad, p_ref.grad), tol(p_ref.grad))
+            p.grad.copy_(grad)
+        with torch.no_grad():
+            for p_ref, p in zip(ref.parameters(), cp_model.parameters()):
+                p_ref.sub_(lr * p_ref.grad)
+                p.sub_(lr * p.grad)
+    assert len(be.plans) == ref.cfg.layers, f"expected {ref.cfg.layers} rewritten attention nodes, got {len(be.plans)}"
+    return report

@@ -88,7 +88,8 @@ def a2a_attention(
     qs, ks, vs = [], [], []
     for slots in exchanges:
         start, length = slots[0] * chunk, len(slots) * chunk
-        parts = [_heads_to_ranks(t.narrow(-2, start, length), world) for t in (q, k, v)]
+        rows = (t if length == t.shape[-2] else t.narrow(-2, start, length) for t in (q, k, v))
+        parts = [_heads_to_ranks(t, world) for t in rows]
         tokens = exchange_first(torch.cat(parts, dim=-1), group_name).flatten(0, 1)  # (world*length, B, W)
         q_b, k_b, v_b = tokens.split(widths, dim=-1)
         qs.append(_tokens_to_bhsd(q_b, split.q_per_rank))

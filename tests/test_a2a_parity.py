@@ -1,0 +1,37 @@
+"""Multi-rank parity of comm="a2a" (Ulysses) against single-process SDPA, and a small-model training run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from parity import compare_sdpa, compare_tiny_llama
+from test_parity import _assert_reports
+
+from cpcompile.testing.distributed import run_ranks
+
+# (batch, q heads, kv heads, global seq, head dim). With cp=2 and cp=4: "gqa" has kv heads >= cp (2 each) and
+# kv heads < cp (each kv head replicated to 2 ranks); "kv1" replicates its one kv head to every rank.
+SHAPES = {"gqa": (2, 4, 2, 48, 16), "kv1": (1, 4, 1, 48, 8)}
+
+
+def _sweep(rank, world, llama_strategy):
+    results = {}
+    for strategy in ("flat", "zigzag"):
+        for shape_name, shape in SHAPES.items():
+            for causal in (True, False):
+                scale = 0.37 if shape_name == "kv1" and causal else None
+                results[(strategy, shape_name, causal, "fp32")] = compare_sdpa(
+                    strategy, causal, torch.float32, shape, comm="a2a", scale=scale
+                )
+        results[(strategy, "kv1", True, "bf16")] = compare_sdpa(
+            strategy, True, torch.bfloat16, SHAPES["kv1"], comm="a2a"
+        )
+    results[(llama_strategy, "tiny-llama", True, "fp32")] = compare_tiny_llama(llama_strategy, "a2a")
+    return results
+
+
+@pytest.mark.parametrize("world,llama_strategy", [(2, "flat"), (4, "zigzag")])
+def test_a2a_parity(world, llama_strategy):
+    """Outputs and q/k/v grads for flat and zigzag, causal or not, GQA with kv heads >= and < cp, fp32 and
+    bf16; TinyLlama (4 q heads, 2 kv heads: replicated at cp=4) trains like the single-process model."""
+    _assert_reports(run_ranks(_sweep, world, llama_strategy, timeout=600))
