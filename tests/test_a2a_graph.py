@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (graph snapshots hold long lines)
 """The a2a region's graphs on a fake process group: rewritten graph, collectives per step, no reorder copies."""
 
 from __future__ import annotations
@@ -7,13 +6,14 @@ import re
 
 import pytest
 import torch
-import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from expecttest import assert_expected_inline
+from fake_pg import fake_group, normalize_gm
+from test_errors import _compile_error
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import cpcompile
 
@@ -31,11 +31,9 @@ VIEW_OPS = {
 
 @pytest.fixture
 def fake_pg():
-    dist.init_process_group("fake", store=FakeStore(), rank=RANK, world_size=WORLD)
     torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    dist.destroy_process_group()
+    with fake_group(RANK, WORLD):
+        yield
 
 
 def _inputs(hq=4, hkv=2, seq=8, d=8, b=1):
@@ -51,7 +49,10 @@ def _attention(causal):
 
 
 def _capture(strategy, causal, inputs):
-    """Compile, run forward and backward; return the rewritten Dynamo graph and the AOT fw/bw graphs."""
+    """Compile, run forward and backward; return the rewritten Dynamo graph and the AOT fw/bw graphs.
+
+    The min-cut partitioner is the one aot_eager and Inductor use (the default partitioner would re-run
+    the forward executor call inside the backward graph, dead code that only DCE would remove)."""
     be = cpcompile.backend(strategy=strategy, comm="a2a", inner="eager")
     graphs = {}
 
@@ -74,25 +75,19 @@ def _capture(strategy, causal, inputs):
     return graphs
 
 
-def _normalize(code: str) -> str:
-    """Drop comments (source locations) and `;  x = None` frees: what remains is the graph's structure."""
-    lines = (re.sub(r";  [\w = ]+ = None$", "", line).rstrip() for line in code.splitlines())
-    return "\n".join(line for line in lines if not line.strip().startswith("#")).strip()
-
-
 def test_rewritten_graph_snapshot(fake_pg):
     graphs = _capture("zigzag", True, _inputs())
     assert_expected_inline(
-        _normalize(graphs["rewritten"].print_readable(False)),
+        normalize_gm(graphs["rewritten"].print_readable(False)),
         """\
 class GraphModule(torch.nn.Module):
     def forward(self, L_q_: "f32[1, 4, 8, 8]", L_k_: "f32[1, 2, 8, 8]", L_v_: "f32[1, 2, 8, 8]"):
         l_q_ = L_q_
         l_k_ = L_k_
         l_v_ = L_v_
-
         a2a_attention: "f32[1, 4, 8, 8]" = cpcompile_regions_a2a_a2a_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
-        return (a2a_attention,)""",
+        return (a2a_attention,)
+""",
     )
 
 
@@ -102,7 +97,7 @@ def test_forward_graph_snapshot(fake_pg):
     straight into the return all-to-all, one copy into (B, S, H, D) memory."""
     graphs = _capture("flat", True, _inputs())
     assert_expected_inline(
-        _normalize(graphs["fw"].print_readable(False)),
+        normalize_gm(graphs["fw"].print_readable(False)),
         """\
 class GraphModule(torch.nn.Module):
     def forward(self, primals_1: "f32[1, 4, 8, 8]", primals_2: "f32[1, 2, 8, 8]", primals_3: "f32[1, 2, 8, 8]"):
@@ -124,12 +119,9 @@ class GraphModule(torch.nn.Module):
         permute_2: "f32[4, 8, 1, 1, 8]" = torch.ops.aten.permute.default(view_6, [1, 3, 0, 2, 4])
         view_7: "f32[4, 8, 1, 8]" = torch.ops.aten.view.default(permute_2, [4, 8, 1, 8])
         cat: "f32[4, 8, 1, 24]" = torch.ops.aten.cat.default([view_3, view_5, view_7], -1)
-
         all_to_all_single: "f32[4, 8, 1, 24]" = torch.ops._c10d_functional.all_to_all_single.default(cat, [1, 1, 1, 1], [1, 1, 1, 1], '0')
         wait_tensor: "f32[4, 8, 1, 24]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single)
-        wait_tensor_1: "f32[4, 8, 1, 24]" = torch.ops._c10d_functional.wait_tensor.default(wait_tensor)
-
-        view_8: "f32[32, 1, 24]" = torch.ops.aten.view.default(wait_tensor_1, [32, 1, 24])
+        view_8: "f32[32, 1, 24]" = torch.ops.aten.view.default(wait_tensor, [32, 1, 24])
         split_with_sizes = torch.ops.aten.split_with_sizes.default(view_8, [8, 8, 8], -1)
         getitem: "f32[32, 1, 8]" = split_with_sizes[0]
         getitem_1: "f32[32, 1, 8]" = split_with_sizes[1]
@@ -147,17 +139,15 @@ class GraphModule(torch.nn.Module):
         detach_1: "f32[1, 1, 32]" = torch.ops.aten.detach.default(getitem_4)
         permute_6: "f32[32, 1, 1, 8]" = torch.ops.aten.permute.default(getitem_3, [2, 0, 1, 3])
         view_12: "f32[4, 8, 1, 8]" = torch.ops.aten.view.default(permute_6, [4, 8, 1, 8])
-
         all_to_all_single_1: "f32[4, 8, 1, 8]" = torch.ops._c10d_functional.all_to_all_single.default(view_12, [1, 1, 1, 1], [1, 1, 1, 1], '0')
-        wait_tensor_2: "f32[4, 8, 1, 8]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_1)
-        wait_tensor_3: "f32[4, 8, 1, 8]" = torch.ops._c10d_functional.wait_tensor.default(wait_tensor_2)
-
-        permute_7: "f32[1, 8, 4, 8]" = torch.ops.aten.permute.default(wait_tensor_3, [2, 1, 0, 3])
+        wait_tensor_1: "f32[4, 8, 1, 8]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_1)
+        permute_7: "f32[1, 8, 4, 8]" = torch.ops.aten.permute.default(wait_tensor_1, [2, 1, 0, 3])
         view_13: "f32[1, 8, 4, 8]" = torch.ops.aten.view.default(permute_7, [1, 8, 4, 8])
         transpose: "f32[1, 4, 8, 8]" = torch.ops.aten.transpose.int(view_13, 1, 2)
         detach_2: "f32[1, 1, 32, 8]" = torch.ops.aten.detach.default(detach)
         detach_3: "f32[1, 1, 32]" = torch.ops.aten.detach.default(detach_1)
-        return (transpose, permute_3, permute_4, permute_5, detach_2, detach_3)""",
+        return (transpose, permute_3, permute_4, permute_5, detach_2, detach_3)
+""",
     )
 
 
@@ -244,23 +234,27 @@ def test_inductor_fuses_every_copy(fake_pg):
             assert tensors and set(tensors) <= sources, line
 
 
+@pytest.fixture
+def no_a2a(monkeypatch):
+    """Fail the test if an all-to-all is issued: errors must come before communication."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a collective ran before the error was raised")
+
+    monkeypatch.setattr(funcol, "all_to_all_single", boom)
+
+
 @pytest.mark.parametrize(
     "hq,hkv,rule",
     [
-        (6, 2, "there are 6 q heads"),
-        (12, 6, "there are 6 kv heads"),
-        (12, 3, "needs cp to be a multiple of 3"),
+        (6, 2, "each of the 4 ranks q_heads/cp heads, but there are 6 q heads"),
+        (12, 6, "each of the 4 ranks kv_heads/cp k/v heads, but there are 6 kv heads"),
+        (12, 3, "with 3 kv heads < cp=4, comm='a2a' replicates each kv head to cp/kv_heads ranks"),
     ],
 )
-def test_head_errors(fake_pg, hq, hkv, rule):
-    be = cpcompile.backend(strategy="flat", comm="a2a", inner="eager")
+def test_head_errors(no_a2a, hq, hkv, rule):
     q, k, v = (torch.randn(1, h, 8, 8) for h in (hq, hkv, hkv))
-    with pytest.raises(Exception) as info:
-        torch.compile(_attention(True), backend=be, fullgraph=True)(q, k, v)
-    err = info.value
-    while not isinstance(err, cpcompile.CPCompileError) and err is not None:
-        err = getattr(err, "inner_exception", None) or err.__cause__
-    assert isinstance(err, cpcompile.CPCompileError), info.value
-    msg = str(err)
-    assert "attention node" in msg and "comm='a2a'" in msg and rule in msg and "Fix:" in msg, msg
-    assert be.plans == []
+    msg = _compile_error(_attention(True), q, k, v, comm="a2a", rank=RANK, world=WORLD)
+    assert f"attention node 'scaled_dot_product_attention' at {__file__}" in msg, msg
+    rule_part, fix_part = msg.split("Fix:")
+    assert rule in rule_part and "comm='all_gather'" in fix_part, msg
