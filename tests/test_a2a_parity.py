@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parity import compare_sdpa, compare_tiny_llama
+from parity import compare_sdpa
 from test_parity import _assert_reports
+from test_training import CFG, _assert_matches, _batches
 
 from cpcompile.testing.distributed import run_ranks
+from cpcompile.testing.training import train
 
 # (batch, q heads, kv heads, global seq, head dim). With cp=2 and cp=4: "gqa" has kv heads >= cp (2 each) and
 # kv heads < cp (each kv head replicated to 2 ranks); "kv1" replicates its one kv head to every rank.
@@ -26,12 +28,13 @@ def _sweep(rank, world, llama_strategy):
         results[(strategy, "kv1", True, "bf16")] = compare_sdpa(
             strategy, True, torch.bfloat16, SHAPES["kv1"], comm="a2a"
         )
-    results[(llama_strategy, "tiny-llama", True, "fp32")] = compare_tiny_llama(llama_strategy, "a2a")
-    return results
+    return results, train(CFG, _batches(), strategy=llama_strategy, comm="a2a")
 
 
 @pytest.mark.parametrize("world,llama_strategy", [(2, "flat"), (4, "zigzag")])
 def test_a2a_parity(world, llama_strategy):
     """Outputs and q/k/v grads for flat and zigzag, causal or not, GQA with kv heads >= and < cp, fp32 and
     bf16; TinyLlama (4 q heads, 2 kv heads: replicated at cp=4) trains like the single-process model."""
-    _assert_reports(run_ranks(_sweep, world, llama_strategy, timeout=600))
+    per_rank = run_ranks(_sweep, world, llama_strategy, timeout=600)
+    _assert_reports([sdpa for sdpa, _ in per_rank])
+    _assert_matches([training for _, training in per_rank], "aot_eager")
