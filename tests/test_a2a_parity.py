@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from parity import compare_sdpa
+from test_dtensor import TOL, _dtensor_attention_errors
 from test_parity import _assert_reports
 from test_training import CFG, _assert_matches, _batches
+from torch.distributed.device_mesh import init_device_mesh
 
 from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.training import train
@@ -28,6 +30,14 @@ def _sweep(rank, world, llama_strategy):
         results[(strategy, "kv1", True, "bf16")] = compare_sdpa(
             strategy, True, torch.bfloat16, SHAPES["kv1"], comm="a2a"
         )
+    # DTensor inputs; at cp=2 of a (dp=2, cp=2) mesh the all-to-alls run on the cp sub-group, not the world
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
+    dp_slice = slice(None)
+    if world == 4:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
+        dp_slice = slice(mesh.get_local_rank("dp"), mesh.get_local_rank("dp") + 1)
+    errs = _dtensor_attention_errors(mesh, "zigzag", True, torch.float64, dp_slice=dp_slice, comm="a2a")
+    results[("dtensor", "zigzag", True, "fp64")] = {k: (e, TOL[torch.float64]) for k, e in errs.items()}
     return results, train(CFG, _batches(), strategy=llama_strategy, comm="a2a")
 
 
