@@ -103,5 +103,6 @@ def a2a_attention(
         b, h, n, dv = out.shape
         back.append(exchange_first(out.permute(2, 0, 1, 3).reshape(world, n // world, b, h * dv), group_name))
     heads = torch.cat(back, dim=1) if len(back) > 1 else back[0]  # (world, L, B, h*Dv): block j = heads of rank j
-    world_, length, b, width = heads.shape
-    return heads.permute(2, 1, 0, 3).reshape(b, length, q.shape[1], width // split.q_per_rank).transpose(1, 2)
+    _, length, b, width = heads.shape
+    bshd = heads.permute(2, 1, 0, 3).reshape(b, length, q.shape[1], width // split.q_per_rank)  # the one copy
+    return bshd.transpose(1, 2)
