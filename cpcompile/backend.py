@@ -82,7 +82,8 @@ def backend(
     """A torch.compile backend that runs every attention node context-parallel.
 
     strategy: token layout across ranks ("flat", "zigzag"; "thd", "thd_zigzag" for packed documents under
-    torch.nn.attention.varlen.varlen_attn); comm: "all_gather"; mesh: a 1-D DeviceMesh or one
+    torch.nn.attention.varlen.varlen_attn); comm: "all_gather" (gather K/V) or "a2a" (Ulysses: trade heads for
+    sequence); mesh: a 1-D DeviceMesh or one
     with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" or a provider
     name; inner: the compiler after the pass ("inductor", "aot_eager", "eager", or any torch.compile backend
     callable, e.g. one that records aot_autograd graphs).

@@ -60,3 +60,26 @@ def slots_tokens_first(x: torch.Tensor, slots: int) -> torch.Tensor:
     """(B, H, slots*C, D) -> (C, slots, B, H, D): tokens outermost, the slot of a token next."""
     b, h, s, d = x.shape
     return x.view(b, h, slots, s // slots, d).permute(3, 2, 0, 1, 4)
+
+
+class _ExchangeFirst(torch.autograd.Function):
+    """all-to-all along dim 0 with equal splits; an equal-split all-to-all is its own inverse, so backward
+    sends the gradient the same way back. Written as a Function (like _GatherSeqFirst) so the traced graph is
+    the same on torch 2.11 and 2.13, whatever autograd funcol registers there."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group_name: str) -> torch.Tensor:
+        ctx.group_name = group_name
+        return _waited(funcol.all_to_all_single(x, None, None, group_name))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _waited(funcol.all_to_all_single(grad.contiguous(), None, None, ctx.group_name)), None
+
+
+def exchange_first(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """All-to-all of `x` (cp, ...): block j goes to rank j, and block j of the result came from rank j.
+
+    Differentiable; gradients are not summed (each element has exactly one owner), so they travel in x's dtype.
+    """
+    return _ExchangeFirst.apply(x.contiguous(), group_name)

@@ -178,8 +178,8 @@ def _backward(ctx, dout, _dlse):
     dq, dks, dvs, dpacked = torch.ops.cpcompile.attend_blocks_backward(
         dout, q, ks, vs, out, lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv
     )
-    dpacked = dpacked.to(packed_kv.dtype) if ctx.has_packed else None
-    return dq, dks, dvs, None, None, None, dpacked
+    grads = (dq, dks, dvs, None, None, None)
+    return (*grads, dpacked.to(packed_kv.dtype)) if ctx.has_packed else grads
 
 
 attend_blocks.register_autograd(_backward, setup_context=_setup_context)

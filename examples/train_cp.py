@@ -2,6 +2,7 @@
 
     python examples/train_cp.py                 # 2 CPU ranks (gloo), or one rank per GPU when GPUs exist
     python examples/train_cp.py --ranks 4 --strategy flat --inner inductor
+    python examples/train_cp.py --ranks 4 --comm a2a   # Ulysses: trade heads for sequence around attention
 
 Every rank feeds its shard of each batch (cpcompile.shard_batch); torch.compile with the cpcompile backend
 rewrites each attention call into a CP region. At the end the same training runs on one process over the
@@ -46,7 +47,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=gpus if gpus > 1 else 2)
     p.add_argument("--strategy", default="zigzag", choices=["flat", "zigzag"])
-    p.add_argument("--comm", default="all_gather")
+    p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a"])
     p.add_argument("--inner", default="inductor" if gpus else "aot_eager", choices=["inductor", "aot_eager", "eager"])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seq", type=int, default=256)

@@ -39,11 +39,11 @@ def reference(q, k, v, dout, causal: bool, dtype: torch.dtype, scale=None):
     return [out.detach()] + [t.grad for t in leaves]
 
 
-def cp_attention(q, k, v, dout, *, strategy, causal, dtype, inner="aot_eager", scale=None):
+def cp_attention(q, k, v, dout, *, strategy, causal, dtype, inner="aot_eager", scale=None, comm="all_gather"):
     """(out, dq, dk, dv) of the compiled CP region on this rank's shards, in local layout."""
     shard = lambda t: cpcompile.shard(t.to(dtype), strategy=strategy, seq_dim=2)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
-    be = cpcompile.backend(strategy=strategy, inner=inner)
+    be = cpcompile.backend(strategy=strategy, comm=comm, inner=inner)
 
     def attn(a, b, c):
         return F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=True, scale=scale)
@@ -55,12 +55,16 @@ def cp_attention(q, k, v, dout, *, strategy, causal, dtype, inner="aot_eager", s
     return [out.detach()] + [t.grad for t in leaves]
 
 
-def compare_sdpa(strategy: str, causal: bool, dtype: torch.dtype, shape, inner="aot_eager", scale=None) -> dict:
+def compare_sdpa(
+    strategy: str, causal: bool, dtype: torch.dtype, shape, inner="aot_eager", scale=None, comm="all_gather"
+) -> dict:
     """Per-tensor (cp error, allowed error) of one CP SDPA configuration on this rank."""
     q, k, v, dout = sdpa_case(0, *shape)
     exact = reference(q, k, v, dout, causal, torch.float64, scale)
     low = reference(q, k, v, dout, causal, dtype, scale) if dtype == torch.bfloat16 else exact
-    got = cp_attention(q, k, v, dout, strategy=strategy, causal=causal, dtype=dtype, inner=inner, scale=scale)
+    got = cp_attention(
+        q, k, v, dout, strategy=strategy, causal=causal, dtype=dtype, inner=inner, scale=scale, comm=comm
+    )
     shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=2)  # noqa: E731
     report = {}
     for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):

@@ -23,7 +23,7 @@ def _attention(a, b, c, causal):
     return F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=True)
 
 
-def _dtensor_attention_errors(mesh, strategy, causal, dtype, *, dp_slice=slice(None)) -> dict:
+def _dtensor_attention_errors(mesh, strategy, causal, dtype, *, dp_slice=slice(None), comm="all_gather") -> dict:
     """Max error of out/dq/dk/dv of the compiled CP region on DTensor inputs vs single-process SDPA."""
     q, k, v, dout = (t[dp_slice] for t in sdpa_case(0, *SHAPE))
     ref = reference(q, k, v, dout, causal, torch.float64)
@@ -32,7 +32,7 @@ def _dtensor_attention_errors(mesh, strategy, causal, dtype, *, dp_slice=slice(N
         return cpcompile.shard(t.to(dtype), strategy=strategy, seq_dim=2, mesh=mesh, as_dtensor=True)
 
     leaves = [place(t).detach().requires_grad_() for t in (q, k, v)]
-    be = cpcompile.backend(strategy=strategy, inner="aot_eager")  # mesh and seq dim come from the placements
+    be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager")  # mesh, seq dim: from the placements
     torch._dynamo.reset()
     out = torch.compile(_attention, backend=be, fullgraph=True)(*leaves, causal)
     assert isinstance(out, DTensor) and out.placements == leaves[0].placements, out

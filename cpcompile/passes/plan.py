@@ -10,13 +10,14 @@ import torch.fx
 
 from ..errors import CPCompileError, node_origin, site_error
 from ..groups import CPGroup
+from ..head_split import head_split_problem
 from ..kernels import resolve_kernel
 from ..layouts import get_layout
 from ..layouts.thd import THD_LAYOUTS
 from ..regions import REGIONS
 from .match import AttentionSite
 
-COMMS = ("all_gather",)
+COMMS = ("all_gather", "a2a")
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,8 @@ def plan_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
             f"q/k head dim {d} and v head dim {site.v_shape[-1]} differ; the CP kernels take one head dim",
             "use the same head dim for q, k and v (pad v's head dim and slice the output)",
         )
+    if config.comm == "a2a" and (problem := head_split_problem(site.q_shape[1], site.k_shape[1], group.size)):
+        raise site_error(node, *problem)
     layout = get_layout(config.strategy)
     if sq % layout.chunks_per_rank != 0:
         raise site_error(
