@@ -14,8 +14,22 @@ from ._cuda import cuda_half_reason, squeeze_lse
 _aten = torch.ops.aten
 
 
+def _expand(kv: torch.Tensor, groups: int) -> torch.Tensor:
+    return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
+
+
+def _fold(grad: torch.Tensor, groups: int) -> torch.Tensor:
+    b, h, s, d = grad.shape
+    return grad if groups == 1 else grad.view(b, h // groups, groups, s, d).sum(2)
+
+
 class CuDNNKernel:
+    """`expand_kv=True` repeats K/V heads up to the q heads for a cuDNN without GQA (measured by the probe)."""
+
     name = "cudnn"
+
+    def __init__(self, expand_kv: bool = False):
+        self.expand_kv = expand_kv
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         reason = cuda_half_reason(device, dtype, "cuDNN attention")
@@ -31,12 +45,18 @@ class CuDNNKernel:
         return None
 
     def forward(self, q, k, v, causal, scale):
+        if self.expand_kv:
+            g = q.shape[1] // k.shape[1]
+            k, v = _expand(k, g), _expand(v, g)
         out, lse, *_ = _aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
         return out, squeeze_lse(lse, 3)
 
     def backward(self, dout, q, k, v, out, lse, causal, scale):
+        g = q.shape[1] // k.shape[1] if self.expand_kv else 1
+        k, v = _expand(k, g), _expand(v, g)
         empty = q.new_empty(0, dtype=torch.int64)
-        return _aten._scaled_dot_product_cudnn_attention_backward(
+        dq, dk, dv = _aten._scaled_dot_product_cudnn_attention_backward(
             dout, q, k, v, out, lse.contiguous().unsqueeze(-1), empty, empty,
             None, None, None, q.shape[-2], k.shape[-2], 0.0, causal, scale=scale,
         )  # fmt: skip
+        return dq, _fold(dk, g), _fold(dv, g)
