@@ -25,20 +25,33 @@ def gathered_sources(cp: int, chunk: int, slots: int, device="cuda") -> tuple[li
     return ks, vs
 
 
-def time_ms(fn: Callable[[], object], iters: int, warmup: int) -> float:
-    """Median wall time on the GPU (CUDA events) of fn over `iters` runs after `warmup` runs."""
+HEAD_START_CYCLES = 2_000_000
+"""A ~1 ms GPU sleep queued before each timed run, so the host enqueues the run's launches ahead of the GPU,
+as it does inside a training step; the events then time GPU work, not Python's launch latency."""
+
+
+def time_many_ms(fns: list[Callable[[], object]], iters: int, warmup: int) -> list[float]:
+    """Median GPU time (CUDA events) of each fn over `iters` runs, the fns interleaved run by run so clock
+    drift hits them alike, after `warmup` runs of each."""
     for _ in range(warmup):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.synchronize()
-    times = []
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        for fn, ts in zip(fns, times):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(HEAD_START_CYCLES)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ts.append(start.elapsed_time(end))
+    return [statistics.median(ts) for ts in times]
+
+
+def time_ms(fn: Callable[[], object], iters: int, warmup: int) -> float:
+    return time_many_ms([fn], iters, warmup)[0]
 
 
 def sdpa_full_fwd_bwd(seq: int, backend) -> Callable[[], object]:

@@ -52,7 +52,36 @@ def check(name, impl, q, k, v, dout, causal):
           + f" | out strides {tuple(out.stride())} lse {tuple(lse.shape)} dk strides {tuple(dk.stride())}")  # fmt: skip
 
 
+def merge_sweep():
+    """Time the fused merge/add at a zigzag rank's size for a few tile configs (and the torch fallback)."""
+    from cpcompile import merge_triton
+    from cpcompile.merge import sum_into
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    big = [torch.randn(1, 8192, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+           for _ in range(3)]  # fmt: skip
+    bl = [torch.randn(1, 32, 8192, device="cuda", generator=g) for _ in range(3)]
+    o, lo = torch.empty_like(big[0]), torch.empty(1, 32, 8192, device="cuda")
+    for rows_x_dim in (4096, 8192, 16384):
+        for warps in (4, 8):
+            merge_triton.CONFIG.update(rows_x_dim=rows_x_dim, num_warps=warps)
+            res = []
+            for k in (2, 3):
+                ms = time_ms(lambda k=k: merge_outputs(o, lo, big[:k], bl[:k]), 30, 3)
+                res.append(f"merge{k} {ms:.3f} ms {(k + 1) * big[0].numel() * 2 / ms / 1e6:.0f} GB/s")
+            ms = time_ms(lambda: sum_into(o, big), 30, 3)
+            res.append(f"add3 {ms:.3f} ms {4 * big[0].numel() * 2 / ms / 1e6:.0f} GB/s")
+            print(f"tile {rows_x_dim} warps {warps}: " + ", ".join(res))
+    os.environ["CPCOMPILE_MERGE"] = "torch"
+    res = [f"merge{k} {time_ms(lambda k=k: merge_outputs(o, lo, big[:k], bl[:k]), 30, 3):.3f} ms" for k in (2, 3)]
+    print("torch fallback: " + ", ".join(res) + f", add3 {time_ms(lambda: sum_into(o, big), 30, 3):.3f} ms")
+    os.environ.pop("CPCOMPILE_MERGE")
+
+
 def main():
+    if sys.argv[1:] == ["merge"]:
+        merge_sweep()
+        return
     print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name())
     try:
         import triton

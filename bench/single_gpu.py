@@ -20,7 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DTYPE, HKV, HQ, D, bshd, causal_flops, gathered_sources, sdpa_full_fwd_bwd, time_ms  # noqa: E402
+from common import DTYPE, HKV, HQ, D, bshd, causal_flops, gathered_sources, sdpa_full_fwd_bwd, time_many_ms, time_ms  # noqa: E402
 
 from cpcompile import executor  # noqa: E402, F401  (registers torch.ops.cpcompile.*)
 from cpcompile.block_calls import plan_calls  # noqa: E402
@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--cps", default="2,4,8")
     ap.add_argument("--layouts", default="zigzag,flat")
     ap.add_argument("--kernels", default="cudnn,flash")
-    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--overhead-kernels", default="cudnn", help="kernels whose kernels-only time is measured")
     ap.add_argument("--out", default="bench/results/single_gpu.json")
@@ -104,10 +104,13 @@ def main() -> None:
                     per_rank, kernels_only = [], []
                     for rank in range(cp):
                         case = rank_case(layout, seq, cp, rank)
-                        per_rank.append(time_ms(region_fn(*case, kernel), iters, args.warmup))
+                        fns = [region_fn(*case, kernel)]
                         if kernel in args.overhead_kernels.split(","):
-                            kernels_only.append(time_ms(kernels_only_fn(*case, kernel), iters, args.warmup))
-                        del case
+                            fns.append(kernels_only_fn(*case, kernel))
+                        ms = time_many_ms(fns, iters, args.warmup)
+                        per_rank.append(ms[0])
+                        kernels_only.extend(ms[1:])
+                        del case, fns
                     slow = max(range(cp), key=lambda r: per_rank[r])
                     ideal = ideal_full / cp
                     rec = dict(

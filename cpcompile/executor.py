@@ -9,6 +9,8 @@ sums them per row segment, rounding once; autograd never differentiates through 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from .block_calls import Call, batched_rows, plan_calls, segments
@@ -21,6 +23,13 @@ BLOCK_FIELDS = 6
 def _decode(blocks: list[int]) -> list[tuple[int, int, int, int, int, bool]]:
     it = [blocks[i : i + BLOCK_FIELDS] for i in range(0, len(blocks), BLOCK_FIELDS)]
     return [(a, b, c, d, e, bool(f)) for a, b, c, d, e, f in it]
+
+
+@lru_cache(maxsize=256)
+def _calls(blocks: tuple[int, ...], batch: int) -> tuple[list, list[Call]]:
+    """Decoded blocks and their kernel calls, cached: the region runs the same block list every step."""
+    decoded = _decode(list(blocks))
+    return decoded, plan_calls(decoded, batch)
 
 
 def _empty_like_layout(ref: torch.Tensor, last: int, dtype: torch.dtype) -> torch.Tensor:
@@ -64,10 +73,10 @@ def attend_blocks(
     kernel: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_kernel(kernel)
-    decoded = _decode(blocks)
+    decoded, calls = _calls(tuple(blocks), q.shape[0])
     outs: list[tuple[int, int, torch.Tensor]] = []
     lses: list[tuple[int, int, torch.Tensor]] = []
-    for c in plan_calls(decoded, q.shape[0]):
+    for c in calls:
         o, lse = impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, scale)
         for i, o_i, l_i in zip(c.members, _unbatch(o, c), _unbatch(lse, c)):
             outs.append((decoded[i][0], decoded[i][1], o_i))
@@ -105,13 +114,13 @@ def attend_blocks_backward(
     kernel: str,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     impl = get_kernel(kernel)
-    decoded = _decode(blocks)
+    decoded, calls = _calls(tuple(blocks), q.shape[0])
     kernel_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse_k = lse.to(kernel_lse_dtype)
     dq_pieces: list[tuple[int, int, torch.Tensor]] = []
     dk_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in ks]
     dv_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in vs]
-    for c in plan_calls(decoded, q.shape[0]):
+    for c in calls:
         dq_c, dk_c, dv_c = impl.backward(
             _q_view(dout, c),
             _q_view(q, c),

@@ -55,8 +55,13 @@ def merge_outputs(
 
 
 def sum_into(dst: torch.Tensor, parts: Sequence[torch.Tensor]) -> None:
-    """dst = sum(parts), rounded once: one add computes in fp32 and rounds once; more terms accumulate in fp32."""
-    if not parts:
+    """dst = sum(parts), rounded once: one add computes in fp32 and rounds once; more terms accumulate in fp32
+    (one fused Triton pass on CUDA)."""
+    if len(parts) > 2 and dst.dim() == 4 and _use_triton(dst, parts):
+        from . import merge_triton
+
+        merge_triton.add(dst, parts)
+    elif not parts:
         dst.zero_()
     elif len(parts) == 1:
         dst.copy_(parts[0])

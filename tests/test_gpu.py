@@ -1,7 +1,9 @@
 """GPU parity: every layout x comm x CUDA kernel, fwd+bwd in bf16, several gloo ranks sharing one GPU.
 
-NCCL refuses two ranks on one device, so the ranks talk over gloo (it moves CUDA tensors through host
-memory): right for kernel correctness, meaningless for comm timing. Each rank compares its output and
+NCCL refuses two ranks on one device, so the ranks talk over gloo, and gloo's tensor collectives crash
+(SIGSEGV) on CUDA tensors on torch 2.11: the collectives hop through host memory in these tests only
+(`_host_hop_collectives`). Right for kernel correctness (comm correctness is the CPU tests' job), meaningless
+for comm timing. Each rank compares its output and
 q/k/v gradients with single-GPU SDPA over the full sequence, with the bf16 rule of tests/parity.py.
 Skipped where CUDA is absent.
 """
@@ -24,6 +26,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 SHAPES = {"gqa": (1, 8, 2, 768, 64), "gqa-b2": (2, 4, 2, 384, 128), "mha": (1, 4, 4, 384, 64)}
 KERNELS = ("auto", "cudnn", "flash")
 CASES = [(layout, comm) for layout in sorted(LAYOUTS) for comm in COMMS]
+
+
+def _host_hop_collectives() -> None:
+    """Route cpcompile's all-gather / reduce-scatter through CPU tensors (gloo), back to the GPU after."""
+    import cpcompile.comm as comm
+
+    gather, scatter = comm._all_gather, comm._reduce_scatter
+    comm._all_gather = lambda x, dim, group: gather(x.cpu(), dim, group).to(x.device)
+    comm._reduce_scatter = lambda x, op, dim, group: scatter(x.cpu(), op, dim, group).to(x.device)
 
 
 def _reference(q, k, v, dout, causal, dtype):
@@ -49,7 +60,11 @@ def _cp(q, k, v, dout, *, layout, comm, kernel, causal):
 
 
 def _sweep(rank, world, cases):
+    import faulthandler
+
+    faulthandler.enable()
     torch.cuda.set_device(0)
+    _host_hop_collectives()
     failures = []
     for shape_name, shape in SHAPES.items():
         for causal in (True, False):
