@@ -1,7 +1,7 @@
 """GPU parity: every layout x comm x CUDA kernel, fwd+bwd in bf16, several gloo ranks sharing one GPU.
 
-NCCL refuses two ranks on one device, so the ranks talk over gloo, and gloo's tensor collectives crash
-(SIGSEGV) on CUDA tensors on torch 2.11: the collectives hop through host memory in these tests only
+NCCL refuses two ranks on one device, so the ranks talk over gloo, and funcol's all-gather over gloo crashes
+(SIGSEGV, torch 2.11, seen on the H200) on CUDA tensors: the collectives hop through host memory in these tests only
 (`_host_hop_collectives`). Right for kernel correctness (comm correctness is the CPU tests' job), meaningless
 for comm timing. Each rank compares its output and
 q/k/v gradients with single-GPU SDPA over the full sequence, with the bf16 rule of tests/parity.py.
