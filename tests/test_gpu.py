@@ -65,7 +65,7 @@ def _sweep(rank, world, cases):
     faulthandler.enable()
     torch.cuda.set_device(0)
     _host_hop_collectives()
-    failures = []
+    failures, worst = [], {}
     for shape_name, shape in SHAPES.items():
         for causal in (True, False):
             q, k, v, dout = sdpa_case(7, *shape)
@@ -78,16 +78,23 @@ def _sweep(rank, world, cases):
                     for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):
                         err = max_err(g, shard(e))
                         allowed = bf16_rule(err, max_err(shard(lo), shard(e)), torch.bfloat16)
+                        case = f"{layout}/{comm}/{kernel} {shape_name} causal={causal} {name}"
+                        worst[case] = err / allowed
                         if not err <= allowed:
                             failures.append(
                                 f"rank {rank} {layout}/{comm}/{kernel} {shape_name} causal={causal} {name}: "
                                 f"error {err:.3g} > allowed {allowed:.3g}"
                             )
-    return failures
+    return failures, worst
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_gpu_parity(world):
     per_rank = run_ranks(_sweep, world, CASES, timeout=600)
-    failures = [f for fs in per_rank for f in fs]
+    ratios: dict[str, float] = {}
+    for _, worst in per_rank:
+        for case, r in worst.items():
+            ratios[case] = max(r, ratios.get(case, 0.0))
+    print(f"\nworld {world}: largest error / allowed:", *sorted(ratios.items(), key=lambda kv: -kv[1])[:6], sep="\n  ")
+    failures = [f for fs, _ in per_rank for f in fs]
     assert not failures, "\n".join(failures)
