@@ -1,17 +1,22 @@
 """The block executor: one custom op that runs a rank's attention blocks and merges them by log-sum-exp.
 
 `cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None)` runs every block (see
-layouts.Block, encoded as six ints each) with the kernel provider and merges partial outputs in fp32 (or
-fp64 for fp64 inputs). Its registered backward calls each block's kernel backward with the FINAL output and
-LSE, which yields the exact partial gradients (the ring-attention identity); autograd never differentiates
-through the merge.
+layouts.Block, encoded as six ints each; sources are ks/vs, then the slots of packed_kv) with the kernel
+provider, same-shaped blocks batched into one call (block_calls), and merges partial outputs by LSE in fp32
+registers (merge). Its registered backward calls each block's kernel backward with the FINAL output and LSE,
+which yields the exact partial gradients (the ring-attention identity), and sums them per row segment,
+rounding once; autograd never differentiates through the merge.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
+from .block_calls import Call, batched_rows, plan_calls, segments
 from .kernels import get_kernel
+from .merge import acc_dtype, merge_outputs, sum_into
 
 BLOCK_FIELDS = 6
 
@@ -21,8 +26,11 @@ def _decode(blocks: list[int]) -> list[tuple[int, int, int, int, int, bool]]:
     return [(a, b, c, d, e, bool(f)) for a, b, c, d, e, f in it]
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
+@lru_cache(maxsize=256)
+def _calls(blocks: tuple[int, ...], batch: int) -> tuple[list, list[Call]]:
+    """Decoded blocks and their kernel calls, cached: the region runs the same block list every step."""
+    decoded = _decode(list(blocks))
+    return decoded, plan_calls(decoded, batch)
 
 
 def _empty_like_layout(ref: torch.Tensor, last: int, dtype: torch.dtype) -> torch.Tensor:
@@ -36,8 +44,24 @@ def _empty_like_layout(ref: torch.Tensor, last: int, dtype: torch.dtype) -> torc
     return t.permute(inverse)
 
 
-def _rows(t: torch.Tensor, start: int, length: int) -> torch.Tensor:
-    return t.narrow(-2, start, length)
+def _q_view(t: torch.Tensor, c: Call, dim: int = -2) -> torch.Tensor:
+    return batched_rows(t, c.q_start, c.q_step, c.q_len, len(c.members), dim)
+
+
+def _kv_view(t: torch.Tensor, c: Call) -> torch.Tensor:
+    return batched_rows(t, c.kv_start, c.kv_step, c.kv_len, len(c.members), -2)
+
+
+def _unbatch(t: torch.Tensor, c: Call) -> list[torch.Tensor]:
+    """Per-block pieces of a call's result (the batch entries, or the whole result for a single block)."""
+    return [t] if len(c.members) == 1 else [t[j : j + 1] for j in range(len(c.members))]
+
+
+def _assemble(dst: torch.Tensor, pieces: list[tuple[int, int, torch.Tensor]], dim: int, reduce) -> None:
+    """Fill dst along `dim` from (start, length, partial) pieces: each segment gets reduce(dst_seg, parts)."""
+    for a, b, cover in segments(dst.shape[dim], [(s, n) for s, n, _ in pieces]):
+        parts = [pieces[i][2].narrow(dim, a - pieces[i][0], b - a) for i in cover]
+        reduce(dst.narrow(dim, a, b - a), parts)
 
 
 @torch.library.custom_op("cpcompile::attend_blocks", mutates_args=())
@@ -52,27 +76,33 @@ def attend_blocks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_kernel(kernel)
     ks, vs = with_packed_sources(ks, vs, packed_kv)
-    acc_t = _acc_dtype(q.dtype)
-    acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
-    lse = q.new_full(q.shape[:-1], float("-inf"), dtype=acc_t)
-    for q0, qn, src, k0, kn, causal in _decode(blocks):
-        o, l = impl.forward(_rows(q, q0, qn), _rows(ks[src], k0, kn), _rows(vs[src], k0, kn), causal, scale)
-        acc_rows, lse_rows = _rows(acc, q0, qn), lse[..., q0 : q0 + qn]
-        l = l.to(acc_t)
-        merged = torch.logaddexp(lse_rows, l)
-        acc_rows.mul_(torch.exp(lse_rows - merged).unsqueeze(-1))
-        acc_rows.add_(o.to(acc_t) * torch.exp(l - merged).unsqueeze(-1))
-        lse_rows.copy_(merged)
-    out = _empty_like_layout(q, acc.shape[-1], q.dtype)
-    out.copy_(acc)
-    return out, lse
+    decoded, calls = _calls(tuple(blocks), q.shape[0])
+    outs: list[tuple[int, int, torch.Tensor]] = []
+    lses: list[tuple[int, int, torch.Tensor]] = []
+    for c in calls:
+        o, lse = impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, scale)
+        for i, o_i, l_i in zip(c.members, _unbatch(o, c), _unbatch(lse, c)):
+            outs.append((decoded[i][0], decoded[i][1], o_i))
+            lses.append((decoded[i][0], decoded[i][1], l_i))
+    out = _empty_like_layout(q, vs[0].shape[-1], q.dtype)
+    lse_all = q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
+    pieces = list(zip(outs, lses))
+    for a, b, cover in segments(q.shape[-2], [(s, n) for s, n, _ in outs]):
+        o_parts = [pieces[i][0][2].narrow(-2, a - pieces[i][0][0], b - a) for i in cover]
+        l_parts = [pieces[i][1][2].narrow(-1, a - pieces[i][1][0], b - a) for i in cover]
+        if not cover:
+            out.narrow(-2, a, b - a).zero_()
+            lse_all.narrow(-1, a, b - a).fill_(float("-inf"))
+            continue
+        merge_outputs(out.narrow(-2, a, b - a), lse_all.narrow(-1, a, b - a), o_parts, l_parts)
+    return out, lse_all
 
 
 @attend_blocks.register_fake
 def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None):
     vs = with_packed_sources(ks, vs, packed_kv)[1]
     out = _empty_like_layout(q, vs[0].shape[-1], q.dtype)
-    return out, q.new_empty(q.shape[:-1], dtype=_acc_dtype(q.dtype))
+    return out, q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
 
 
 @torch.library.custom_op("cpcompile::attend_blocks_backward", mutates_args=())
@@ -89,43 +119,41 @@ def attend_blocks_backward(
     packed_kv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     impl = get_kernel(kernel)
-    acc_t = _acc_dtype(q.dtype)
-    dq = torch.zeros_like(q, dtype=acc_t)
     n_explicit = len(ks)
-    dks = [torch.zeros_like(k, dtype=acc_t) for k in ks]
-    dvs = [torch.zeros_like(v, dtype=acc_t) for v in vs]
-    dpacked = _packed_grad_like(packed_kv, q)
-    if packed_kv is not None:  # gradients of packed sources accumulate straight into the packed layout
-        packed_dks, packed_dvs = with_packed_sources([], [], dpacked)
-        dks, dvs = dks + packed_dks, dvs + packed_dvs
     ks, vs = with_packed_sources(ks, vs, packed_kv)
+    decoded, calls = _calls(tuple(blocks), q.shape[0])
     kernel_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    for q0, qn, src, k0, kn, causal in _decode(blocks):
-        dq_b, dk_b, dv_b = impl.backward(
-            _rows(dout, q0, qn),
-            _rows(q, q0, qn),
-            _rows(ks[src], k0, kn),
-            _rows(vs[src], k0, kn),
-            _rows(out, q0, qn),
-            lse[..., q0 : q0 + qn].to(kernel_lse_dtype),
-            causal,
+    lse_k = lse.to(kernel_lse_dtype)
+    dq_pieces: list[tuple[int, int, torch.Tensor]] = []
+    dk_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in ks]
+    dv_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in vs]
+    for c in calls:
+        dq_c, dk_c, dv_c = impl.backward(
+            _q_view(dout, c),
+            _q_view(q, c),
+            _kv_view(ks[c.source], c),
+            _kv_view(vs[c.source], c),
+            _q_view(out, c),
+            _q_view(lse_k, c, dim=-1),
+            c.causal,
             scale,
         )
-        _rows(dq, q0, qn).add_(dq_b)
-        _rows(dks[src], k0, kn).add_(dk_b)
-        _rows(dvs[src], k0, kn).add_(dv_b)
-    return (
-        _cast_like(dq, q),
-        [_cast_like(g, k) for g, k in zip(dks[:n_explicit], ks)],
-        [_cast_like(g, v) for g, v in zip(dvs[:n_explicit], vs)],
-        dpacked,
-    )
-
-
-def _cast_like(acc: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    res = torch.empty_like(ref)
-    res.copy_(acc)
-    return res
+        for i, dq_i, dk_i, dv_i in zip(c.members, _unbatch(dq_c, c), _unbatch(dk_c, c), _unbatch(dv_c, c)):
+            q0, qn, src, k0, kn, _ = decoded[i]
+            dq_pieces.append((q0, qn, dq_i))
+            dk_pieces[src].append((k0, kn, dk_i))
+            dv_pieces[src].append((k0, kn, dv_i))
+    dq = torch.empty_like(q)
+    _assemble(dq, dq_pieces, -2, sum_into)
+    # explicit sources get gradients in their dtype; packed sources straight into the packed layout, in fp32
+    dpacked = _packed_grad_like(packed_kv, q)
+    packed_dks, packed_dvs = with_packed_sources([], [], dpacked if packed_kv is not None else None)
+    dks = [torch.empty_like(k) for k in ks[:n_explicit]] + packed_dks
+    dvs = [torch.empty_like(v) for v in vs[:n_explicit]] + packed_dvs
+    for src in range(len(ks)):
+        _assemble(dks[src], dk_pieces[src], -2, sum_into)
+        _assemble(dvs[src], dv_pieces[src], -2, sum_into)
+    return dq, dks[:n_explicit], dvs[:n_explicit], dpacked
 
 
 @attend_blocks_backward.register_fake
@@ -139,9 +167,9 @@ def _attend_blocks_backward_fake(dout, q, ks, vs, out, lse, blocks, scale, kerne
 
 
 def _packed_grad_like(packed_kv: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
-    """Zeros shaped like the packed buffer in the accumulation dtype (an empty tensor when there is none)."""
+    """An uninitialised buffer shaped like the packed K/V in the accumulation dtype (empty when there is none)."""
     shape = packed_kv.shape if packed_kv is not None else (0,)
-    return q.new_zeros(shape, dtype=_acc_dtype(q.dtype))
+    return q.new_empty(shape, dtype=acc_dtype(q.dtype))
 
 
 def with_packed_sources(
@@ -151,7 +179,7 @@ def with_packed_sources(
 
     Slot i's K is packed_kv[:, i, 0] and V is packed_kv[:, i, 1], viewed as (B, H, T, D) with no copy. The
     executor takes the packed buffer itself so its backward can write the gradient of every gathered source
-    directly in the layout the reduce-scatter sends: no pack kernel between them.
+    directly in the layout the reduce-scatter sends, in fp32: no pack kernel, no rounding before the sum.
     """
     if packed_kv is None:
         return list(ks), list(vs)

@@ -1,4 +1,8 @@
-"""Attention kernel providers behind one interface (see base.AttentionKernel); one provider a module."""
+"""Attention kernel providers behind one interface (see base.AttentionKernel); one provider a module.
+
+Dense providers run the blocks of SDPA sites; varlen providers (base.VarlenAttentionKernel) run the blocks
+of varlen_attn sites (packed documents). `kernel=` names either kind; each site resolves among its own kind.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,40 @@ from ..errors import CPCompileError
 from .base import AttentionKernel, VarlenAttentionKernel
 from .cpu_flash import CPUFlashKernel
 from .cpu_varlen_ref import CPUVarlenReference
+from .cudnn import CuDNNKernel
+from .flash import FlashKernel
+from .flash_attn import FlashAttnPackageKernel
+from .te import TransformerEngineKernel
 
-PROVIDERS: dict[str, AttentionKernel] = {"cpu_flash": CPUFlashKernel()}
+PROVIDERS: dict[str, AttentionKernel] = {
+    "cudnn": CuDNNKernel(),
+    "flash": FlashKernel(),
+    "cpu_flash": CPUFlashKernel(),
+    "flash_attn": FlashAttnPackageKernel(),
+    "te": TransformerEngineKernel(),
+}
 VARLEN_PROVIDERS: dict[str, VarlenAttentionKernel] = {"cpu_varlen_ref": CPUVarlenReference()}
-"""Providers for varlen (packed-document) blocks; `kernel=` names either kind, each site takes its own kind."""
 KERNEL_NAMES = ("auto", *PROVIDERS, *VARLEN_PROVIDERS)
+AUTO_ORDER = ("cudnn", "flash", "cpu_flash")
+"""What kernel="auto" tries for dense blocks, fastest first: cuDNN on CUDA (flash when cuDNN cannot take the
+dtype or head dim), the CPU flash kernel on CPU. Optional-package providers are only used when named."""
+VARLEN_AUTO_ORDER = tuple(VARLEN_PROVIDERS)
 
 
-def resolve_kernel(name: str, device: torch.device, dtype: torch.dtype, varlen: bool = False) -> str:
+def unsupported_reason(
+    name: str, device: torch.device, dtype: torch.dtype, head_dim: int | None, varlen: bool = False
+) -> str | None:
+    """None when provider `name` can run blocks of this device, dtype and head dim, else why not."""
+    provider = (VARLEN_PROVIDERS if varlen else PROVIDERS)[name]
+    reason = provider.supports(device, dtype)
+    if reason is None and head_dim is not None and hasattr(provider, "supports_head_dim"):
+        reason = provider.supports_head_dim(head_dim)
+    return reason
+
+
+def resolve_kernel(
+    name: str, device: torch.device, dtype: torch.dtype, head_dim: int | None = None, *, varlen: bool = False
+) -> str:
     """The provider name to use for `name` ("auto" or a provider) on this device/dtype, or a clear error.
 
     varlen=True picks among the varlen providers (for varlen_attn sites), else among the dense ones.
@@ -23,18 +53,21 @@ def resolve_kernel(name: str, device: torch.device, dtype: torch.dtype, varlen: 
     providers = VARLEN_PROVIDERS if varlen else PROVIDERS
     kind = "varlen " if varlen else ""
     if name == "auto":
-        candidates = [p for p in providers if providers[p].supports(device, dtype) is None]
+        order = VARLEN_AUTO_ORDER if varlen else AUTO_ORDER
+        reasons = {p: unsupported_reason(p, device, dtype, head_dim, varlen) for p in order}
+        candidates = [p for p, r in reasons.items() if r is None]
         if not candidates:
+            why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
             raise CPCompileError(
-                f"no {kind}attention kernel provider supports {device.type} tensors of {dtype}. "
-                f"Fix: use one of the providers {sorted(providers)} on a device and dtype they support."
+                f"no {kind}attention kernel provider supports {device.type} tensors of {dtype} ({why}). "
+                f"Fix: use one of the {kind}providers {sorted(providers)} on a device and dtype they support."
             )
         return candidates[0]
     if name not in providers:
         raise CPCompileError(
             f"unknown {kind}kernel {name!r}. Fix: use 'auto' or one of the {kind}providers {sorted(providers)}."
         )
-    reason = providers[name].supports(device, dtype)
+    reason = unsupported_reason(name, device, dtype, head_dim, varlen)
     if reason is not None:
         raise CPCompileError(f"kernel {name!r} cannot run here: {reason}. Fix: use kernel='auto'.")
     return name
@@ -49,6 +82,7 @@ def get_varlen_kernel(name: str) -> VarlenAttentionKernel:
 
 
 __all__ = [
+    "AUTO_ORDER",
     "KERNEL_NAMES",
     "PROVIDERS",
     "VARLEN_PROVIDERS",

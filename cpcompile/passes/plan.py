@@ -141,7 +141,7 @@ def plan_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
             "(cpcompile.pad_to_multiple) before cpcompile.shard",
         )
     try:
-        kernel = resolve_kernel(config.kernel, site.device, site.dtype)
+        kernel = resolve_kernel(config.kernel, site.device, site.dtype, d)
     except CPCompileError as e:
         raise CPCompileError(f"cpcompile cannot rewrite {node_origin(node)}: {e}") from None
     scale = float(_constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)

@@ -1,0 +1,75 @@
+"""Shared pieces of the GPU benchmarks: the Llama3-8B attention shape, rank inputs, CUDA-event timing."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+HQ, HKV, D = 32, 8, 128  # Llama3-8B attention
+DTYPE = torch.bfloat16
+
+
+def bshd(b: int, s: int, h: int, d: int = D, device="cuda") -> torch.Tensor:
+    """A (B, H, S, D) tensor stored as (B, S, H, D), as a model's q/k/v projections give it (random, not zeros)."""
+    return torch.randn(b, s, h, d, device=device, dtype=DTYPE).transpose(1, 2)
+
+
+def gathered_sources(cp: int, chunk: int, slots: int, device="cuda") -> tuple[list, list]:
+    """K/V per local slot laid out exactly as comm.gather_kv delivers them: (cp*C, slots, 2, B, H, D) storage."""
+    g = torch.randn(cp * chunk, slots, 2, 1, HKV, D, device=device, dtype=DTYPE)
+    ks = [g[:, i, 0].permute(1, 2, 0, 3) for i in range(slots)]
+    vs = [g[:, i, 1].permute(1, 2, 0, 3) for i in range(slots)]
+    return ks, vs
+
+
+HEAD_START_CYCLES = 2_000_000
+"""A ~1 ms GPU sleep queued before each timed run, so the host enqueues the run's launches ahead of the GPU,
+as it does inside a training step; the events then time GPU work, not Python's launch latency."""
+
+
+def time_many_ms(fns: list[Callable[[], object]], iters: int, warmup: int) -> list[float]:
+    """Median GPU time (CUDA events) of each fn over `iters` runs, the fns interleaved run by run so clock
+    drift hits them alike, after `warmup` runs of each."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(iters):
+        for fn, ts in zip(fns, times):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(HEAD_START_CYCLES)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ts.append(start.elapsed_time(end))
+    return [statistics.median(ts) for ts in times]
+
+
+def time_ms(fn: Callable[[], object], iters: int, warmup: int) -> float:
+    return time_many_ms([fn], iters, warmup)[0]
+
+
+def sdpa_full_fwd_bwd(seq: int, backend) -> Callable[[], object]:
+    """fwd+bwd of single-GPU SDPA over the full causal sequence on one SDPA backend."""
+    from torch.nn.attention import sdpa_kernel
+
+    q, k, v = (bshd(1, seq, h).requires_grad_() for h in (HQ, HKV, HKV))
+    dout = bshd(1, seq, HQ)
+
+    def run():
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.backward(dout)
+        q.grad = k.grad = v.grad = None
+
+    return run
+
+
+def causal_flops(seq: int) -> float:
+    """fwd+bwd FLOPs of causal attention at the Llama3-8B shape (fwd 2 matmuls, bwd 5, half the square)."""
+    return 7 * 2 * seq * seq * HQ * D / 2

@@ -1,0 +1,144 @@
+"""Single-GPU benchmark of a CP rank's attention: slowest rank vs the ideal (single-GPU cuDNN time / cp).
+
+For every layout x kernel x S x cp it runs the block executor ops (forward and backward, merges and copies
+included, no communication) on each rank's inputs, shaped as the all-gather delivers them, and takes the
+slowest rank. It also times the same kernel calls alone, so the merge/copy overhead is measured, not
+guessed. Llama3-8B attention (Hq=32, Hkv=8, D=128), bf16, causal, batch 1. CUDA events, warm-up, median.
+
+    python bench/single_gpu.py --out bench/results/single_gpu.json [--seqs 32768,65536] [--cps 2,4,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import DTYPE, HKV, HQ, D, bshd, causal_flops, gathered_sources, sdpa_full_fwd_bwd, time_many_ms, time_ms  # noqa: E402
+
+from cpcompile import executor  # noqa: E402, F401  (registers torch.ops.cpcompile.*)
+from cpcompile.block_calls import plan_calls  # noqa: E402
+from cpcompile.executor import _decode, _kv_view, _q_view  # noqa: E402
+from cpcompile.kernels import get_kernel  # noqa: E402
+from cpcompile.layouts import get_layout  # noqa: E402
+
+SCALE = 1 / math.sqrt(D)
+
+
+def rank_case(layout: str, seq: int, cp: int, rank: int):
+    lay = get_layout(layout)
+    local = seq // cp
+    chunk = local // lay.chunks_per_rank
+    q, k, v, dout = bshd(1, local, HQ), bshd(1, local, HKV), bshd(1, local, HKV), bshd(1, local, HQ)
+    gks, gvs = gathered_sources(cp, chunk, lay.chunks_per_rank)
+    blocks = [i for b in lay.blocks(cp, rank, chunk, True) for i in b.as_ints()]
+    return q, [k, *gks], [v, *gvs], dout, blocks
+
+
+def region_fn(q, ks, vs, dout, blocks, kernel):
+    ops = torch.ops.cpcompile
+
+    def run():
+        out, lse = ops.attend_blocks(q, ks, vs, blocks, SCALE, kernel)
+        ops.attend_blocks_backward(dout, q, ks, vs, out, lse, blocks, SCALE, kernel)
+
+    return run
+
+
+def kernels_only_fn(q, ks, vs, dout, blocks, kernel):
+    """The same kernel calls the executor makes, with no merge, assembly or copies around them."""
+    impl, decoded = get_kernel(kernel), _decode(blocks)
+    out, lse = torch.ops.cpcompile.attend_blocks(q, ks, vs, blocks, SCALE, kernel)
+    calls = plan_calls(decoded, q.shape[0])
+
+    def run():
+        for c in calls:
+            impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, SCALE)
+        for c in calls:
+            impl.backward(
+                _q_view(dout, c), _q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c),
+                _q_view(out, c), _q_view(lse, c, dim=-1), c.causal, SCALE,
+            )  # fmt: skip
+
+    return run
+
+
+def ideal_ms(seq: int, iters: int, warmup: int) -> tuple[float, str]:
+    from torch.nn.attention import SDPBackend
+
+    try:
+        return time_ms(sdpa_full_fwd_bwd(seq, SDPBackend.CUDNN_ATTENTION), iters, warmup), "sdpa_cudnn"
+    except RuntimeError as e:  # cuDNN SDPA refused the shape: say so in the record
+        print(f"  cuDNN SDPA refused S={seq}: {str(e)[:200]}", flush=True)
+        return time_ms(sdpa_full_fwd_bwd(seq, SDPBackend.FLASH_ATTENTION), iters, warmup), "sdpa_flash"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", default="32768,65536,131072")
+    ap.add_argument("--cps", default="2,4,8")
+    ap.add_argument("--layouts", default="zigzag,flat")
+    ap.add_argument("--kernels", default="cudnn,flash")
+    ap.add_argument("--iters", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--overhead-kernels", default="cudnn", help="kernels whose kernels-only time is measured")
+    ap.add_argument("--out", default="bench/results/single_gpu.json")
+    args = ap.parse_args()
+    device = torch.cuda.get_device_name()
+    records = json.load(open(args.out)) if os.path.exists(args.out) else []
+    for seq in [int(s) for s in args.seqs.split(",")]:
+        iters = args.iters if seq < 131072 else max(3, args.iters - 2)
+        ideal_full, ideal_src = ideal_ms(seq, iters, args.warmup)
+        tflops = causal_flops(seq) / ideal_full / 1e9
+        print(f"S={seq}: single-GPU {ideal_src} fwd+bwd {ideal_full:.2f} ms ({tflops:.0f} TFLOP/s)", flush=True)
+        for cp in [int(c) for c in args.cps.split(",")]:
+            for layout in args.layouts.split(","):
+                for kernel in args.kernels.split(","):
+                    t0 = time.time()
+                    per_rank, kernels_only = [], []
+                    for rank in range(cp):
+                        case = rank_case(layout, seq, cp, rank)
+                        fns = [region_fn(*case, kernel)]
+                        if kernel in args.overhead_kernels.split(","):
+                            fns.append(kernels_only_fn(*case, kernel))
+                        ms = time_many_ms(fns, iters, args.warmup)
+                        per_rank.append(ms[0])
+                        kernels_only.extend(ms[1:])
+                        del case, fns
+                    slow = max(range(cp), key=lambda r: per_rank[r])
+                    ideal = ideal_full / cp
+                    rec = dict(
+                        layout=layout, comm="all_gather", kernel=kernel, S=seq, cp=cp,
+                        slowest_rank=slow, slowest_rank_ms=per_rank[slow], ideal_ms=ideal,
+                        efficiency=ideal / per_rank[slow], per_rank_ms=per_rank,
+                        ideal_full_ms=ideal_full, ideal_source=ideal_src,
+                        hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=iters,
+                        merge=os.environ.get("CPCOMPILE_MERGE", "auto"), device=device, torch=torch.__version__,
+                    )  # fmt: skip
+                    if kernels_only:
+                        rec["kernels_only_ms"] = kernels_only
+                        rec["overhead_frac"] = (per_rank[slow] - kernels_only[slow]) / per_rank[slow]
+                    records = [r for r in records if _key(r) != _key(rec)] + [rec]
+                    with open(args.out, "w") as f:
+                        json.dump(records, f, indent=1)
+                    extra = f" overhead {100 * rec['overhead_frac']:.2f}%" if kernels_only else ""
+                    print(
+                        f"  {layout:7s} {kernel:6s} cp={cp} slowest rank {slow}: {per_rank[slow]:8.2f} ms, "
+                        f"ideal {ideal:8.2f} ms, eff {rec['efficiency']:.3f}{extra} [{time.time() - t0:.0f}s]",
+                        flush=True,
+                    )
+                    torch.cuda.empty_cache()
+
+
+def _key(r: dict) -> tuple:
+    return (r["layout"], r["comm"], r["kernel"], r["S"], r["cp"], r.get("merge", "auto"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""GPU parity: every layout x comm x CUDA kernel, fwd+bwd in bf16, several gloo ranks sharing one GPU.
+
+NCCL refuses two ranks on one device, so the ranks talk over gloo, and funcol's all-gather over gloo crashes
+(SIGSEGV, torch 2.11, seen on the H200) on CUDA tensors: the collectives hop through host memory in these tests only
+(`_host_hop_collectives`). Right for kernel correctness (comm correctness is the CPU tests' job), meaningless
+for comm timing. Each rank compares its output and
+q/k/v gradients with single-GPU SDPA over the full sequence, with the bf16 rule of tests/parity.py.
+Skipped where CUDA is absent.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from parity import bf16_rule, max_err, sdpa_case
+
+import cpcompile
+from cpcompile.layouts import LAYOUTS
+from cpcompile.passes.plan import COMMS
+from cpcompile.testing.distributed import run_ranks
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# (batch, q heads, kv heads, global seq, head dim): Llama-like GQA, batch 2 (no batched block calls), MHA.
+SHAPES = {"gqa": (1, 8, 2, 768, 64), "gqa-b2": (2, 4, 2, 384, 128), "mha": (1, 4, 4, 384, 64)}
+KERNELS = ("auto", "cudnn", "flash")
+CASES = [(layout, comm) for layout in sorted(LAYOUTS) for comm in COMMS]
+
+
+def _host_hop_collectives() -> None:
+    """Route cpcompile's all-gather / reduce-scatter through CPU tensors (gloo), back to the GPU after."""
+    import cpcompile.comm as comm
+
+    gather, scatter = comm._all_gather, comm._reduce_scatter
+    comm._all_gather = lambda x, dim, group: gather(x.cpu(), dim, group).to(x.device)
+    comm._reduce_scatter = lambda x, op, dim, group: scatter(x.cpu(), op, dim, group).to(x.device)
+
+
+def _reference(q, k, v, dout, causal, dtype):
+    leaves = [t.detach().to("cuda", dtype).requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=True)
+    out.backward(dout.to("cuda", dtype))
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def _cp(q, k, v, dout, *, layout, comm, kernel, causal):
+    shard = lambda t: cpcompile.shard(t.to("cuda", torch.bfloat16), strategy=layout, seq_dim=2)  # noqa: E731
+    leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
+    be = cpcompile.backend(strategy=layout, comm=comm, kernel=kernel, inner="aot_eager")
+
+    def attn(a, b, c):
+        return F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=True)
+
+    torch._dynamo.reset()
+    out = torch.compile(attn, backend=be, fullgraph=True)(*leaves)
+    out.backward(shard(dout))
+    assert len(be.plans) == 1 and be.plans[0].kernel == ("cudnn" if kernel == "auto" else kernel)
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def _sweep(rank, world, cases):
+    import faulthandler
+
+    faulthandler.enable()
+    torch.cuda.set_device(0)
+    _host_hop_collectives()
+    failures, worst = [], {}
+    for shape_name, shape in SHAPES.items():
+        for causal in (True, False):
+            q, k, v, dout = sdpa_case(7, *shape)
+            exact = _reference(q, k, v, dout, causal, torch.float64)
+            low = _reference(q, k, v, dout, causal, torch.bfloat16)
+            for layout, comm in cases:
+                shard = lambda t: cpcompile.shard(t, strategy=layout, seq_dim=2)  # noqa: E731, B023
+                for kernel in KERNELS:
+                    got = _cp(q, k, v, dout, layout=layout, comm=comm, kernel=kernel, causal=causal)
+                    for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):
+                        err = max_err(g, shard(e))
+                        allowed = bf16_rule(err, max_err(shard(lo), shard(e)), torch.bfloat16)
+                        case = f"{layout}/{comm}/{kernel} {shape_name} causal={causal} {name}"
+                        worst[case] = err / allowed
+                        if not err <= allowed:
+                            failures.append(
+                                f"rank {rank} {layout}/{comm}/{kernel} {shape_name} causal={causal} {name}: "
+                                f"error {err:.3g} > allowed {allowed:.3g}"
+                            )
+    return failures, worst
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gpu_parity(world):
+    per_rank = run_ranks(_sweep, world, CASES, timeout=600)
+    ratios: dict[str, float] = {}
+    for _, worst in per_rank:
+        for case, r in worst.items():
+            ratios[case] = max(r, ratios.get(case, 0.0))
+    print(f"\nworld {world}: largest error / allowed:", *sorted(ratios.items(), key=lambda kv: -kv[1])[:6], sep="\n  ")
+    failures = [f for fs, _ in per_rank for f in fs]
+    assert not failures, "\n".join(failures)
