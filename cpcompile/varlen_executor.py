@@ -1,12 +1,13 @@
 """The varlen block executor: one custom op that runs a rank's varlen blocks and merges them by log-sum-exp.
 
 `cpcompile::attend_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel)`: q (Tq, Hq, D) packed tokens,
-sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base) and four ints per
-block (source, causal, max_q, max_k). Block metadata lives in tensors computed on device, so documents can
-change every batch without recompiling or syncing. Rows a block does not cover are masked out of the merge
-(kernels may leave garbage there); rows no block covers get out = 0, lse = -inf. The registered backward
-calls each block's kernel backward with the FINAL out and lse, like executor.attend_blocks; the backward op
-returns gradients in the accumulation dtype (fp32 for bf16) so a caller can reduce them before rounding.
+sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base) and six ints per
+block (source, causal, max_q, max_k, window left, window right; -1 = unbounded). Block metadata lives in
+tensors computed on device, so documents can change every batch without recompiling or syncing. Rows a
+block does not cover are masked out of the merge (kernels may leave garbage there); rows no block covers get
+out = 0, lse = -inf. The registered backward calls each block's kernel backward with the FINAL out and lse,
+like executor.attend_blocks; the backward op returns gradients in the accumulation dtype (fp32 for bf16) so
+a caller can reduce them before rounding.
 """
 
 from __future__ import annotations
@@ -16,12 +17,24 @@ import torch
 from .kernels import get_varlen_kernel
 from .kernels.base import range_ids
 
-VARLEN_BLOCK_FIELDS = 4
+VARLEN_BLOCK_FIELDS = 6
+NO_WINDOW = (-1, -1)
 
 
-def _decode(blocks: list[int]) -> list[tuple[int, bool, int, int]]:
+def encode_blocks(blocks) -> list[int]:
+    """The executor's int list for layouts.thd.VarlenBlock-like blocks (source, causal, max_q, max_k, window)."""
+    return [i for b in blocks for i in (b.source, int(b.causal), b.max_q, b.max_k, *b.window)]
+
+
+def _decode(blocks: list[int]) -> list[tuple[int, bool, int, int, dict]]:
+    """Per block: source, causal, max_q, max_k and the kernel's window kwargs (none without a window, so
+    providers without sliding-window support keep their plain signature)."""
     it = [blocks[i : i + VARLEN_BLOCK_FIELDS] for i in range(0, len(blocks), VARLEN_BLOCK_FIELDS)]
-    return [(src, bool(causal), mq, mk) for src, causal, mq, mk in it]
+    out = []
+    for src, causal, mq, mk, left, right in it:
+        window = {} if (left, right) == NO_WINDOW else {"window": (left, right)}
+        out.append((src, bool(causal), mq, mk, window))
+    return out
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -50,8 +63,8 @@ def attend_varlen_blocks(
     acc_t = _acc_dtype(q.dtype)
     acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
-    for r, (src, causal, max_q, max_k) in zip(ranges, _decode(blocks)):
-        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale)
+    for r, (src, causal, max_q, max_k, window) in zip(ranges, _decode(blocks)):
+        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **window)
         rows, _ = _covered(r, q.shape[0], ks[src].shape[0])
         l = torch.where(rows, l.to(acc_t), float("-inf"))
         merged = torch.logaddexp(lse, l)
@@ -87,8 +100,10 @@ def attend_varlen_blocks_backward(
     dks = [torch.zeros_like(k, dtype=acc_t) for k in ks]
     dvs = [torch.zeros_like(v, dtype=acc_t) for v in vs]
     kernel_lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
-    for r, (src, causal, max_q, max_k) in zip(ranges, _decode(blocks)):
-        dq_b, dk_b, dv_b = impl.backward(dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale)
+    for r, (src, causal, max_q, max_k, window) in zip(ranges, _decode(blocks)):
+        dq_b, dk_b, dv_b = impl.backward(
+            dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale, **window
+        )
         rows, keys = _covered(r, q.shape[0], ks[src].shape[0])
         dq = dq + torch.where(rows[:, None, None], dq_b.to(acc_t), 0)
         dks[src] = dks[src] + torch.where(keys[:, None, None], dk_b.to(acc_t), 0)

@@ -52,6 +52,11 @@ class VarlenAttentionKernel(Protocol):
     q_len == k_len per sequence, where top-left and bottom-right alignment coincide, so either kind of kernel
     is correct. Non-causal: no mask inside a sequence.
 
+    window (left, right), a keyword passed only when the block has one (providers that set
+    `supports_window = True`; the planner refuses windows for the others): on top of the above, key j is
+    visible to q row t iff -left <= (j - k_start) - (t - q_start) - (k_len - q_len) <= right, each side
+    unbounded when -1 (flash-attn's window_size on the same bottom-right diagonal).
+
     Returns out (Tq, Hq, Dv) in q's dtype or wider and lse (Hq, Tq) (the log-sum-exp of the scaled scores,
     flash varlen's layout) in fp32 (fp64 for fp64 inputs). Rows that are in no sequence, or whose sequence
     has no keys, may hold anything (even NaN/inf): the executor masks them out. GQA: Hkv divides Hq, q head
@@ -63,6 +68,7 @@ class VarlenAttentionKernel(Protocol):
     """
 
     name: str
+    supports_window: bool
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """None when this provider can run on `device`/`dtype`, else the reason it cannot."""
@@ -77,6 +83,7 @@ class VarlenAttentionKernel(Protocol):
         max_k: int,
         causal: bool,
         scale: float,
+        window: tuple[int, int] = (-1, -1),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse) for one varlen block."""
 
@@ -93,6 +100,7 @@ class VarlenAttentionKernel(Protocol):
         max_k: int,
         causal: bool,
         scale: float,
+        window: tuple[int, int] = (-1, -1),
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dq, dk, dv) for one varlen block, given the final out and lse of its q rows."""
 

@@ -18,17 +18,24 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _mask(ranges: torch.Tensor, tq: int, tk: int, causal: bool) -> torch.Tensor:
-    """(Tq, Tk) bool: which keys each q row sees."""
+def _mask(ranges: torch.Tensor, tq: int, tk: int, causal: bool, window: tuple[int, int]) -> torch.Tensor:
+    """(Tq, Tk) bool: which keys each q row sees (causal and window on the bottom-right diagonal)."""
     qs, qe, ks, ke = ranges
     qid, kid = range_ids(qs, qe, tq), range_ids(ks, ke, tk)
     mask = (qid[:, None] == kid[None, :]) & (qid >= 0)[:, None]
+    left, right = window
     if causal:
+        right = 0
+    if left >= 0 or right >= 0:
         seq = qid.clamp(min=0)
         t = torch.arange(tq, device=ranges.device) - qs[seq]
         shift = (ke - ks - (qe - qs))[seq]
         j = torch.arange(tk, device=ranges.device)[None, :] - ks[kid.clamp(min=0)][None, :]
-        mask &= j <= (t + shift)[:, None]
+        rel = j - (t + shift)[:, None]  # key position relative to the row's diagonal
+        if right >= 0:
+            mask &= rel <= right
+        if left >= 0:
+            mask &= rel >= -left
     return mask
 
 
@@ -39,6 +46,7 @@ def _heads_first(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tens
 
 class CPUVarlenReference:
     name = "cpu_varlen_ref"
+    supports_window = True
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         if device.type != "cpu":
@@ -47,11 +55,11 @@ class CPUVarlenReference:
             return f"it takes floating-point q/k/v, not {dtype}"
         return None
 
-    def _probs(self, q, k, ranges, causal, scale, lse=None):
+    def _probs(self, q, k, ranges, causal, scale, window, lse=None):
         acc = _acc(q.dtype)
         groups = q.shape[1] // k.shape[1]
         qh, kh = q.to(acc).transpose(0, 1), _heads_first(k, groups, acc)
-        mask = _mask(ranges, q.shape[0], k.shape[0], causal)
+        mask = _mask(ranges, q.shape[0], k.shape[0], causal, window)
         scores = (qh @ kh.transpose(1, 2)) * scale
         if lse is None:
             lse = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1)
@@ -59,13 +67,13 @@ class CPUVarlenReference:
         probs = torch.where(mask, torch.exp(scores - safe[..., None]), 0)
         return probs, lse, qh, kh, groups
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale):
-        probs, lse, _, _, groups = self._probs(q, k, ranges, causal, scale)
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1)):
+        probs, lse, _, _, groups = self._probs(q, k, ranges, causal, scale, window)
         out = probs @ _heads_first(v, groups, probs.dtype)
         return out.transpose(0, 1), lse
 
-    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale):
-        probs, _, qh, kh, groups = self._probs(q, k, ranges, causal, scale, lse.to(_acc(q.dtype)))
+    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1)):
+        probs, _, qh, kh, groups = self._probs(q, k, ranges, causal, scale, window, lse.to(_acc(q.dtype)))
         acc = probs.dtype
         do, vh = dout.to(acc).transpose(0, 1), _heads_first(v, groups, acc)
         delta = (do * out.to(acc).transpose(0, 1)).sum(-1, keepdim=True)

@@ -25,13 +25,15 @@ LOCAL, GATHERED = 0, 1
 class VarlenBlock:
     """One varlen kernel call: `ranges` (4, B) int64 = q rows [0]..[1] of the local q attend keys [2]..[3] of
     the source buffer, per sequence (see kernels.base.VarlenAttentionKernel). `max_q`/`max_k` bound the lengths
-    of the q and k ranges statically; `causal` is a causal square per sequence (equal q and k lengths)."""
+    of the q and k ranges statically; `causal` is a causal square per sequence (equal q and k lengths);
+    `window` (left, right) further limits key j of q row t to t-left <= j <= t+right (-1: unbounded)."""
 
     source: int
     causal: bool
     ranges: torch.Tensor
     max_q: int
     max_k: int
+    window: tuple[int, int] = (-1, -1)
 
 
 def _ranges(q0, q1, k0, k1) -> torch.Tensor:
@@ -168,6 +170,15 @@ class ThdZigzagLayout(PackedLayout):
             (lengths % (2 * cp) == 0).all(),
             f"cpcompile thd_zigzag: every document length must be a multiple of 2*cp={2 * cp}",
         )
+
+
+def whole_sequence_blocks(
+    cu_seqlens: torch.Tensor, total: int, causal: bool, window: tuple[int, int] = (-1, -1)
+) -> list[VarlenBlock]:
+    """The blocks of cp=1 (what a2a runs after the exchange): every document against itself, in one block
+    over the packed buffer of `total` tokens in global order (source 0), causal and windowed as asked."""
+    cu = cu_seqlens.long()
+    return [VarlenBlock(0, causal, _ranges(cu[:-1], cu[1:], cu[:-1], cu[1:]), total, total, window)]
 
 
 THD_LAYOUTS: dict[str, PackedLayout] = {"thd": ThdLayout(), "thd_zigzag": ThdZigzagLayout()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,8 @@ import torch.fx
 
 from ..errors import CPCompileError, node_origin, site_error
 from ..groups import CPGroup
-from ..kernels import resolve_kernel
+from ..head_split import head_split_problem
+from ..kernels import get_varlen_kernel, resolve_kernel
 from ..layouts.thd import THD_LAYOUTS
 from ..regions import VARLEN_REGIONS
 from .match import AttentionSite
@@ -33,6 +35,10 @@ class VarlenPlan:
     causal: bool
     scale: float
     group: CPGroup
+    window: tuple[int, int] = (-1, -1)
+    """Sliding-window limits on top of `causal` (a2a only; (-1, -1): none)."""
+    return_lse: bool = True
+    """Whether the graph reads the lse output (a2a sends it back only then)."""
 
     def region_target(self):
         return VARLEN_REGIONS[self.comm]
@@ -49,6 +55,7 @@ class VarlenPlan:
             group_name=self.group.name,
             rank=self.group.rank,
             world=self.group.size,
+            **(dict(window=self.window, return_lse=self.return_lse) if self.comm == "a2a" else {}),
         )
 
 
@@ -60,8 +67,9 @@ def _window(site: AttentionSite) -> tuple | None:
     return window if all(isinstance(w, int) for w in window) else None
 
 
-def _causal(site: AttentionSite) -> bool:
-    """Causal from the window ((-1, 0)) or is_causal; full attention from (-1, -1); anything else is refused."""
+def _mask(site: AttentionSite, comm: str) -> tuple[bool, tuple[int, int]]:
+    """(causal, extra window) from window_size / is_causal: (-1, 0) causal, (-1, -1) full; under a2a also any
+    flash-attn window (left, right), e.g. (w, 0) sliding causal, which after the exchange is a cp=1 mask."""
     node, window, is_causal = site.node, _window(site), site.is_causal
     if window is None or not isinstance(is_causal, (bool, int)) or isinstance(is_causal, torch.fx.Node):
         raise site_error(
@@ -69,14 +77,39 @@ def _causal(site: AttentionSite) -> bool:
             f"its window_size {site.window!r} / is_causal {is_causal!r} are not Python constants",
             "pass window_size=(-1, 0) (causal) or leave it at (-1, -1), as constants",
         )
-    if window not in (CAUSAL_WINDOW, FULL_WINDOW):
+    if len(window) != 2 or any(w < -1 for w in window):
+        raise site_error(
+            node,
+            f"window_size={window}: each side must be a token count >= 0 or -1 (unbounded)",
+            "pass window_size=(left, right), e.g. (-1, 0) causal or (w, 0) sliding causal",
+        )
+    if window not in (CAUSAL_WINDOW, FULL_WINDOW) and comm != "a2a":
         raise site_error(
             node,
             f"window_size={window}: sliding-window attention is not supported by the all-gather THD region "
             "(only causal (-1, 0) and full (-1, -1) attention within each document)",
-            "use window_size=(-1, 0) or (-1, -1)",
+            "use comm='a2a' (strategy='thd') for sliding windows, or window_size=(-1, 0) / (-1, -1)",
         )
-    return bool(is_causal) or window == CAUSAL_WINDOW
+    causal = bool(is_causal) or window[1] == 0
+    left, right = window
+    return causal, (left, -1 if causal else right)
+
+
+def _reads_lse(node: torch.fx.Node) -> bool:
+    """Whether anything but `out` (getitem 0) or the unused rng state is read from the varlen node."""
+    return any(not (u.target is operator.getitem and u.args[1] in (0, 2)) for u in node.users)
+
+
+def _a2a_problem(site: AttentionSite, strategy: str, cp: int) -> tuple[str, str] | None:
+    """Layout and head rules of comm='a2a' for packed documents: (rule broken, fix) or None."""
+    if strategy != "thd":
+        return (
+            f"comm='a2a' runs the whole sequence on every rank (for H/cp of the heads), so causal work is "
+            f"balanced with the contiguous layout already; strategy={strategy!r} (per-document zigzag) would "
+            "only add a reorder of q/k/v and the output after each exchange",
+            "use strategy='thd' with comm='a2a' (shard with cpcompile.shard(..., strategy='thd', cu_seqlens=...))",
+        )
+    return head_split_problem(site.q_shape[1], site.k_shape[1], cp)
 
 
 def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> VarlenPlan:
@@ -115,7 +148,7 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "its cu_seqlens is not a 1-D integer tensor",
             "pass the global document offsets as a 1-D int32 tensor (an unsharded model input)",
         )
-    causal = _causal(site)
+    causal, window = _mask(site, config.comm)
     gqa = bool(site.enable_gqa) if isinstance(site.enable_gqa, (bool, int)) else False
     for name, shape in (("query", site.q_shape), ("key", site.k_shape), ("value", site.v_shape)):
         if len(shape) != 3:
@@ -145,6 +178,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "be equal and divide the q heads",
             "fix the head counts (pass enable_gqa=True for grouped-query attention)",
         )
+    if config.comm == "a2a" and (problem := _a2a_problem(site, config.strategy, group.size)):
+        raise site_error(node, *problem)
     layout = THD_LAYOUTS[config.strategy]
     local_multiple = layout.required_multiple(group.size) // group.size
     if tq % local_multiple:
@@ -158,9 +193,23 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
         kernel = resolve_kernel(config.kernel, site.device, site.dtype, varlen=True)
     except CPCompileError as e:
         raise CPCompileError(f"cpcompile cannot rewrite {node_origin(node)}: {e}") from None
+    if window != (-1, -1) and not getattr(get_varlen_kernel(kernel), "supports_window", False):
+        raise site_error(
+            node,
+            f"window_size={_window(site)} needs a varlen kernel with sliding windows, and {kernel!r} has none",
+            "use kernel='cpu_varlen_ref' (or a provider with supports_window) or drop the window",
+        )
     if site.scale is not None and (isinstance(site.scale, torch.fx.Node) or not isinstance(site.scale, (int, float))):
         raise site_error(node, f"its `scale` is {site.scale!r}", "pass `scale` as a plain Python constant")
     scale = float(site.scale) if site.scale is not None else 1 / math.sqrt(d)
     return VarlenPlan(
-        site=site, layout=layout.name, comm=config.comm, kernel=kernel, causal=causal, scale=scale, group=group
+        site=site,
+        layout=layout.name,
+        comm=config.comm,
+        kernel=kernel,
+        causal=causal,
+        scale=scale,
+        group=group,
+        window=window,
+        return_lse=_reads_lse(node),
     )

@@ -50,6 +50,36 @@ def _tokens_to_bhsd(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.unflatten(-1, (heads, -1)).permute(1, 2, 0, 3)
 
 
+def replicate_kv(k: torch.Tensor, v: torch.Tensor, split: HeadSplit) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, Hkv, n, D) k/v with each head repeated for the ranks that read it (GQA with Hkv < cp)."""
+    if split.kv_replicas == 1:
+        return k, v
+    return _ReplicateHeads.apply(k, split.kv_replicas), _ReplicateHeads.apply(v, split.kv_replicas)
+
+
+def send_heads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: HeadSplit, group_name: str
+) -> tuple[torch.Tensor, ...]:
+    """ONE all-to-all of (B, H, n, D) q/k/v (k/v already replicated): each rank gets its heads of every
+    rank's n tokens, returned as token-major (cp*n, B, h*D) views of the received buffer (rank-major)."""
+    widths = [split.q_per_rank * q.shape[-1], split.kv_per_rank * k.shape[-1], split.kv_per_rank * v.shape[-1]]
+    parts = [_heads_to_ranks(t, split.cp) for t in (q, k, v)]
+    tokens = exchange_first(torch.cat(parts, dim=-1), group_name).flatten(0, 1)  # (cp*n, B, W)
+    return tokens.split(widths, dim=-1)
+
+
+def send_tokens_back(out: torch.Tensor, world: int, group_name: str) -> torch.Tensor:
+    """All-to-all of a token-major (world*n, B, h, Dv) output: (world, n, B, h*Dv), block j = rank j's heads."""
+    tokens, b, h, dv = out.shape
+    return exchange_first(out.reshape(world, tokens // world, b, h * dv), group_name)
+
+
+def heads_to_bshd(heads: torch.Tensor, q_heads: int) -> torch.Tensor:
+    """(world, n, B, h*Dv) received outputs -> (B, n, q_heads, Dv) memory: the one copy of the output."""
+    world, n, b, width = heads.shape
+    return heads.permute(2, 1, 0, 3).reshape(b, n, q_heads, world * width // q_heads)
+
+
 def _used_sources(blocks: list[Block]) -> tuple[list[int], list[int]]:
     """The buffers a q buffer's blocks read, and the blocks renumbered to index that shorter list."""
     used = sorted({b.source for b in blocks})
@@ -79,19 +109,15 @@ def a2a_attention(
     del rank
     lay = get_layout(layout)
     split = HeadSplit(q.shape[1], k.shape[1], world)
-    if split.kv_replicas > 1:
-        k, v = _ReplicateHeads.apply(k, split.kv_replicas), _ReplicateHeads.apply(v, split.kv_replicas)
+    k, v = replicate_kv(k, v, split)
     chunk = q.shape[-2] // lay.chunks_per_rank
     exchanges = exchange_slots(lay, causal)
     buffers = [buffer_chunks(lay, world, slots) for slots in exchanges]
-    widths = [split.q_per_rank * q.shape[-1], split.kv_per_rank * k.shape[-1], split.kv_per_rank * v.shape[-1]]
     qs, ks, vs = [], [], []
     for slots in exchanges:
         start, length = slots[0] * chunk, len(slots) * chunk
         rows = (t if length == t.shape[-2] else t.narrow(-2, start, length) for t in (q, k, v))
-        parts = [_heads_to_ranks(t, world) for t in rows]
-        tokens = exchange_first(torch.cat(parts, dim=-1), group_name).flatten(0, 1)  # (world*length, B, W)
-        q_b, k_b, v_b = tokens.split(widths, dim=-1)
+        q_b, k_b, v_b = send_heads(*rows, split, group_name)
         qs.append(_tokens_to_bhsd(q_b, split.q_per_rank))
         ks.append(_tokens_to_bhsd(k_b, split.kv_per_rank))
         vs.append(_tokens_to_bhsd(v_b, split.kv_per_rank))
@@ -100,9 +126,6 @@ def a2a_attention(
         used, ints = _used_sources(blocks)
         k_src, v_src = [ks[i] for i in used], [vs[i] for i in used]
         out, _lse = torch.ops.cpcompile.attend_blocks(q_b, k_src, v_src, ints, scale, kernel)
-        b, h, n, dv = out.shape
-        back.append(exchange_first(out.permute(2, 0, 1, 3).reshape(world, n // world, b, h * dv), group_name))
+        back.append(send_tokens_back(out.permute(2, 0, 1, 3), world, group_name))
     heads = torch.cat(back, dim=1) if len(back) > 1 else back[0]  # (world, L, B, h*Dv): block j = heads of rank j
-    _, length, b, width = heads.shape
-    bshd = heads.permute(2, 1, 0, 3).reshape(b, length, q.shape[1], width // split.q_per_rank)  # the one copy
-    return bshd.transpose(1, 2)
+    return heads_to_bshd(heads, q.shape[1]).transpose(1, 2)

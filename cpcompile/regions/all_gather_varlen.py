@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import varlen_executor  # noqa: F401  (registers torch.ops.cpcompile.attend_varlen_blocks)
 from ..comm import _all_gather, _reduce_scatter, _waited, grad_reduce_dtype
 from ..layouts.thd import get_packed_layout
+from ..varlen_executor import encode_blocks  # (importing it registers torch.ops.cpcompile.attend_varlen_blocks)
 
 
 def _gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
@@ -77,7 +77,7 @@ def all_gather_varlen_attention(
     lay = get_packed_layout(layout)
     lay.device_check(cu_seqlens, world)
     blocks = lay.blocks(cu_seqlens, q.shape[0], world, rank, causal)
-    spec = [i for b in blocks for i in (b.source, int(b.causal), b.max_q, b.max_k)]
+    spec = encode_blocks(blocks)
     out, lse = _GatherAttend.apply(q, k, v, spec, scale, kernel, group_name, *[b.ranges for b in blocks])
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state

@@ -1,0 +1,73 @@
+"""The all-to-all (Ulysses) CP region for packed documents: varlen_attn under the contiguous `thd` layout.
+
+thd shards the packed buffer rank-major, so after the heads<->tokens exchange every rank holds all T tokens
+in GLOBAL order for its heads: the attention is that of cp=1, one varlen block over the whole buffer with
+the global cu_seqlens unchanged (causal, full or sliding-window), and no reorder. Packing, the exchange and
+GQA replication are the dense a2a region's (regions/a2a.py), on (T, H, D) tensors seen as (1, H, T, D).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..comm import exchange_first
+from ..head_split import HeadSplit
+from ..layouts.thd import whole_sequence_blocks
+from ..varlen_executor import encode_blocks  # (importing it registers torch.ops.cpcompile.attend_varlen_blocks)
+from .a2a import heads_to_bshd, replicate_kv, send_heads, send_tokens_back
+
+
+def _as_bhsd(x: torch.Tensor) -> torch.Tensor:
+    """(T, H, D) -> a (1, H, T, D) view, the dense a2a helpers' layout."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+def _as_thd(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """A received token-major (T, 1, heads*D) buffer -> a (T, heads, D) view (no copy)."""
+    return x.squeeze(1).unflatten(-1, (heads, -1))
+
+
+def a2a_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    layout: str,
+    causal: bool,
+    scale: float,
+    kernel: str,
+    group_name: str,
+    rank: int,
+    world: int,
+    window: tuple[int, int] = (-1, -1),
+    return_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """varlen_attn of this rank's packed tokens (thd layout), computed head-parallel after an all-to-all.
+
+    Returns what torch_attn._varlen_attn returns: (out (L, Hq, Dv), lse (Hq, L) fp32, rng_state). The lse
+    costs one more (small) all-to-all, so the planner asks for it only when the graph reads it
+    (`return_lse=False` returns NaNs there). The planner checked layout, heads and window.
+    """
+    del rank, layout
+    split = HeadSplit(q.shape[1], k.shape[1], world)
+    k_h, v_h = replicate_kv(_as_bhsd(k), _as_bhsd(v), split)
+    q_b, k_b, v_b = send_heads(_as_bhsd(q), k_h, v_h, split, group_name)  # (T, 1, h*D) each, global order
+    blocks = whole_sequence_blocks(cu_seqlens, q_b.shape[0], causal, tuple(window))
+    out, lse = torch.ops.cpcompile.attend_varlen_blocks(
+        _as_thd(q_b, split.q_per_rank),
+        [_as_thd(k_b, split.kv_per_rank)],
+        [_as_thd(v_b, split.kv_per_rank)],
+        [b.ranges for b in blocks],
+        encode_blocks(blocks),
+        scale,
+        kernel,
+    )
+    heads = send_tokens_back(out.unsqueeze(1), world, group_name)  # (world, L, 1, h*Dv)
+    out_local = heads_to_bshd(heads, q.shape[1])[0]
+    if return_lse:  # (h, T) of every token -> (Hq, L) of this rank's tokens, heads rank-major
+        lse_local = exchange_first(lse.detach().unflatten(1, (world, -1)).transpose(0, 1), group_name).flatten(0, 1)
+    else:
+        lse_local = q.new_full((q.shape[1], q.shape[0]), float("nan"), dtype=torch.float32)
+    rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
+    return out_local, lse_local.to(torch.float32), rng_state
