@@ -70,6 +70,36 @@ def test_sliding_window_is_refused():
     _refused(fn, *_qkv(), CU, match=r"window_size=\(4, 0\): sliding-window")
 
 
+def test_sliding_window_under_all_gather_points_to_a2a():
+    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(2, 2))  # noqa: E731
+    _refused(fn, *_qkv(), CU, match=r"window_size=\(2, 2\): sliding-window.*Fix: use comm='a2a'")
+
+
+def test_negative_window_is_refused_under_a2a():
+    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-2, 0))  # noqa: E731
+    _refused(fn, *_qkv(), CU, comm="a2a", match=r"window_size=\(-2, 0\): each side must be a token count")
+
+
+def test_window_needs_a_windowed_kernel(monkeypatch):
+    from cpcompile.kernels import VARLEN_PROVIDERS
+
+    monkeypatch.setattr(VARLEN_PROVIDERS["cpu_varlen_ref"], "supports_window", False)
+    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(4, 0))  # noqa: E731
+    _refused(fn, *_qkv(), CU, comm="a2a", match="needs a varlen kernel with sliding windows")
+
+
+def test_a2a_refuses_thd_zigzag():
+    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-1, 0))  # noqa: E731
+    cu = torch.tensor([0, 4, 16], dtype=torch.int32)
+    _refused(fn, *_qkv(), cu, strategy="thd_zigzag", comm="a2a", match="strategy='thd' with comm='a2a'")
+
+
+def test_a2a_head_rules():
+    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, enable_gqa=True)  # noqa: E731
+    q, k, v = torch.randn(8, 3, 4), torch.randn(8, 3, 4), torch.randn(8, 3, 4)
+    _refused(fn, q, k, v, CU, comm="a2a", match="each of the 2 ranks q_heads/cp heads, but there are 3 q heads")
+
+
 def test_different_cu_seqlens_for_q_and_k():
     fn = lambda q, k, v, cu, cu_k: varlen_attn(q, k, v, cu, cu_k, 16, 16)  # noqa: E731
     _refused(fn, *_qkv(), CU, CU.clone(), match="cu_seq_q and cu_seq_k are different tensors")

@@ -92,7 +92,7 @@ class GraphModule(torch.nn.Module):
         wait_tensor: "f32[16, 2, 2, 4]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor)
         select: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor, 1, 0)
         select_1: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor, 1, 1)
-        attend_varlen_blocks = torch.ops.cpcompile.attend_varlen_blocks.default(primals_1, [primals_2, select], [primals_3, select_1], [stack, stack_1], [0, 1, 8, 8, 1, 0, 8, 8], 0.5, 'cpu_varlen_ref')
+        attend_varlen_blocks = torch.ops.cpcompile.attend_varlen_blocks.default(primals_1, [primals_2, select], [primals_3, select_1], [stack, stack_1], [0, 1, 8, 8, -1, -1, 1, 0, 8, 8, -1, -1], 0.5, 'cpu_varlen_ref')
         getitem: "f32[8, 2, 4]" = attend_varlen_blocks[0]
         getitem_1: "f32[2, 8]" = attend_varlen_blocks[1]
         detach: "f32[8, 2, 4]" = torch.ops.aten.detach.default(getitem)
