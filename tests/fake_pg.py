@@ -67,3 +67,34 @@ def aot_graphs(fn, *args, **backend_kwargs) -> tuple[str, str]:
 
 def count_ops(graph_code: str, pattern: str) -> int:
     return len(re.findall(pattern, graph_code))
+
+
+def capture_graphs(fn, be, *inputs) -> dict:
+    """Compile `fn` with cpcompile backend `be`, run forward and backward (of the first output); return the
+    rewritten Dynamo graph and the AOT forward/backward graphs ("rewritten", "fw", "bw").
+
+    The min-cut partitioner is the one aot_eager and Inductor use (the default partitioner would re-run
+    the forward executor call inside the backward graph, dead code that only DCE would remove)."""
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm)
+
+        return compiler
+
+    def backend(gm, example_inputs):
+        graphs["rewritten"] = be.transform(gm)
+        aot = aot_autograd(
+            fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=min_cut_rematerialization_partition
+        )
+        return aot(gm, example_inputs)
+
+    torch._dynamo.reset()
+    result = torch.compile(fn, backend=backend, fullgraph=True)(*inputs)
+    (result[0] if isinstance(result, tuple) else result).sum().backward()
+    return graphs

@@ -9,11 +9,8 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from expecttest import assert_expected_inline
-from fake_pg import fake_group, normalize_gm
+from fake_pg import capture_graphs, fake_group, normalize_gm
 from test_errors import _compile_error
-from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
-from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 import cpcompile
 
@@ -49,30 +46,9 @@ def _attention(causal):
 
 
 def _capture(strategy, causal, inputs):
-    """Compile, run forward and backward; return the rewritten Dynamo graph and the AOT fw/bw graphs.
-
-    The min-cut partitioner is the one aot_eager and Inductor use (the default partitioner would re-run
-    the forward executor call inside the backward graph, dead code that only DCE would remove)."""
+    """Compile, run forward and backward; return the rewritten Dynamo graph and the AOT fw/bw graphs."""
     be = cpcompile.backend(strategy=strategy, comm="a2a", inner="eager")
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, example_inputs):
-            graphs[name] = gm
-            return make_boxed_func(gm)
-
-        return compiler
-
-    def backend(gm, example_inputs):
-        graphs["rewritten"] = be.transform(gm)
-        aot = aot_autograd(
-            fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=min_cut_rematerialization_partition
-        )
-        return aot(gm, example_inputs)
-
-    out = torch.compile(_attention(causal), backend=backend, fullgraph=True)(*inputs)
-    out.sum().backward()
-    return graphs
+    return capture_graphs(_attention(causal), be, *inputs)
 
 
 def test_rewritten_graph_snapshot(fake_pg):

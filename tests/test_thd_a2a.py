@@ -13,14 +13,11 @@ import math
 import pytest
 import torch
 from expecttest import assert_expected_inline
-from fake_pg import fake_group, normalize_gm
+from fake_pg import capture_graphs, fake_group, normalize_gm
 from parity import max_err
 from test_a2a_graph import VIEW_OPS, _collectives
 from test_parity import _assert_reports
 from thd_parity import compare_packed, cu_of, packed_case, window_mask
-from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
-from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
 import cpcompile
@@ -101,33 +98,12 @@ WORLD, RANK, L = 4, 1, 8
 
 
 def _capture(fn, heads=(4, 2)):
-    """Rewritten Dynamo graph and AOT forward/backward graphs (min-cut partitioner, as aot_eager/Inductor)."""
-    be = cpcompile.backend(strategy="thd", comm="a2a", inner="eager")
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, example_inputs):
-            graphs[name] = gm
-            return make_boxed_func(gm)
-
-        return compiler
-
-    def backend(gm, example_inputs):
-        graphs["rewritten"] = be.transform(gm)
-        aot = aot_autograd(
-            fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=min_cut_rematerialization_partition
-        )
-        return aot(gm, example_inputs)
-
+    """Rewritten Dynamo graph and AOT forward/backward graphs of `fn` as rank 1 of 4."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(L, h, 4, generator=g, requires_grad=True) for h in (heads[0], heads[1], heads[1]))
     cu = torch.tensor([0, 3, 20, 32], dtype=torch.int32)
-    torch._dynamo.reset()
     with fake_group(RANK, WORLD):
-        result = torch.compile(fn, backend=backend, fullgraph=True)(q, k, v, cu)
-        out = result[0] if isinstance(result, tuple) else result
-        out.sum().backward()
-    return graphs
+        return capture_graphs(fn, cpcompile.backend(strategy="thd", comm="a2a", inner="eager"), q, k, v, cu)
 
 
 def sliding_with_lse(q, k, v, cu):
