@@ -9,6 +9,7 @@ Hkv < cp and >= cp; fp64 and bf16; lse returned through return_aux), outputs and
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -158,3 +159,28 @@ def test_executor_reads_exchanged_buffer_in_place():
         while t.op == "call_function" and (t.target in views or t.target.__name__ == "getitem"):
             t = t.args[0]
         assert t.target == _c10d.all_to_all_single.default, t
+
+
+def test_inductor_kernels():
+    """Under Inductor (sliding window, GQA replicated): forward = the q/k/v pack (replication fused in) and
+    the block ranges, backward = the dout pack, the dq/dk/dv pack and one unpack with the replica sum; the
+    executor reads the all-to-all buffer directly (no reorder kernel anywhere)."""
+    from test_a2a_graph import _kernel_calls
+    from torch._inductor.utils import run_and_get_code
+
+    def fn(q, k, v, cu):
+        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(4, 0), enable_gqa=True)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(L, h, 4, generator=g, requires_grad=True) for h in (4, 2, 2))
+    cu = torch.tensor([0, 3, 20, 32], dtype=torch.int32)
+    with fake_group(RANK, WORLD):
+        be = cpcompile.backend(strategy="thd", comm="a2a", inner="inductor")
+        compiled = torch.compile(fn, backend=be, fullgraph=True)
+        _, (fw, bw) = run_and_get_code(lambda: compiled(q, k, v, cu).sum().backward())
+    assert len(_kernel_calls(fw)) == 2, _kernel_calls(fw)
+    assert len(_kernel_calls(bw)) == 3, _kernel_calls(bw)
+    (line,) = [ln for ln in fw.splitlines() if "cpcompile.attend_varlen_blocks.default(" in ln]
+    tensors = re.findall(r"reinterpret_tensor\((buf\d+)", line.split("attend_varlen_blocks.default(", 1)[1])
+    (exchanged,) = re.findall(r"(buf\d+) = torch\.ops\._c10d_functional\.all_to_all_single", fw)[:1]
+    assert set(tensors[:3]) == {exchanged}, line  # q, k, v (then the ranges)
