@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.fx
@@ -17,24 +16,15 @@ from ..kernels import get_varlen_kernel, resolve_kernel
 from ..layouts.thd import THD_LAYOUTS
 from ..regions import VARLEN_REGIONS
 from .match import AttentionSite
-
-if TYPE_CHECKING:
-    from .plan import CPConfig
+from .plan import CPConfig, CPPlan
 
 CAUSAL_WINDOW, FULL_WINDOW = (-1, 0), (-1, -1)
 
 
 @dataclass(frozen=True)
-class VarlenPlan:
-    """How one varlen site becomes a CP region: its tensor inputs and every constant the region call needs."""
+class VarlenPlan(CPPlan):
+    """A CPPlan for a varlen site: cu_seqlens is a region input, plus the window and whether lse is read."""
 
-    site: AttentionSite
-    layout: str
-    comm: str
-    kernel: str
-    causal: bool
-    scale: float
-    group: CPGroup
     window: tuple[int, int] = (-1, -1)
     """Sliding-window limits on top of `causal` (a2a only; (-1, -1): none)."""
     return_lse: bool = True
@@ -44,19 +34,11 @@ class VarlenPlan:
         return VARLEN_REGIONS[self.comm]
 
     def region_args(self) -> tuple:
-        return (self.site.query, self.site.key, self.site.value, self.site.cu_seqlens_q)
+        return (*super().region_args(), self.site.cu_seqlens_q)
 
     def region_kwargs(self) -> dict:
-        return dict(
-            layout=self.layout,
-            causal=self.causal,
-            scale=self.scale,
-            kernel=self.kernel,
-            group_name=self.group.name,
-            rank=self.group.rank,
-            world=self.group.size,
-            **(dict(window=self.window, return_lse=self.return_lse) if self.comm == "a2a" else {}),
-        )
+        extra = dict(window=self.window, return_lse=self.return_lse) if self.comm == "a2a" else {}
+        return {**super().region_kwargs(), **extra}
 
 
 def _window(site: AttentionSite) -> tuple | None:
