@@ -55,9 +55,13 @@ def merge_outputs(
 
 
 def sum_into(dst: torch.Tensor, parts: Sequence[torch.Tensor]) -> None:
-    """dst = sum(parts), rounded once: one add computes in fp32 and rounds once; more terms accumulate in fp32
-    (one fused Triton pass on CUDA)."""
-    if len(parts) > 2 and dst.dim() == 4 and _use_triton(dst, parts):
+    """dst = sum(parts), rounded once to dst's dtype: terms accumulate in fp32 (one fused Triton pass on CUDA).
+
+    dst may be wider than the parts (the fp32 packed K/V gradient from bf16 kernel outputs): then the sum is
+    exact in dst's dtype. (torch.add(bf16, bf16, out=fp32) computes in bf16 and would round first.)
+    """
+    wider = bool(parts) and any(p.dtype != dst.dtype for p in parts)
+    if dst.dim() == 4 and (len(parts) > 2 or (wider and len(parts) > 1)) and _use_triton(dst, parts):
         from . import merge_triton
 
         merge_triton.add(dst, parts)
@@ -65,8 +69,12 @@ def sum_into(dst: torch.Tensor, parts: Sequence[torch.Tensor]) -> None:
         dst.zero_()
     elif len(parts) == 1:
         dst.copy_(parts[0])
-    elif len(parts) == 2:
+    elif len(parts) == 2 and not wider:
         torch.add(parts[0], parts[1], out=dst)
+    elif dst.dtype == acc_dtype(dst.dtype):  # dst is already the accumulator: sum in place
+        dst.copy_(parts[0])
+        for p in parts[1:]:
+            dst.add_(p)
     else:
         acc = parts[0].to(acc_dtype(dst.dtype))
         for p in parts[1:]:

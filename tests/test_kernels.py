@@ -91,6 +91,18 @@ def test_sum_into_rounds_once():
         assert dst.float().tolist() == [expect] * 4
 
 
+def test_sum_into_a_wider_destination_sums_in_its_dtype():
+    """The fp32 packed K/V gradient from bf16 partials: no rounding to bf16 on the way (2 and 3 terms)."""
+    a = torch.full((1, 1, 2, 4), 1.0, dtype=torch.bfloat16)
+    tiny = torch.full((1, 1, 2, 4), 2.0**-9, dtype=torch.bfloat16)  # lost when 1 + tiny rounds to bf16
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        for parts in ([a, tiny], [a, tiny, tiny]):
+            dst = torch.empty(1, 1, 2, 4, device=device)
+            sum_into(dst, [p.to(device) for p in parts])
+            assert dst.cpu().flatten().tolist() == [1.0 + (len(parts) - 1) * 2.0**-9] * 8
+
+
 def _rank_inputs(layout, cp, rank, q, k, v, dout):
     """A rank's q/k/v shards and gathered K/V per slot, built by index (what the all-gather delivers)."""
     lay, seq = get_layout(layout), q.shape[-2]

@@ -15,6 +15,7 @@ from .cpu_varlen_ref import CPUVarlenReference
 from .cudnn import CuDNNKernel
 from .flash import FlashKernel
 from .flash_attn import FlashAttnPackageKernel
+from .flash_varlen import FlashVarlenKernel
 from .te import TransformerEngineKernel
 
 PROVIDERS: dict[str, AttentionKernel] = {
@@ -24,12 +25,16 @@ PROVIDERS: dict[str, AttentionKernel] = {
     "flash_attn": FlashAttnPackageKernel(),
     "te": TransformerEngineKernel(),
 }
-VARLEN_PROVIDERS: dict[str, VarlenAttentionKernel] = {"cpu_varlen_ref": CPUVarlenReference()}
+VARLEN_PROVIDERS: dict[str, VarlenAttentionKernel] = {
+    "flash_varlen": FlashVarlenKernel(),
+    "cpu_varlen_ref": CPUVarlenReference(),
+}
 KERNEL_NAMES = ("auto", *PROVIDERS, *VARLEN_PROVIDERS)
 AUTO_ORDER = ("cudnn", "flash", "cpu_flash")
 """What kernel="auto" tries for dense blocks, fastest first: cuDNN on CUDA (flash when cuDNN cannot take the
 dtype or head dim), the CPU flash kernel on CPU. Optional-package providers are only used when named."""
-VARLEN_AUTO_ORDER = tuple(VARLEN_PROVIDERS)
+VARLEN_AUTO_ORDER = ("flash_varlen", "cpu_varlen_ref")
+"""What kernel="auto" tries for varlen blocks: FA2 varlen on CUDA, the CPU reference on CPU."""
 
 
 def unsupported_reason(

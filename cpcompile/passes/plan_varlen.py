@@ -172,7 +172,7 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "pad every document to a multiple of 2*cp (cpcompile.pad_documents) before cpcompile.shard",
         )
     try:
-        kernel = resolve_kernel(config.kernel, site.device, site.dtype, varlen=True)
+        kernel = resolve_kernel(config.kernel, site.device, site.dtype, d, varlen=True)
     except CPCompileError as e:
         raise CPCompileError(f"cpcompile cannot rewrite {node_origin(node)}: {e}") from None
     if window != (-1, -1) and not getattr(get_varlen_kernel(kernel), "supports_window", False):

@@ -1,0 +1,51 @@
+"""CUDA varlen provider: aten's FlashAttention-2 varlen ops `_flash_attention_forward/_backward` (cu_seqlens).
+
+The kernel behind torch's own `varlen_attn`: packed (T, H, D) q/k/v, native GQA, bottom-right causal per
+sequence, LSE (Hq, Tq) fp32, any row strides with a unit last dim (so K/V can be views of the gather buffer).
+Block ranges become adjacent cu_seqlens with `ranges_to_cu_seqlens` (device ops, no host sync); the static
+`max_q`/`max_k` bounds size the grid. FA2 leaves rows of no sequence unwritten and writes lse = +inf for rows
+whose sequence has no keys: the varlen executor masks both (kernels/base.VarlenAttentionKernel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._cuda import cuda_half_reason
+from .base import ranges_to_cu_seqlens
+
+_aten = torch.ops.aten
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class FlashVarlenKernel:
+    name = "flash_varlen"
+
+    def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
+        return cuda_half_reason(device, dtype, "FlashAttention-2 varlen")
+
+    def supports_head_dim(self, head_dim: int) -> str | None:
+        if head_dim % 8 != 0 or head_dim > 256:
+            return f"FlashAttention-2 varlen needs a head dim that is a multiple of 8 and at most 256, not {head_dim}"
+        return None
+
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale):
+        cu_q, cu_k = ranges_to_cu_seqlens(ranges)
+        out, lse, *_ = _aten._flash_attention_forward(
+            _unit_last(q), _unit_last(k), _unit_last(v), cu_q, cu_k, max(max_q, 1), max(max_k, 1),
+            0.0, causal, False, scale=scale,
+        )  # fmt: skip
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale):
+        cu_q, cu_k = ranges_to_cu_seqlens(ranges)
+        rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
+        unused = q.new_empty(0)
+        return _aten._flash_attention_backward(
+            _unit_last(dout), _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out),
+            lse.float().contiguous(), cu_q, cu_k, max(max_q, 1), max(max_k, 1), 0.0, causal, rng, unused,
+            scale=scale,
+        )  # fmt: skip
