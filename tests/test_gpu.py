@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from parity import bf16_rule, max_err, sdpa_case
+from thd_parity import cu_of, doc_reference, packed_case, random_lengths
 
 import cpcompile
 from cpcompile.layouts import LAYOUTS
@@ -96,5 +97,86 @@ def test_gpu_parity(world):
         for case, r in worst.items():
             ratios[case] = max(r, ratios.get(case, 0.0))
     print(f"\nworld {world}: largest error / allowed:", *sorted(ratios.items(), key=lambda kv: -kv[1])[:6], sep="\n  ")
+    failures = [f for fs, _ in per_rank for f in fs]
+    assert not failures, "\n".join(failures)
+
+
+# Packed documents (varlen_attn under thd / thd_zigzag) on the CUDA varlen provider, against per-document SDPA.
+THD_HEADS = {"gqa": (8, 2, 64), "mha": (4, 4, 128)}  # (q heads, kv heads, head dim)
+
+
+def _varlen_fn(causal: bool):
+    """varlen_attn as the model calls it, across torch versions (2.11 has no enable_gqa: GQA by head counts)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    kw = {"enable_gqa": True} if "enable_gqa" in params else {}
+    if "window_size" in params:
+        kw["window_size"] = (-1, 0) if causal else (-1, -1)
+    elif causal:
+        kw["is_causal"] = True
+    return lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 64, 64, **kw)
+
+
+def _thd_mixes(world: int, gen: torch.Generator) -> dict[str, list[list[int]]]:
+    """Document lengths per strategy: 1-token documents, documents spanning 3+ ranks, seeded random mixes."""
+    local, unit = 64, 2 * world
+    edge = [1, 1, world * local - 45, 5, 38]  # doc 2 spans every rank
+    thd = [edge] + [random_lengths(gen, world * local) for _ in range(2)]
+    zigzag = [[unit, 5 * unit, unit, world * 32 - 7 * unit]] + [random_lengths(gen, unit * 24, unit)]
+    return {"thd": thd, "thd_zigzag": zigzag}
+
+
+def _thd_cp(q, k, v, dout, cu, *, strategy, causal):
+    shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=0, cu_seqlens=cu).to("cuda", torch.bfloat16)  # noqa: E731
+    leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
+    be = cpcompile.backend(strategy=strategy, kernel="auto", inner="aot_eager")
+    torch._dynamo.reset()
+    out = torch.compile(_varlen_fn(causal), backend=be, fullgraph=True)(*leaves, cu.to("cuda"))
+    out.backward(shard(dout))
+    assert len(be.plans) == 1 and be.plans[0].kernel == "flash_varlen"
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def _thd_sweep(rank, world):
+    import faulthandler
+
+    faulthandler.enable()
+    torch.cuda.set_device(0)
+    _host_hop_collectives()
+    failures, worst = [], {}
+    for strategy, mixes in _thd_mixes(world, torch.Generator().manual_seed(2000 + world)).items():
+        for i, lengths in enumerate(mixes):
+            cu = cu_of(lengths)
+            for heads_name, heads in THD_HEADS.items():
+                q, k, v, dout = packed_case(i, int(cu[-1]), *heads)
+                for causal in (True, False):
+                    args = [t.to("cuda") for t in (q, k, v, dout)]
+                    exact = doc_reference(*args, cu, causal, torch.float64)
+                    low = doc_reference(*args, cu, causal, torch.bfloat16)
+                    got = _thd_cp(q, k, v, dout, cu, strategy=strategy, causal=causal)
+                    shard = lambda t: cpcompile.shard(t.cpu(), strategy=strategy, seq_dim=0, cu_seqlens=cu)  # noqa: E731, B023
+                    for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):
+                        err = max_err(g.cpu(), shard(e))
+                        allowed = bf16_rule(err, max_err(shard(lo), shard(e)), torch.bfloat16)
+                        case = f"{strategy} mix{i} {heads_name} causal={causal} {name}"
+                        worst[case] = err / allowed
+                        if not err <= allowed:
+                            failures.append(f"rank {rank} {case}: error {err:.3g} > allowed {allowed:.3g}")
+    return failures, worst
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gpu_thd_parity(world):
+    per_rank = run_ranks(_thd_sweep, world, timeout=600)
+    ratios: dict[str, float] = {}
+    for _, worst in per_rank:
+        for case, r in worst.items():
+            ratios[case] = max(r, ratios.get(case, 0.0))
+    print(
+        f"\nTHD world {world}: largest error / allowed:", *sorted(ratios.items(), key=lambda kv: -kv[1])[:6], sep="\n  "
+    )
     failures = [f for fs, _ in per_rank for f in fs]
     assert not failures, "\n".join(failures)
