@@ -6,6 +6,10 @@ slowest rank. It also times the same kernel calls alone, so the merge/copy overh
 guessed. Llama3-8B attention (Hq=32, Hkv=8, D=128), bf16, causal, batch 1. CUDA events, warm-up, median.
 
     python bench/single_gpu.py --out bench/results/single_gpu.json [--seqs 32768,65536] [--cps 2,4,8]
+
+Packed documents (--layouts thd,thd_zigzag; bench/thd_cases.py): the varlen executor ops on each rank's
+packed inputs for realistic document-length mixes (--mixes), against the ideal = single-GPU FA2 varlen fwd+bwd
+of every document in full over the whole packed sequence, / cp.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import thd_cases  # noqa: E402
 from common import DTYPE, HKV, HQ, D, bshd, causal_flops, gathered_sources, sdpa_full_fwd_bwd, time_many_ms, time_ms  # noqa: E402
 
 from cpcompile import executor  # noqa: E402, F401  (registers torch.ops.cpcompile.*)
@@ -83,7 +88,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", default="32768,65536,131072")
     ap.add_argument("--cps", default="2,4,8")
-    ap.add_argument("--layouts", default="zigzag,flat")
+    ap.add_argument("--layouts", default="zigzag,flat,thd,thd_zigzag")
+    ap.add_argument("--mixes", default=",".join(thd_cases.MIXES))
+    ap.add_argument("--thd-kernels", default="flash_varlen")
     ap.add_argument("--kernels", default="cudnn,flash")
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
@@ -92,13 +99,17 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.cuda.get_device_name()
     records = json.load(open(args.out)) if os.path.exists(args.out) else []
-    for seq in [int(s) for s in args.seqs.split(",")]:
+    layouts = args.layouts.split(",")
+    dense = [lay for lay in layouts if not lay.startswith("thd")]
+    if len(dense) < len(layouts):
+        records = thd_sweep(args, [lay for lay in layouts if lay.startswith("thd")], records, device)
+    for seq in [int(s) for s in args.seqs.split(",")] if dense else []:
         iters = args.iters if seq < 131072 else max(3, args.iters - 2)
         ideal_full, ideal_src = ideal_ms(seq, iters, args.warmup)
         tflops = causal_flops(seq) / ideal_full / 1e9
         print(f"S={seq}: single-GPU {ideal_src} fwd+bwd {ideal_full:.2f} ms ({tflops:.0f} TFLOP/s)", flush=True)
         for cp in [int(c) for c in args.cps.split(",")]:
-            for layout in args.layouts.split(","):
+            for layout in dense:
                 for kernel in args.kernels.split(","):
                     t0 = time.time()
                     per_rank, kernels_only = [], []
@@ -136,8 +147,52 @@ def main() -> None:
                     torch.cuda.empty_cache()
 
 
+def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> list[dict]:
+    """THD records: per mix x S, the single-GPU ideal once, then every cp x layout x varlen kernel."""
+    for mix in args.mixes.split(","):
+        for seq in [int(s) for s in args.seqs.split(",")]:
+            lengths = thd_cases.doc_lengths(seq, mix)
+            ideal_full = time_ms(thd_cases.full_fn(lengths), args.iters, args.warmup)
+            tflops = thd_cases.doc_flops(lengths) / ideal_full / 1e9
+            print(f"{mix} S={seq}: {len(lengths)} docs (longest {max(lengths)}), single-GPU flash varlen fwd+bwd "
+                  f"{ideal_full:.2f} ms ({tflops:.0f} TFLOP/s)", flush=True)  # fmt: skip
+            for cp in [int(c) for c in args.cps.split(",")]:
+                for layout in layouts:
+                    for kernel in args.thd_kernels.split(","):
+                        per_rank, kernels_only = [], []
+                        for rank in range(cp):
+                            case = thd_cases.rank_case(layout, lengths, cp, rank)
+                            fns = [thd_cases.region_fn(*case, kernel), thd_cases.kernels_only_fn(*case, kernel)]
+                            region, bare = time_many_ms(fns, args.iters, args.warmup)
+                            per_rank.append(region)
+                            kernels_only.append(bare)
+                            del case, fns
+                        slow = max(range(cp), key=lambda r: per_rank[r])
+                        ideal = ideal_full / cp
+                        rec = dict(
+                            layout=layout, comm="all_gather", kernel=kernel, S=seq, cp=cp, mix=mix,
+                            slowest_rank=slow, slowest_rank_ms=per_rank[slow], ideal_ms=ideal,
+                            efficiency=ideal / per_rank[slow], per_rank_ms=per_rank, kernels_only_ms=kernels_only,
+                            overhead_frac=(per_rank[slow] - kernels_only[slow]) / per_rank[slow],
+                            ideal_full_ms=ideal_full, ideal_source="flash_varlen per-document, full packed sequence",
+                            n_docs=len(lengths), longest_doc=max(lengths), doc_tflops_ideal=tflops,
+                            hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=args.iters,
+                            device=device, torch=torch.__version__,
+                        )  # fmt: skip
+                        records = [r for r in records if _key(r) != _key(rec)] + [rec]
+                        with open(args.out, "w") as f:
+                            json.dump(records, f, indent=1)
+                        print(
+                            f"  {layout:10s} {kernel} cp={cp} slowest rank {slow}: {per_rank[slow]:8.2f} ms, ideal "
+                            f"{ideal:8.2f} ms, eff {rec['efficiency']:.3f} overhead {100 * rec['overhead_frac']:.1f}%",
+                            flush=True,
+                        )
+                        torch.cuda.empty_cache()
+    return records
+
+
 def _key(r: dict) -> tuple:
-    return (r["layout"], r["comm"], r["kernel"], r["S"], r["cp"], r.get("merge", "auto"))
+    return (r["layout"], r["comm"], r["kernel"], r["S"], r["cp"], r.get("merge", "auto"), r.get("mix"))
 
 
 if __name__ == "__main__":

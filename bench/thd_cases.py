@@ -1,0 +1,102 @@
+"""Packed-document (THD) pieces of the single-GPU benchmark: document-length mixes, rank inputs, timed fns.
+
+A mix draws document lengths from a log-normal (long tail: many short documents, a few of tens of thousands of
+tokens), rounded to multiples of 16 so one mix is valid for thd_zigzag at every cp <= 8, the last document cut
+to fill S exactly. The ideal is the same FA2 varlen kernel run once over the whole packed sequence (every
+document in full) on one GPU, divided by cp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from common import DTYPE, HKV, HQ, D
+
+from cpcompile import varlen_executor  # noqa: F401  (registers torch.ops.cpcompile.attend_varlen_blocks)
+from cpcompile.kernels import get_varlen_kernel
+from cpcompile.layouts.thd import get_packed_layout
+
+SCALE = 1 / math.sqrt(D)
+UNIT = 16
+MIXES = {"docs-median-1K": (1024, 1.5), "docs-median-8K": (8192, 1.0)}
+"""name: (median document length, sigma of log length): means ~3.1K and ~13.5K tokens before the cut at S."""
+
+
+def doc_lengths(seq: int, mix: str, seed: int = 2) -> list[int]:
+    median, sigma = MIXES[mix]
+    g = torch.Generator().manual_seed(seed)
+    lengths, left = [], seq
+    while left:
+        n = math.exp(math.log(median) + sigma * torch.randn(1, generator=g).item())
+        n = min(left, max(UNIT, int(n) // UNIT * UNIT))
+        lengths.append(n)
+        left -= n
+    return lengths
+
+
+def cu_seqlens(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+def doc_flops(lengths: list[int]) -> float:
+    """fwd+bwd FLOPs of per-document causal attention at the Llama3-8B shape."""
+    return sum(7 * 2 * n * n * HQ * D / 2 for n in lengths)
+
+
+def packed(t: int, h: int) -> torch.Tensor:
+    return torch.randn(t, h, D, device="cuda", dtype=DTYPE)
+
+
+def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
+    """A rank's packed q/dout, its own K/V and the gathered K/V as the region's all-gather delivers them."""
+    total = sum(lengths)
+    local = total // cp
+    q, k, v, dout = packed(local, HQ), packed(local, HKV), packed(local, HKV), packed(local, HQ)
+    gathered = torch.randn(total, 2, HKV, D, device="cuda", dtype=DTYPE)
+    blocks = get_packed_layout(layout).blocks(cu_seqlens(lengths), local, cp, rank, True)
+    spec = [i for b in blocks for i in (b.source, int(b.causal), b.max_q, b.max_k)]
+    return q, [k, gathered[:, 0]], [v, gathered[:, 1]], dout, [b.ranges for b in blocks], spec
+
+
+def region_fn(q, ks, vs, dout, ranges, spec, kernel):
+    ops = torch.ops.cpcompile
+
+    def run():
+        out, lse = ops.attend_varlen_blocks(q, ks, vs, ranges, spec, SCALE, kernel)
+        ops.attend_varlen_blocks_backward(dout, q, ks, vs, out, lse, ranges, spec, SCALE, kernel)
+
+    return run
+
+
+def kernels_only_fn(q, ks, vs, dout, ranges, spec, kernel):
+    """The executor's kernel calls alone: no masking, merging or gradient sums."""
+    impl = get_varlen_kernel(kernel)
+    blocks = [spec[i : i + 4] for i in range(0, len(spec), 4)]
+    out, lse = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, ranges, spec, SCALE, kernel)
+
+    def run():
+        for r, (src, causal, mq, mk) in zip(ranges, blocks):
+            impl.forward(q, ks[src], vs[src], r, mq, mk, bool(causal), SCALE)
+        for r, (src, causal, mq, mk) in zip(ranges, blocks):
+            impl.backward(dout, q, ks[src], vs[src], out, lse, r, mq, mk, bool(causal), SCALE)
+
+    return run
+
+
+def full_fn(lengths: list[int]):
+    """Single-GPU fwd+bwd of per-document causal attention over the whole packed sequence: one FA2 varlen call
+    each way with the true cu_seqlens and the longest document as max length (what a model's varlen_attn does)."""
+    aten = torch.ops.aten
+    total, longest = sum(lengths), max(lengths)
+    q, k, v, dout = packed(total, HQ), packed(total, HKV), packed(total, HKV), packed(total, HQ)
+    cu = cu_seqlens(lengths)
+    rng, unused = torch.zeros(2, dtype=torch.uint64, device="cuda"), q.new_empty(0)
+
+    def run():
+        out, lse, *_ = aten._flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0, True, False, scale=SCALE)
+        aten._flash_attention_backward(
+            dout, q, k, v, out, lse, cu, cu, longest, longest, 0.0, True, rng, unused, scale=SCALE
+        )
+
+    return run
