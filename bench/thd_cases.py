@@ -49,12 +49,13 @@ def packed(t: int, h: int) -> torch.Tensor:
 
 
 def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
-    """A rank's packed q/dout, its own K/V and the gathered K/V as the region's all-gather delivers them."""
+    """A rank's packed q/dout, its own K/V and the gathered K/V as the region's all-gather delivers them; the
+    blocks are bounded by the longest document, as the region does with varlen_attn's max_q/max_k."""
     total = sum(lengths)
     local = total // cp
     q, k, v, dout = packed(local, HQ), packed(local, HKV), packed(local, HKV), packed(local, HQ)
     gathered = torch.randn(total, 2, HKV, D, device="cuda", dtype=DTYPE)
-    blocks = get_packed_layout(layout).blocks(cu_seqlens(lengths), local, cp, rank, True)
+    blocks = get_packed_layout(layout).blocks(cu_seqlens(lengths), local, cp, rank, True, max(lengths))
     spec = [i for b in blocks for i in (b.source, int(b.causal), b.max_q, b.max_k)]
     return q, [k, gathered[:, 0]], [v, gathered[:, 1]], dout, [b.ranges for b in blocks], spec
 

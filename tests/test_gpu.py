@@ -32,10 +32,12 @@ CASES = [(layout, comm) for layout in sorted(LAYOUTS) for comm in COMMS]
 def _host_hop_collectives() -> None:
     """Route cpcompile's all-gather / reduce-scatter through CPU tensors (gloo), back to the GPU after."""
     import cpcompile.comm as comm
+    import cpcompile.regions.all_gather_varlen as varlen_region
 
     gather, scatter = comm._all_gather, comm._reduce_scatter
-    comm._all_gather = lambda x, dim, group: gather(x.cpu(), dim, group).to(x.device)
-    comm._reduce_scatter = lambda x, op, dim, group: scatter(x.cpu(), op, dim, group).to(x.device)
+    for module in (comm, varlen_region):  # the varlen region binds the collectives at import
+        module._all_gather = lambda x, dim, group: gather(x.cpu(), dim, group).to(x.device)
+        module._reduce_scatter = lambda x, op, dim, group: scatter(x.cpu(), op, dim, group).to(x.device)
 
 
 def _reference(q, k, v, dout, causal, dtype):
@@ -117,7 +119,7 @@ def _varlen_fn(causal: bool):
         kw["window_size"] = (-1, 0) if causal else (-1, -1)
     elif causal:
         kw["is_causal"] = True
-    return lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 64, 64, **kw)
+    return lambda q, k, v, cu, longest: varlen_attn(q, k, v, cu, cu, longest, longest, **kw)
 
 
 def _thd_mixes(world: int, gen: torch.Generator) -> dict[str, list[list[int]]]:
@@ -134,9 +136,10 @@ def _thd_cp(q, k, v, dout, cu, *, strategy, causal):
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
     be = cpcompile.backend(strategy=strategy, kernel="auto", inner="aot_eager")
     torch._dynamo.reset()
-    out = torch.compile(_varlen_fn(causal), backend=be, fullgraph=True)(*leaves, cu.to("cuda"))
+    longest = int((cu[1:] - cu[:-1]).max())
+    out = torch.compile(_varlen_fn(causal), backend=be, fullgraph=True)(*leaves, cu.to("cuda"), longest)
     out.backward(shard(dout))
-    assert len(be.plans) == 1 and be.plans[0].kernel == "flash_varlen"
+    assert len(be.plans) == 1 and be.plans[0].kernel == "flash_varlen" and be.plans[0].max_doc == longest
     return [out.detach()] + [t.grad for t in leaves]
 
 

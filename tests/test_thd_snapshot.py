@@ -42,7 +42,7 @@ class GraphModule(torch.nn.Module):
         l_k_ = L_k_
         l_v_ = L_v_
         l_cu_ = L_cu_
-        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4)
+        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16)
         out: "f32[8, 2, 4]" = all_gather_varlen_attention[0]
         lse: "f32[2, 8]" = all_gather_varlen_attention[1]
         mul: "f32[8, 2, 4]" = out * 2
@@ -62,7 +62,7 @@ class GraphModule(torch.nn.Module):
         l_k_ = L_k_
         l_v_ = L_v_
         l_cu_ = L_cu_
-        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd_zigzag', causal = False, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4)
+        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd_zigzag', causal = False, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16)
         out: "f32[8, 4, 4]" = all_gather_varlen_attention[0]
         return (out,)
 """,

@@ -2,9 +2,10 @@
 
 The kernel behind torch's own `varlen_attn`: packed (T, H, D) q/k/v, native GQA, bottom-right causal per
 sequence, LSE (Hq, Tq) fp32, any row strides with a unit last dim (so K/V can be views of the gather buffer).
-Block ranges become adjacent cu_seqlens with `ranges_to_cu_seqlens` (device ops, no host sync); the static
-`max_q`/`max_k` bounds size the grid. FA2 leaves rows of no sequence unwritten and writes lse = +inf for rows
-whose sequence has no keys: the varlen executor masks both (kernels/base.VarlenAttentionKernel).
+Block ranges become adjacent cu_seqlens (`adjacent_cu_seqlens`, device ops, no host sync); the static
+`max_q`/`max_k` bounds size the grid (ceil(max/128) tiles x sequences x heads, most of them empty and cheap but
+not free: the layouts keep the bounds tight). FA2 leaves rows of no sequence unwritten and writes lse = +inf
+for rows whose sequence has no keys: the varlen executor masks both (kernels/base.VarlenAttentionKernel).
 """
 
 from __future__ import annotations
@@ -12,9 +13,21 @@ from __future__ import annotations
 import torch
 
 from ._cuda import cuda_half_reason
-from .base import ranges_to_cu_seqlens
 
 _aten = torch.ops.aten
+
+
+def adjacent_cu_seqlens(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cu_q, cu_k), int32 of length 2B+1: range i, then the gap after it (q gap with k gap) as one sequence.
+
+    Two sequences a range instead of base.ranges_to_cu_seqlens' three (fewer empty tiles in the grid). A gap
+    sequence may attend gap rows to gap keys when both are non-empty (cpcompile's layouts never make both);
+    that only writes rows and keys outside every range, which the executor masks out of the merge and sums.
+    """
+    qs, qe, ks, ke = ranges.long()
+    cu_q = torch.cat((torch.stack((qs, qe), 1).flatten(), qe[-1:]))
+    cu_k = torch.cat((torch.stack((ks, ke), 1).flatten(), ke[-1:]))
+    return cu_q.int(), cu_k.int()
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -33,7 +46,7 @@ class FlashVarlenKernel:
         return None
 
     def forward(self, q, k, v, ranges, max_q, max_k, causal, scale):
-        cu_q, cu_k = ranges_to_cu_seqlens(ranges)
+        cu_q, cu_k = adjacent_cu_seqlens(ranges)
         out, lse, *_ = _aten._flash_attention_forward(
             _unit_last(q), _unit_last(k), _unit_last(v), cu_q, cu_k, max(max_q, 1), max(max_k, 1),
             0.0, causal, False, scale=scale,
@@ -41,7 +54,7 @@ class FlashVarlenKernel:
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale):
-        cu_q, cu_k = ranges_to_cu_seqlens(ranges)
+        cu_q, cu_k = adjacent_cu_seqlens(ranges)
         rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
         unused = q.new_empty(0)
         return _aten._flash_attention_backward(

@@ -13,6 +13,7 @@ user-side sharding helpers.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,13 @@ class VarlenBlock:
 
 def _ranges(q0, q1, k0, k1) -> torch.Tensor:
     return torch.stack((q0, q1, k0, k1)).long()
+
+
+def _capped(block: VarlenBlock, max_doc: int | None) -> VarlenBlock:
+    """`block` with its length bounds cut to `max_doc` (every range lies within one document)."""
+    if max_doc is None:
+        return block
+    return dataclasses.replace(block, max_q=min(block.max_q, max_doc), max_k=min(block.max_k, max_doc))
 
 
 def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -83,9 +91,13 @@ class PackedLayout:
         """Global positions (int64, on cu_seqlens' device) of rank `rank`'s local tokens, in local order."""
         raise NotImplementedError
 
-    def blocks(self, cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool) -> list[VarlenBlock]:
+    def blocks(
+        self, cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool, max_doc: int | None = None
+    ) -> list[VarlenBlock]:
         """Rank `rank`'s attention as varlen blocks over its local and the gathered K/V: every (q row, key)
-        pair of the same document (and causal by global position when `causal`) exactly once."""
+        pair of the same document (and causal by global position when `causal`) exactly once. `max_doc`, when
+        given, bounds every document's length (the varlen_attn call's max_q/max_k): the blocks' max_q/max_k
+        are then at most what a document that long can put in one range (smaller kernel grids)."""
         raise NotImplementedError
 
     def device_check(self, cu_seqlens: torch.Tensor, cp: int) -> None:
@@ -101,7 +113,10 @@ class ThdLayout(PackedLayout):
         local = total // cp
         return torch.arange(rank * local, (rank + 1) * local, device=cu_seqlens.device)
 
-    def blocks(self, cu_seqlens, local_len, cp, rank, causal):
+    def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None):
+        return [_capped(b, max_doc) for b in self._blocks(cu_seqlens, local_len, cp, rank, causal)]
+
+    def _blocks(self, cu_seqlens, local_len, cp, rank, causal):
         cu = cu_seqlens.long()
         lo, total = rank * local_len, cp * local_len
         piece = (cu - lo).clamp(0, local_len)  # document pieces in local coordinates (empty when elsewhere)
@@ -138,29 +153,30 @@ class ThdZigzagLayout(PackedLayout):
         off, c, s = j - start[doc], chunk[doc], cu[:-1][doc]
         return torch.where(off < c, s + rank * c + off, s + (2 * cp - 1 - rank) * c + (off - c))
 
-    def blocks(self, cu_seqlens, local_len, cp, rank, causal):
+    def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None):
         start, mid, end, _ = self._local_docs(cu_seqlens, cp)
-        half = local_len // 2
+        # ranges of one chunk of a document, and of two (a whole local document): at most these many tokens
+        one, two = local_len // 2, local_len
+        if max_doc is not None:
+            one, two = min(one, max_doc // (2 * cp)), min(two, 2 * (max_doc // (2 * cp)))
         if not causal:
-            out = [VarlenBlock(LOCAL, False, _ranges(start, end, start, end), local_len, local_len)]
+            out = [VarlenBlock(LOCAL, False, _ranges(start, end, start, end), two, two)]
             for p in range(cp):
                 if p != rank:
                     at = p * local_len
-                    out.append(
-                        VarlenBlock(GATHERED, False, _ranges(start, end, at + start, at + end), local_len, local_len)
-                    )
+                    out.append(VarlenBlock(GATHERED, False, _ranges(start, end, at + start, at + end), two, two))
             return out
         chunks0, chunks1 = _interleave(start, mid), _interleave(mid, end)  # front and back chunks as sequences
         out = [
-            VarlenBlock(LOCAL, True, _ranges(chunks0, chunks1, chunks0, chunks1), half, half),
-            VarlenBlock(LOCAL, False, _ranges(mid, end, start, mid), half, half),  # back chunk sees own front
+            VarlenBlock(LOCAL, True, _ranges(chunks0, chunks1, chunks0, chunks1), one, one),
+            VarlenBlock(LOCAL, False, _ranges(mid, end, start, mid), one, one),  # back chunk sees own front
         ]
         for p in range(cp):
             at = p * local_len
             if p < rank:  # rank p's front chunk (chunk p) precedes both local chunks
-                out.append(VarlenBlock(GATHERED, False, _ranges(start, end, at + start, at + mid), local_len, half))
+                out.append(VarlenBlock(GATHERED, False, _ranges(start, end, at + start, at + mid), two, one))
             elif p > rank:  # both of rank p's chunks (p and 2cp-1-p) precede only the local back chunk
-                out.append(VarlenBlock(GATHERED, False, _ranges(mid, end, at + start, at + end), half, local_len))
+                out.append(VarlenBlock(GATHERED, False, _ranges(mid, end, at + start, at + end), one, two))
         return out
 
     def device_check(self, cu_seqlens: torch.Tensor, cp: int) -> None:

@@ -92,6 +92,8 @@ class AttentionSite:
     cu_seqlens_k: Any = None
     window: Any = None
     inference_args: tuple = ()
+    max_seqlen: Any = None
+    """varlen: the (max_q, max_k) the call passes (the longest document), as given."""
 
 
 def _example(node: Any) -> torch.Tensor | None:
@@ -134,6 +136,7 @@ def varlen_site(node: torch.fx.Node) -> AttentionSite:
         cu_seqlens_k=a["cu_seq_k"],
         window=a["window_size"],
         inference_args=tuple(n for n in VARLEN_INFERENCE_ARGS if a.get(n) is not None),
+        max_seqlen=(a.get("max_q"), a.get("max_k")),
     )
 
 

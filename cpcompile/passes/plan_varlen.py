@@ -29,6 +29,8 @@ class VarlenPlan(CPPlan):
     """Sliding-window limits on top of `causal` (a2a only; (-1, -1): none)."""
     return_lse: bool = True
     """Whether the graph reads the lse output (a2a sends it back only then)."""
+    max_doc: int | None = None
+    """The call's max_q/max_k (static ints), a bound on every document's length: it bounds the kernels' grids."""
 
     def region_target(self):
         return VARLEN_REGIONS[self.comm]
@@ -38,6 +40,8 @@ class VarlenPlan(CPPlan):
 
     def region_kwargs(self) -> dict:
         extra = dict(window=self.window, return_lse=self.return_lse) if self.comm == "a2a" else {}
+        if self.comm == "all_gather":
+            extra = dict(max_doc=self.max_doc)
         return {**super().region_kwargs(), **extra}
 
 
@@ -184,6 +188,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     if site.scale is not None and (isinstance(site.scale, torch.fx.Node) or not isinstance(site.scale, (int, float))):
         raise site_error(node, f"its `scale` is {site.scale!r}", "pass `scale` as a plain Python constant")
     scale = float(site.scale) if site.scale is not None else 1 / math.sqrt(d)
+    bounds = site.max_seqlen or ()
+    max_doc = max(bounds) if len(bounds) == 2 and all(type(b) is int and b > 0 for b in bounds) else None
     return VarlenPlan(
         site=site,
         layout=layout.name,
@@ -194,4 +200,5 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
         group=group,
         window=window,
         return_lse=_reads_lse(node),
+        max_doc=max_doc,
     )

@@ -67,16 +67,19 @@ def all_gather_varlen_attention(
     group_name: str,
     rank: int,
     world: int,
+    max_doc: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """varlen_attn of this rank's packed q over every rank's K/V, same document only (causal when asked).
 
     cu_seqlens are the GLOBAL document offsets. The layout turns them into block ranges with device ops of
-    static shape (no host sync, no recompiles when documents change). Returns what torch_attn._varlen_attn
-    returns: (out, lse (Hq, T_local) fp32, rng_state), so the node's users are unchanged.
+    static shape (no host sync, no recompiles when documents change). `max_doc` (the call's max_q/max_k: the
+    longest document, the same contract as single-device varlen_attn) tightens the blocks' static length bounds,
+    which size the kernels' grids. Returns what torch_attn._varlen_attn returns: (out, lse (Hq, T_local) fp32,
+    rng_state), so the node's users are unchanged.
     """
     lay = get_packed_layout(layout)
     lay.device_check(cu_seqlens, world)
-    blocks = lay.blocks(cu_seqlens, q.shape[0], world, rank, causal)
+    blocks = lay.blocks(cu_seqlens, q.shape[0], world, rank, causal, max_doc)
     spec = encode_blocks(blocks)
     out, lse = _GatherAttend.apply(q, k, v, spec, scale, kernel, group_name, *[b.ranges for b in blocks])
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
