@@ -130,7 +130,8 @@ def main() -> None:
                         efficiency=ideal / per_rank[slow], per_rank_ms=per_rank,
                         ideal_full_ms=ideal_full, ideal_source=ideal_src,
                         hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=iters,
-                        merge=os.environ.get("CPCOMPILE_MERGE", "auto"), device=device, torch=torch.__version__,
+                        merge=os.environ.get("CPCOMPILE_MERGE", "auto"), device=device,
+                        torch=torch.__version__, measured_at=_now(),
                     )  # fmt: skip
                     if kernels_only:
                         rec["kernels_only_ms"] = kernels_only
@@ -177,7 +178,7 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                             ideal_full_ms=ideal_full, ideal_source="flash_varlen per-document, full packed sequence",
                             n_docs=len(lengths), longest_doc=max(lengths), doc_tflops_ideal=tflops,
                             hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=args.iters,
-                            device=device, torch=torch.__version__,
+                            device=device, torch=torch.__version__, measured_at=_now(),
                         )  # fmt: skip
                         records = [r for r in records if _key(r) != _key(rec)] + [rec]
                         with open(args.out, "w") as f:
@@ -189,6 +190,10 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                         )
                         torch.cuda.empty_cache()
     return records
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())
 
 
 def _key(r: dict) -> tuple:

@@ -27,7 +27,7 @@ def fns(q, k, v, dout, cu, longest: int, scale: float):
 
     def cudnn():
         r = aten._cudnn_attention_forward(q, k, v, None, *lens, True, 0.0, True, False, scale=scale)
-        aten._cudnn_attention_backward(dout, q, k, v, r[0], r[1], *lens, 0.0, True, r[6], r[7], scale=scale)
+        aten._cudnn_attention_backward(dout, q, k, v, r[0], r[1], r[6], r[7], None, *lens, 0.0, True, scale=scale)
         return r[0]
 
     return fa2, cudnn

@@ -70,7 +70,7 @@ def attend_varlen_blocks(
         merged = torch.logaddexp(lse, l)
         safe = torch.where(torch.isinf(merged), 0, merged)
         keep, add = torch.exp(lse - safe).T.unsqueeze(-1), torch.exp(l - safe).T.unsqueeze(-1)
-        acc = acc * keep + torch.where(rows[:, None, None], o.to(acc_t), 0) * add
+        acc.mul_(keep).addcmul_(torch.where(rows[:, None, None], o, 0), add)  # in place: fewer passes
         lse = merged
     return acc.to(q.dtype), lse
 
@@ -105,9 +105,9 @@ def attend_varlen_blocks_backward(
             dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale, **window
         )
         rows, keys = _covered(r, q.shape[0], ks[src].shape[0])
-        dq = dq + torch.where(rows[:, None, None], dq_b.to(acc_t), 0)
-        dks[src] = dks[src] + torch.where(keys[:, None, None], dk_b.to(acc_t), 0)
-        dvs[src] = dvs[src] + torch.where(keys[:, None, None], dv_b.to(acc_t), 0)
+        dq.add_(torch.where(rows[:, None, None], dq_b, 0))  # exact: the accumulators are fp32 (fp64)
+        dks[src].add_(torch.where(keys[:, None, None], dk_b, 0))
+        dvs[src].add_(torch.where(keys[:, None, None], dv_b, 0))
     return dq, dks, dvs
 
 
