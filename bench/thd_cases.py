@@ -13,9 +13,9 @@ import math
 import torch
 from common import DTYPE, HKV, HQ, D
 
-from cpcompile import varlen_executor  # noqa: F401  (registers torch.ops.cpcompile.attend_varlen_blocks)
 from cpcompile.kernels import get_varlen_kernel
 from cpcompile.layouts.thd import get_packed_layout
+from cpcompile.varlen_executor import _decode, encode_blocks  # (registers torch.ops.cpcompile.*)
 
 SCALE = 1 / math.sqrt(D)
 UNIT = 16
@@ -56,7 +56,7 @@ def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
     q, k, v, dout = packed(local, HQ), packed(local, HKV), packed(local, HKV), packed(local, HQ)
     gathered = torch.randn(total, 2, HKV, D, device="cuda", dtype=DTYPE)
     blocks = get_packed_layout(layout).blocks(cu_seqlens(lengths), local, cp, rank, True, max(lengths))
-    spec = [i for b in blocks for i in (b.source, int(b.causal), b.max_q, b.max_k)]
+    spec = encode_blocks(blocks)
     return q, [k, gathered[:, 0]], [v, gathered[:, 1]], dout, [b.ranges for b in blocks], spec
 
 
@@ -73,14 +73,14 @@ def region_fn(q, ks, vs, dout, ranges, spec, kernel):
 def kernels_only_fn(q, ks, vs, dout, ranges, spec, kernel):
     """The executor's kernel calls alone: no masking, merging or gradient sums."""
     impl = get_varlen_kernel(kernel)
-    blocks = [spec[i : i + 4] for i in range(0, len(spec), 4)]
+    blocks = _decode(spec)
     out, lse = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, ranges, spec, SCALE, kernel)
 
     def run():
-        for r, (src, causal, mq, mk) in zip(ranges, blocks):
-            impl.forward(q, ks[src], vs[src], r, mq, mk, bool(causal), SCALE)
-        for r, (src, causal, mq, mk) in zip(ranges, blocks):
-            impl.backward(dout, q, ks[src], vs[src], out, lse, r, mq, mk, bool(causal), SCALE)
+        for r, (src, causal, mq, mk, window) in zip(ranges, blocks):
+            impl.forward(q, ks[src], vs[src], r, mq, mk, causal, SCALE, **window)
+        for r, (src, causal, mq, mk, window) in zip(ranges, blocks):
+            impl.backward(dout, q, ks[src], vs[src], out, lse, r, mq, mk, causal, SCALE, **window)
 
     return run
 

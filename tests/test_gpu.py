@@ -107,7 +107,7 @@ def test_gpu_parity(world):
 THD_HEADS = {"gqa": (8, 2, 64), "mha": (4, 4, 128)}  # (q heads, kv heads, head dim)
 
 
-def _varlen_fn(causal: bool):
+def _varlen_fn(causal: bool, window: tuple[int, int] | None = None):
     """varlen_attn as the model calls it, across torch versions (2.11 has no enable_gqa: GQA by head counts)."""
     import inspect
 
@@ -116,7 +116,7 @@ def _varlen_fn(causal: bool):
     params = inspect.signature(varlen_attn).parameters
     kw = {"enable_gqa": True} if "enable_gqa" in params else {}
     if "window_size" in params:
-        kw["window_size"] = (-1, 0) if causal else (-1, -1)
+        kw["window_size"] = window or ((-1, 0) if causal else (-1, -1))
     elif causal:
         kw["is_causal"] = True
     return lambda q, k, v, cu, longest: varlen_attn(q, k, v, cu, cu, longest, longest, **kw)
@@ -131,49 +131,59 @@ def _thd_mixes(world: int, gen: torch.Generator) -> dict[str, list[list[int]]]:
     return {"thd": thd, "thd_zigzag": zigzag}
 
 
-def _thd_cp(q, k, v, dout, cu, *, strategy, causal):
+def _thd_cp(q, k, v, dout, cu, *, strategy, causal, comm="all_gather", window=None):
     shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=0, cu_seqlens=cu).to("cuda", torch.bfloat16)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
-    be = cpcompile.backend(strategy=strategy, kernel="auto", inner="aot_eager")
+    be = cpcompile.backend(strategy=strategy, comm=comm, kernel="auto", inner="aot_eager")
     torch._dynamo.reset()
     longest = int((cu[1:] - cu[:-1]).max())
-    out = torch.compile(_varlen_fn(causal), backend=be, fullgraph=True)(*leaves, cu.to("cuda"), longest)
+    out = torch.compile(_varlen_fn(causal, window), backend=be, fullgraph=True)(*leaves, cu.to("cuda"), longest)
     out.backward(shard(dout))
     assert len(be.plans) == 1 and be.plans[0].kernel == "flash_varlen" and be.plans[0].max_doc == longest
     return [out.detach()] + [t.grad for t in leaves]
 
 
-def _thd_sweep(rank, world):
+# (strategy, comm, causal, window): all_gather runs thd and thd_zigzag, causal or full; a2a (thd only) adds
+# sliding windows, which reach the kernel as FA2 window_size.
+THD_CASES = [(s, "all_gather", c, None) for s in ("thd", "thd_zigzag") for c in (True, False)]
+THD_A2A_CASES = [("thd", "a2a", True, None), ("thd", "a2a", True, (16, 0)), ("thd", "a2a", False, (8, 4))]
+
+
+def _thd_sweep(rank, world, cases):
     import faulthandler
 
     faulthandler.enable()
     torch.cuda.set_device(0)
     _host_hop_collectives()
     failures, worst = [], {}
-    for strategy, mixes in _thd_mixes(world, torch.Generator().manual_seed(2000 + world)).items():
-        for i, lengths in enumerate(mixes):
+    all_mixes = _thd_mixes(world, torch.Generator().manual_seed(2000 + world))
+    for strategy, comm, causal, window in cases:
+        for i, lengths in enumerate(all_mixes[strategy]):
             cu = cu_of(lengths)
             for heads_name, heads in THD_HEADS.items():
+                if comm == "a2a" and heads[1] < world:
+                    continue  # kv heads replicated across ranks: the a2a region's precision, not the kernel's
                 q, k, v, dout = packed_case(i, int(cu[-1]), *heads)
-                for causal in (True, False):
-                    args = [t.to("cuda") for t in (q, k, v, dout)]
-                    exact = doc_reference(*args, cu, causal, torch.float64)
-                    low = doc_reference(*args, cu, causal, torch.bfloat16)
-                    got = _thd_cp(q, k, v, dout, cu, strategy=strategy, causal=causal)
-                    shard = lambda t: cpcompile.shard(t.cpu(), strategy=strategy, seq_dim=0, cu_seqlens=cu)  # noqa: E731, B023
-                    for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):
-                        err = max_err(g.cpu(), shard(e))
-                        allowed = bf16_rule(err, max_err(shard(lo), shard(e)), torch.bfloat16)
-                        case = f"{strategy} mix{i} {heads_name} causal={causal} {name}"
-                        worst[case] = err / allowed
-                        if not err <= allowed:
-                            failures.append(f"rank {rank} {case}: error {err:.3g} > allowed {allowed:.3g}")
+                args = [t.to("cuda") for t in (q, k, v, dout)]
+                exact = doc_reference(*args, cu, causal, torch.float64, window)
+                low = doc_reference(*args, cu, causal, torch.bfloat16, window)
+                kw = dict(strategy=strategy, causal=causal, comm=comm, window=window)
+                got = _thd_cp(q, k, v, dout, cu, **kw)
+                shard = lambda t: cpcompile.shard(t.cpu(), strategy=strategy, seq_dim=0, cu_seqlens=cu)  # noqa: E731, B023
+                for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):
+                    err = max_err(g.cpu(), shard(e))
+                    allowed = bf16_rule(err, max_err(shard(lo), shard(e)), torch.bfloat16)
+                    case = f"{strategy}/{comm} window={window} mix{i} {heads_name} causal={causal} {name}"
+                    worst[case] = err / allowed
+                    if not err <= allowed:
+                        failures.append(f"rank {rank} {case}: error {err:.3g} > allowed {allowed:.3g}")
     return failures, worst
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_gpu_thd_parity(world):
-    per_rank = run_ranks(_thd_sweep, world, timeout=600)
+@pytest.mark.parametrize("cases", [THD_CASES, THD_A2A_CASES], ids=["all_gather", "a2a"])
+def test_gpu_thd_parity(world, cases):
+    per_rank = run_ranks(_thd_sweep, world, cases, timeout=600)
     ratios: dict[str, float] = {}
     for _, worst in per_rank:
         for case, r in worst.items():

@@ -30,12 +30,22 @@ def adjacent_cu_seqlens(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return cu_q.int(), cu_k.int()
 
 
+def _window_kwargs(window: tuple[int, int], causal: bool) -> dict:
+    """aten's window_size_left/right, only when there is a window (causal alone is is_causal's job)."""
+    left, right = window
+    if causal:
+        right = 0
+    return {} if (left, right) in ((-1, -1), (-1, 0)) else {"window_size_left": left, "window_size_right": right}
+
+
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
 class FlashVarlenKernel:
     name = "flash_varlen"
+    supports_window = True
+    """FA2's window_size_left/right on the bottom-right diagonal, the interface's window semantics."""
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return cuda_half_reason(device, dtype, "FlashAttention-2 varlen")
@@ -45,20 +55,20 @@ class FlashVarlenKernel:
             return f"FlashAttention-2 varlen needs a head dim that is a multiple of 8 and at most 256, not {head_dim}"
         return None
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale):
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1)):
         cu_q, cu_k = adjacent_cu_seqlens(ranges)
         out, lse, *_ = _aten._flash_attention_forward(
             _unit_last(q), _unit_last(k), _unit_last(v), cu_q, cu_k, max(max_q, 1), max(max_k, 1),
-            0.0, causal, False, scale=scale,
+            0.0, causal, False, scale=scale, **_window_kwargs(window, causal),
         )  # fmt: skip
         return out, lse
 
-    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale):
+    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1)):
         cu_q, cu_k = adjacent_cu_seqlens(ranges)
         rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
         unused = q.new_empty(0)
         return _aten._flash_attention_backward(
             _unit_last(dout), _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out),
             lse.float().contiguous(), cu_q, cu_k, max(max_q, 1), max(max_k, 1), 0.0, causal, rng, unused,
-            scale=scale,
+            scale=scale, **_window_kwargs(window, causal),
         )  # fmt: skip
