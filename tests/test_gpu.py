@@ -103,7 +103,8 @@ def test_gpu_parity(world):
     assert not failures, "\n".join(failures)
 
 
-# Packed documents (varlen_attn under thd / thd_zigzag) on the CUDA varlen provider, against per-document SDPA.
+# Packed documents (varlen_attn under thd / thd_zigzag) on the CUDA varlen provider: errors against per-document
+# fp64 SDPA, allowed 2x the error of single-GPU bf16 varlen_attn (the replaced op) + floor.
 THD_HEADS = {"gqa": (8, 2, 64), "mha": (4, 4, 128)}  # (q heads, kv heads, head dim)
 
 
@@ -149,6 +150,16 @@ THD_CASES = [(s, "all_gather", c, None) for s in ("thd", "thd_zigzag") for c in 
 THD_A2A_CASES = [("thd", "a2a", True, None), ("thd", "a2a", True, (16, 0)), ("thd", "a2a", False, (8, 4))]
 
 
+def _varlen_reference(q, k, v, dout, cu, causal, window):
+    """(out, dq, dk, dv) of single-GPU varlen_attn in bf16 over the whole packed sequence: the op cpcompile
+    replaces, so its bf16 error is the baseline of the bf16 rule (per-document SDPA runs other kernels)."""
+    leaves = [t.detach().to(torch.bfloat16).clone().requires_grad_() for t in (q, k, v)]
+    longest = int((cu[1:] - cu[:-1]).max())
+    out = _varlen_fn(causal, window)(*leaves, cu.to(q.device, torch.int32), longest)
+    out.backward(dout.to(torch.bfloat16))
+    return [out.detach()] + [t.grad for t in leaves]
+
+
 def _thd_sweep(rank, world, cases):
     import faulthandler
 
@@ -166,7 +177,7 @@ def _thd_sweep(rank, world, cases):
                 q, k, v, dout = packed_case(i, int(cu[-1]), *heads)
                 args = [t.to("cuda") for t in (q, k, v, dout)]
                 exact = doc_reference(*args, cu, causal, torch.float64, window)
-                low = doc_reference(*args, cu, causal, torch.bfloat16, window)
+                low = _varlen_reference(*args, cu, causal, window)
                 kw = dict(strategy=strategy, causal=causal, comm=comm, window=window)
                 got = _thd_cp(q, k, v, dout, cu, **kw)
                 shard = lambda t: cpcompile.shard(t.cpu(), strategy=strategy, seq_dim=0, cu_seqlens=cu)  # noqa: E731, B023
