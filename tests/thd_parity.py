@@ -47,7 +47,7 @@ def doc_reference(q, k, v, dout, cu: torch.Tensor, causal: bool, dtype: torch.dt
         if b == a:
             continue
         qd, kd, vd = (t[a:b].transpose(0, 1) for t in leaves)
-        mask = {} if window is None else {"attn_mask": window_mask(b - a, window)}
+        mask = {} if window is None else {"attn_mask": window_mask(b - a, window).to(qd.device)}
         causal_doc = causal and window is None
         out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal_doc, enable_gqa=True, **mask)
         outs.append(out.transpose(0, 1))
