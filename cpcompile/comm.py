@@ -1,4 +1,4 @@
-"""Differentiable collectives on the sequence dim, written with functional collectives so they trace."""
+"""Collectives on dim 0 over functional collectives, so they trace; the regions own their autograd."""
 
 from __future__ import annotations
 
@@ -19,41 +19,19 @@ def grad_reduce_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-class _GatherSeqFirst(torch.autograd.Function):
-    """all-gather along dim 0 in the input dtype; backward reduce-scatters (sums) in grad_reduce_dtype."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group_name: str) -> torch.Tensor:
-        ctx.group_name, ctx.dtype = group_name, x.dtype
-        return _waited(_all_gather(x, 0, group_name))
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        summed = _reduce_scatter(grad.contiguous().to(grad_reduce_dtype(ctx.dtype)), "sum", 0, ctx.group_name)
-        return _waited(summed).to(ctx.dtype), None
-
-
 def _waited(t: torch.Tensor) -> torch.Tensor:
     """Eager funcol returns an AsyncCollectiveTensor; traced funcol already inserted its wait."""
     return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
 
 def all_gather_dim0(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    """Plain (non-differentiable) all-gather of a contiguous tensor along dim 0, rank-major."""
-    return _waited(_all_gather(x, 0, group_name))
+    """Plain (non-differentiable) all-gather along dim 0, rank-major (regions own their autograd)."""
+    return _waited(_all_gather(x.contiguous(), 0, group_name))
 
 
 def reduce_scatter_dim0(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """Plain reduce-scatter (sum) along dim 0: this rank's slice of the sum over ranks."""
     return _waited(_reduce_scatter(x.contiguous(), "sum", 0, group_name))
-
-
-def gather_seq_first(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    """All-gather `x` (tokens on dim 0) rank-major along dim 0; backward reduce-scatters the gradient.
-
-    Tokens on dim 0 make every run of consecutive ranks' tokens one contiguous slice of the result.
-    """
-    return _GatherSeqFirst.apply(x.contiguous(), group_name)
 
 
 def slots_tokens_first(x: torch.Tensor, slots: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .comm import gather_seq_first
+from .comm import all_gather_dim0
 from .errors import CPCompileError
 from .groups import resolve_group
 from .layouts.thd import THD_LAYOUTS, get_packed_layout
@@ -63,7 +63,7 @@ class _UnshardPacked(torch.autograd.Function):
     def forward(ctx, x, cu, seq_dim, strategy, group_name, rank, world):
         layout = get_packed_layout(strategy)
         total = x.shape[seq_dim] * world
-        gathered = gather_seq_first(x.movedim(seq_dim, 0), group_name)
+        gathered = all_gather_dim0(x.movedim(seq_dim, 0), group_name)
         where = torch.cat([layout.shard_index(cu, total, world, p) for p in range(world)])
         order = torch.empty_like(where).scatter_(0, where, torch.arange(total, device=where.device))
         ctx.seq_dim, ctx.index = seq_dim, layout.shard_index(cu, total, world, rank)

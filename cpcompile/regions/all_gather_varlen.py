@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..comm import _all_gather, _reduce_scatter, _waited, grad_reduce_dtype
+from ..comm import all_gather_dim0 as _gather
+from ..comm import grad_reduce_dtype
+from ..comm import reduce_scatter_dim0 as _reduce
 from ..layouts.thd import get_packed_layout
 from ..varlen_executor import encode_blocks  # (importing it registers torch.ops.cpcompile.attend_varlen_blocks)
-
-
-def _gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return _waited(_all_gather(x.contiguous(), 0, group_name))
-
-
-def _reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return _waited(_reduce_scatter(x.contiguous(), "sum", 0, group_name))
 
 
 class _GatherAttend(torch.autograd.Function):
