@@ -128,3 +128,12 @@ def ranges_to_cu_seqlens(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     cu_q = torch.cat((torch.stack((qs, qe, q_next), 1).flatten(), qe[-1:]))
     cu_k = torch.cat((torch.stack((ks, ke, ke), 1).flatten(), ke[-1:]))
     return cu_q.int(), cu_k.int()
+
+
+def cpu_support_problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """The device/dtype rule shared by the CPU providers: None when they can run, else why not."""
+    if device.type != "cpu":
+        return f"it runs on CPU tensors only, these are on {device}"
+    if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        return f"it takes floating-point q/k/v, not {dtype}"
+    return None

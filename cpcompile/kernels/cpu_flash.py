@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .base import cpu_support_problem
+
 _aten = torch.ops.aten
 
 
@@ -11,11 +13,7 @@ class CPUFlashKernel:
     name = "cpu_flash"
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
-        if device.type != "cpu":
-            return f"it runs on CPU tensors only, these are on {device}"
-        if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-            return f"it takes floating-point q/k/v, not {dtype}"
-        return None
+        return cpu_support_problem(device, dtype)
 
     def forward(self, q, k, v, causal, scale):
         out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import range_ids
+from .base import cpu_support_problem, range_ids
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -49,11 +49,7 @@ class CPUVarlenReference:
     supports_window = True
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
-        if device.type != "cpu":
-            return f"it runs on CPU tensors only, these are on {device}"
-        if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-            return f"it takes floating-point q/k/v, not {dtype}"
-        return None
+        return cpu_support_problem(device, dtype)
 
     def _probs(self, q, k, ranges, causal, scale, window, lse=None):
         acc = _acc(q.dtype)

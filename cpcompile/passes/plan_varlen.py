@@ -16,7 +16,7 @@ from ..kernels import get_varlen_kernel, resolve_kernel
 from ..layouts.thd import THD_LAYOUTS
 from ..regions import VARLEN_REGIONS
 from .match import AttentionSite
-from .plan import CPConfig, CPPlan
+from .plan import CPConfig, CPPlan, _is_static
 
 CAUSAL_WINDOW, FULL_WINDOW = (-1, 0), (-1, -1)
 
@@ -143,7 +143,7 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
                 f"its {name} has shape {shape}; varlen_attn under CP takes packed (tokens, heads, head_dim)",
                 "call varlen_attn with 3-D packed tensors",
             )
-        if not all(isinstance(s, int) for s in shape):
+        if not _is_static(shape):
             raise site_error(
                 node,
                 f"its {name} has a dynamic shape {shape}; the packed length per rank must be static",
