@@ -15,6 +15,7 @@ from common import DTYPE, HKV, HQ, D
 
 from cpcompile.kernels import get_varlen_kernel
 from cpcompile.layouts.thd import get_packed_layout
+from cpcompile.regions.all_gather_varlen import attend_gathered, attend_gathered_backward
 from cpcompile.varlen_executor import _decode, encode_blocks  # (registers torch.ops.cpcompile.*)
 
 SCALE = 1 / math.sqrt(D)
@@ -49,32 +50,36 @@ def packed(t: int, h: int) -> torch.Tensor:
 
 
 def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
-    """A rank's packed q/dout, its own K/V and the gathered K/V as the region's all-gather delivers them; the
-    blocks are bounded by the longest document, as the region does with varlen_attn's max_q/max_k."""
+    """A rank's packed q/dout, the gathered K/V exactly as the region's all-gather delivers them ((T, 2, Hkv, D),
+    rank-major), the layout's key-buffer index (thd_zigzag) and its block, bounded by the longest document as
+    the region does with varlen_attn's max_q/max_k."""
     total = sum(lengths)
     local = total // cp
-    q, k, v, dout = packed(local, HQ), packed(local, HKV), packed(local, HKV), packed(local, HQ)
+    q, dout = packed(local, HQ), packed(local, HQ)
     gathered = torch.randn(total, 2, HKV, D, device="cuda", dtype=DTYPE)
-    blocks = get_packed_layout(layout).blocks(cu_seqlens(lengths), local, cp, rank, True, max(lengths))
-    spec = encode_blocks(blocks)
-    return q, [k, gathered[:, 0]], [v, gathered[:, 1]], dout, [b.ranges for b in blocks], spec
+    lay, cu = get_packed_layout(layout), cu_seqlens(lengths)
+    blocks = lay.blocks(cu, local, cp, rank, True, max(lengths))
+    key_index = lay.key_index(cu, local, cp, rank, True)
+    return q, gathered, key_index, dout, [b.ranges for b in blocks], encode_blocks(blocks)
 
 
-def region_fn(q, ks, vs, dout, ranges, spec, kernel):
-    ops = torch.ops.cpcompile
+def region_fn(q, gathered, key_index, dout, ranges, spec, kernel):
+    """The region's work between its collectives: the key-buffer copy, the kernel calls, masks, merges (none
+    with one block) and the gradient fold/cast that feeds the reduce-scatter."""
 
     def run():
-        out, lse = ops.attend_varlen_blocks(q, ks, vs, ranges, spec, SCALE, kernel)
-        ops.attend_varlen_blocks_backward(dout, q, ks, vs, out, lse, ranges, spec, SCALE, kernel)
+        out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, SCALE, kernel)
+        attend_gathered_backward(dout, q, keys, out, lse, key_index, gathered.shape[0], ranges, spec, SCALE, kernel)
 
     return run
 
 
-def kernels_only_fn(q, ks, vs, dout, ranges, spec, kernel):
-    """The executor's kernel calls alone: no masking, merging or gradient sums."""
+def kernels_only_fn(q, gathered, key_index, dout, ranges, spec, kernel):
+    """The executor's kernel calls alone, on a ready key buffer: no copy, masking, merging or gradient fold."""
     impl = get_varlen_kernel(kernel)
     blocks = _decode(spec)
-    out, lse = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, ranges, spec, SCALE, kernel)
+    out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, SCALE, kernel)
+    ks, vs = [keys[:, 0]], [keys[:, 1]]
 
     def run():
         for r, (src, causal, mq, mk, window) in zip(ranges, blocks):

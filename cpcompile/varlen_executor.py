@@ -6,8 +6,10 @@ block (source, causal, max_q, max_k, window left, window right; -1 = unbounded).
 tensors computed on device, so documents can change every batch without recompiling or syncing. Rows a
 block does not cover are masked out of the merge (kernels may leave garbage there); rows no block covers get
 out = 0, lse = -inf. The registered backward calls each block's kernel backward with the FINAL out and lse,
-like executor.attend_blocks; the backward op returns gradients in the accumulation dtype (fp32 for bf16) so
-a caller can reduce them before rounding.
+like executor.attend_blocks. A gradient that sums several blocks comes back in the accumulation dtype (fp32
+for bf16) so a caller can reduce it before rounding; one that a single block writes comes back as that
+kernel's backward gives it (`grad_dtype`), with no extra rounding or copy. One block (what the THD layouts
+and a2a run) is the fast path: no merge, only the masks of uncovered rows.
 """
 
 from __future__ import annotations
@@ -41,6 +43,26 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _grad_dtype(impl, dtype: torch.dtype, contributions: int) -> torch.dtype:
+    """The dtype of a gradient that `contributions` blocks of provider `impl` add up."""
+    return impl.grad_dtype(dtype) if contributions == 1 else _acc_dtype(dtype)
+
+
+def _contributions(blocks: list[int], n_sources: int) -> tuple[int, list[int]]:
+    """How many blocks write dq, and each source's dk/dv."""
+    srcs = blocks[::VARLEN_BLOCK_FIELDS]
+    return len(srcs), [srcs.count(i) for i in range(n_sources)]
+
+
+def _masked_into(buf: torch.Tensor, mask: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """`part` where `mask` (rows on dim 0), else 0, written into `buf`: the layout the fake impls promise, in
+    one pass when the dtypes agree (garbage, even NaN, outside the mask never reaches buf)."""
+    mask = mask[:, None, None]
+    if part.dtype == buf.dtype:
+        return torch.where(mask, part, part.new_zeros(()), out=buf)
+    return buf.copy_(part).masked_fill_(~mask, 0)
+
+
 def _covered(ranges: torch.Tensor, tq: int, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(q rows, keys) that belong to a sequence with both queries and keys in this block."""
     qs, qe, ks, ke = ranges
@@ -61,6 +83,12 @@ def attend_varlen_blocks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_varlen_kernel(kernel)
     acc_t = _acc_dtype(q.dtype)
+    if len(ranges) == 1:  # one kernel call: its out and lse are final, up to the rows it does not cover
+        (src, causal, max_q, max_k, window), r = _decode(blocks)[0], ranges[0]
+        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **window)
+        rows, _ = _covered(r, q.shape[0], ks[src].shape[0])
+        out = _masked_into(q.new_empty((*q.shape[:-1], vs[0].shape[-1])), rows, o)
+        return out, torch.where(rows, l.to(acc_t), float("-inf"))
     acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
     for r, (src, causal, max_q, max_k, window) in zip(ranges, _decode(blocks)):
@@ -96,26 +124,38 @@ def attend_varlen_blocks_backward(
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     impl = get_varlen_kernel(kernel)
     acc_t = _acc_dtype(q.dtype)
-    dq = torch.zeros_like(q, dtype=acc_t)
-    dks = [torch.zeros_like(k, dtype=acc_t) for k in ks]
-    dvs = [torch.zeros_like(v, dtype=acc_t) for v in vs]
+    n_dq, n_src = _contributions(blocks, len(ks))
+    dq: torch.Tensor | None = None
+    dks: list[torch.Tensor | None] = [None] * len(ks)
+    dvs: list[torch.Tensor | None] = [None] * len(vs)
     kernel_lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+    def add(total: torch.Tensor | None, like: torch.Tensor, mask: torch.Tensor, part: torch.Tensor, n: int):
+        """The running sum of the masked parts: in the kernel's dtype when `part` is the only one, else fp32."""
+        if total is None:
+            return _masked_into(torch.empty_like(like, dtype=_grad_dtype(impl, q.dtype, n)), mask, part)
+        return total.add_(torch.where(mask[:, None, None], part, 0))  # exact: the sum is fp32 (fp64)
+
     for r, (src, causal, max_q, max_k, window) in zip(ranges, _decode(blocks)):
         dq_b, dk_b, dv_b = impl.backward(
             dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale, **window
         )
         rows, keys = _covered(r, q.shape[0], ks[src].shape[0])
-        dq.add_(torch.where(rows[:, None, None], dq_b, 0))  # exact: the accumulators are fp32 (fp64)
-        dks[src].add_(torch.where(keys[:, None, None], dk_b, 0))
-        dvs[src].add_(torch.where(keys[:, None, None], dv_b, 0))
+        dq = add(dq, q, rows, dq_b, n_dq)
+        dks[src] = add(dks[src], ks[src], keys, dk_b, n_src[src])
+        dvs[src] = add(dvs[src], vs[src], keys, dv_b, n_src[src])
+    dq = torch.zeros_like(q, dtype=acc_t) if dq is None else dq
+    dks = [torch.zeros_like(k, dtype=acc_t) if g is None else g for g, k in zip(dks, ks)]
+    dvs = [torch.zeros_like(v, dtype=acc_t) if g is None else g for g, v in zip(dvs, vs)]
     return dq, dks, dvs
 
 
 @attend_varlen_blocks_backward.register_fake
 def _attend_varlen_blocks_backward_fake(dout, q, ks, vs, out, lse, ranges, blocks, scale, kernel):
-    acc_t = _acc_dtype(q.dtype)
-    like = lambda t: torch.empty_like(t, dtype=acc_t)  # noqa: E731
-    return like(q), [like(k) for k in ks], [like(v) for v in vs]
+    impl = get_varlen_kernel(kernel)
+    n_dq, n_src = _contributions(blocks, len(ks))
+    like = lambda t, n: torch.empty_like(t, dtype=_grad_dtype(impl, q.dtype, n))  # noqa: E731
+    return like(q, n_dq), [like(k, n) for k, n in zip(ks, n_src)], [like(v, n) for v, n in zip(vs, n_src)]
 
 
 def _setup_context(ctx, inputs, output):

@@ -144,9 +144,10 @@ def _thd_cp(q, k, v, dout, cu, *, strategy, causal, comm="all_gather", window=No
     return [out.detach()] + [t.grad for t in leaves]
 
 
-# (strategy, comm, causal, window): all_gather runs thd and thd_zigzag, causal or full; a2a (thd only) adds
-# sliding windows, which reach the kernel as FA2 window_size.
+# (strategy, comm, causal, window): all_gather runs thd and thd_zigzag, causal, full or sliding causal (w, 0);
+# a2a (thd only) adds two-sided windows. Windows reach the kernel as FA2 window_size.
 THD_CASES = [(s, "all_gather", c, None) for s in ("thd", "thd_zigzag") for c in (True, False)]
+THD_CASES += [(s, "all_gather", True, (16, 0)) for s in ("thd", "thd_zigzag")]
 THD_A2A_CASES = [("thd", "a2a", True, None), ("thd", "a2a", True, (16, 0)), ("thd", "a2a", False, (8, 4))]
 
 

@@ -65,14 +65,9 @@ def test_sdpa_refuses_thd_strategies():
     _refused(fn, q, strategy="thd_zigzag", match="packed documents for varlen_attn")
 
 
-def test_sliding_window_is_refused():
-    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(4, 0))  # noqa: E731
-    _refused(fn, *_qkv(), CU, match=r"window_size=\(4, 0\): sliding-window")
-
-
-def test_sliding_window_under_all_gather_points_to_a2a():
+def test_two_sided_window_under_all_gather_points_to_a2a():
     fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(2, 2))  # noqa: E731
-    _refused(fn, *_qkv(), CU, match=r"window_size=\(2, 2\): sliding-window.*Fix: use comm='a2a'")
+    _refused(fn, *_qkv(), CU, match=r"window_size=\(2, 2\): a sliding window that reaches right.*Fix: use comm='a2a'")
 
 
 def test_negative_window_is_refused_under_a2a():

@@ -8,37 +8,44 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpcompile.kernels.base import range_ids, ranges_to_cu_seqlens
-from cpcompile.layouts.thd import GATHERED, LOCAL, THD_LAYOUTS
+from cpcompile.layouts.thd import THD_LAYOUTS
 
 
 def _cu(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
-def _expected_mask(cu: torch.Tensor, causal: bool) -> torch.Tensor:
+def _expected_mask(cu: torch.Tensor, causal: bool, left: int = -1) -> torch.Tensor:
     total = int(cu[-1])
     doc = torch.searchsorted(cu.long(), torch.arange(total), right=True)
     mask = doc[:, None] == doc[None, :]
     if causal:
         mask &= torch.ones(total, total, dtype=torch.bool).tril()
+    if left >= 0:
+        mask &= torch.ones(total, total, dtype=torch.bool).triu(-left)
     return mask
 
 
-def _block_pairs(ranges: torch.Tensor, tq: int, tk: int, causal: bool) -> torch.Tensor:
-    """(tq, tk) int: how often each (q row, key) pair is attended by this block (bottom-right causal)."""
+def _block_pairs(ranges: torch.Tensor, tq: int, tk: int, causal: bool, left: int = -1) -> torch.Tensor:
+    """(tq, tk) int: how often each (q row, key) pair is attended by this block (bottom-right causal, keys at
+    most `left` before the diagonal when left >= 0)."""
     qs, qe, ks, ke = ranges
     counts = torch.zeros(tq, tk, dtype=torch.int64)
     for i in range(qs.numel()):
         for t in range(int(qs[i]), int(qe[i])):
             for j in range(int(ks[i]), int(ke[i])):
                 shift = int(ke[i] - ks[i]) - int(qe[i] - qs[i])
-                if not causal or j - int(ks[i]) <= t - int(qs[i]) + shift:
+                rel = j - int(ks[i]) - (t - int(qs[i]) + shift)  # key position relative to the diagonal
+                if (not causal or rel <= 0) and (left < 0 or rel >= -left):
                     counts[t, j] += 1
     return counts
 
 
-def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool) -> None:
+def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: int = -1) -> None:
+    """Every rank's blocks, read through its key buffer, attend each same-document (causal, windowed) pair of
+    the packed sequence exactly once."""
     layout = THD_LAYOUTS[strategy]
+    window = (left, 0) if left >= 0 else (-1, -1)
     cu = _cu(lengths)
     total = int(cu[-1])
     local = total // cp
@@ -47,15 +54,22 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool) -> None:
     gathered = torch.cat(index)
     got = torch.zeros(total, total, dtype=torch.int64)
     for r in range(cp):
-        for b in layout.blocks(cu, local, cp, r, causal, max(lengths)):  # bounds tightened by the longest doc
-            assert b.causal is False or torch.equal(b.ranges[1] - b.ranges[0], b.ranges[3] - b.ranges[2])
-            assert int((b.ranges[1] - b.ranges[0]).max()) <= b.max_q
-            assert int((b.ranges[3] - b.ranges[2]).max()) <= b.max_k
-            keys = index[r] if b.source == LOCAL else gathered
-            assert b.source in (LOCAL, GATHERED)
-            pairs = _block_pairs(b.ranges, local, keys.numel(), b.causal)
+        key_index = layout.key_index(cu, local, cp, r, causal)
+        keys = gathered if key_index is None else gathered[key_index]
+        blocks = layout.blocks(cu, local, cp, r, causal, max(lengths), window)  # bounds from the longest doc
+        assert len(blocks) == 1, "one kernel call a rank: nothing to merge"
+        for b in blocks:
+            qs, qe, ks, ke = b.ranges
+            assert b.source == 0 and b.window == window
+            assert bool(
+                (qe >= qs).all() and (ke >= ks).all() and (qs[1:] >= qe[:-1]).all() and (ks[1:] >= ke[:-1]).all()
+            )
+            assert int(qe.max()) <= local and int(ke.max()) <= keys.numel()
+            assert int((qe - qs).max()) <= b.max_q and int((ke - ks).max()) <= b.max_k
+            assert not b.causal or bool((ke - ks >= qe - qs).all()), "a causal q range ends its key range"
+            pairs = _block_pairs(b.ranges, local, keys.numel(), b.causal, left)
             got.index_put_((index[r][:, None].expand_as(pairs), keys[None, :].expand_as(pairs)), pairs, True)
-    assert torch.equal(got, _expected_mask(cu, causal).long())
+    assert torch.equal(got, _expected_mask(cu, causal, left).long())
 
 
 @st.composite
@@ -84,10 +98,37 @@ def test_thd_zigzag_blocks_cover_document_mask(case, causal):
     _coverage("thd_zigzag", lengths, cp, causal)
 
 
+@settings(max_examples=10, deadline=None)
+@given(_documents(0), st.integers(0, 5))
+def test_thd_sliding_window_blocks_cover_windowed_mask(case, left):
+    cp, lengths = case
+    _coverage("thd", lengths, cp, True, left)
+
+
+@settings(max_examples=10, deadline=None)
+@given(_documents(2), st.integers(0, 9))
+def test_thd_zigzag_sliding_window_blocks_cover_windowed_mask(case, left):
+    cp, lengths = case
+    _coverage("thd_zigzag", lengths, cp, True, left)
+
+
+def test_thd_zigzag_key_buffer_holds_each_chunk_prefix():
+    """Rank 1 of cp=2 over one 8-token document (chunks of 2): front keys = chunks 0..1, back = chunks 0..2."""
+    layout = THD_LAYOUTS["thd_zigzag"]
+    cu = _cu([8])
+    gathered = torch.cat([layout.shard_index(cu, 8, 2, r) for r in range(2)])
+    keys = gathered[layout.key_index(cu, 4, 2, 1, True)]
+    assert keys.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5]
+    assert gathered[layout.key_index(cu, 4, 2, 1, False)].tolist() == list(range(8))
+
+
 def test_thd_one_token_documents_and_long_spans():
     _coverage("thd", [1, 1, 1, 9, 1, 1, 2], 4, True)  # the 9-token document spans 3+ ranks
     _coverage("thd", [16], 4, True)
     _coverage("thd", [0, 5, 0, 3], 2, True)  # empty documents (padded cu_seqlens) are harmless
+    _coverage("thd_zigzag", [0, 8, 0, 16, 0], 2, True)
+    _coverage("thd_zigzag", [0, 8, 0, 16, 0], 2, False)
+    _coverage("thd", [0, 5, 0, 3], 2, False)
 
 
 @st.composite

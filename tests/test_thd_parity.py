@@ -1,7 +1,8 @@
 """Multi-rank parity of packed documents (varlen_attn under thd / thd_zigzag) against per-document SDPA.
 
 One spawn per world size runs several seeded random document mixes (1-token documents, documents spanning
-3+ ranks, empty padding documents), causal and full, fp64 and bf16, GQA and MHA, outputs and q/k/v grads.
+3+ ranks, empty padding documents), causal, full and sliding causal windows, fp64 and bf16, GQA and MHA,
+outputs and q/k/v grads.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def _sweep(rank, world):
                 key = (strategy, tuple(lengths), causal)
                 results[(*key, "fp64")] = compare_packed(strategy, causal, torch.float64, lengths, seed=i)
         lengths = mixes[-1]
+        for left in (0, 3):  # sliding causal windows (left, 0): the rank's single block carries the window
+            key = (strategy, tuple(lengths), f"window({left}, 0)", "fp64")
+            results[key] = compare_packed(strategy, True, torch.float64, lengths, seed=3, window=(left, 0))
         for causal in (True, False):
             key = (strategy, tuple(lengths), causal, "bf16-mha")
             results[key] = compare_packed(strategy, causal, torch.bfloat16, lengths, heads=(2, 2), seed=7)

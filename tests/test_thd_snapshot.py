@@ -42,7 +42,7 @@ class GraphModule(torch.nn.Module):
         l_k_ = L_k_
         l_v_ = L_v_
         l_cu_ = L_cu_
-        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16)
+        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16, window = (-1, -1))
         out: "f32[8, 2, 4]" = all_gather_varlen_attention[0]
         lse: "f32[2, 8]" = all_gather_varlen_attention[1]
         mul: "f32[8, 2, 4]" = out * 2
@@ -62,14 +62,15 @@ class GraphModule(torch.nn.Module):
         l_k_ = L_k_
         l_v_ = L_v_
         l_cu_ = L_cu_
-        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd_zigzag', causal = False, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16)
+        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd_zigzag', causal = False, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16, window = (-1, -1))
         out: "f32[8, 4, 4]" = all_gather_varlen_attention[0]
         return (out,)
 """,
         )
 
     def test_thd_aot_forward_computes_blocks_on_device(self):
-        """Block ranges come from cu_seqlens by tensor ops (no .item(), no host sync): one gather, two blocks."""
+        """Block ranges come from cu_seqlens by tensor ops (no .item(), no host sync): one gather, one block that
+        reads the gathered buffer itself (thd needs no key copy)."""
         with fake_group(rank=1, world=2):
             fwd, bwd = aot_graphs(causal, *_inputs(cu=(0, 3, 16), requires_grad=True), strategy="thd")
         self.assertExpectedInline(
@@ -78,27 +79,63 @@ class GraphModule(torch.nn.Module):
 class GraphModule(torch.nn.Module):
     def forward(self, primals_1: "f32[8, 2, 4]", primals_2: "f32[8, 2, 4]", primals_3: "f32[8, 2, 4]", primals_4: "i32[3]"):
         _to_copy: "i64[3]" = torch.ops.aten._to_copy.default(primals_4, dtype = torch.int64)
-        sub: "i64[3]" = torch.ops.aten.sub.Tensor(_to_copy, 8)
-        clamp: "i64[3]" = torch.ops.aten.clamp.default(sub, 0, 8)
-        slice_1: "i64[2]" = torch.ops.aten.slice.Tensor(clamp, 0, 0, -1)
-        slice_2: "i64[2]" = torch.ops.aten.slice.Tensor(clamp, 0, 1, 9223372036854775807)
-        stack: "i64[4, 2]" = torch.ops.aten.stack.default([slice_1, slice_2, slice_1, slice_2])
-        clamp_1: "i64[3]" = torch.ops.aten.clamp.default(_to_copy, 0, 8)
-        slice_3: "i64[2]" = torch.ops.aten.slice.Tensor(clamp_1, 0, 0, -1)
-        slice_4: "i64[2]" = torch.ops.aten.slice.Tensor(clamp_1, 0, 1, 9223372036854775807)
-        stack_1: "i64[4, 2]" = torch.ops.aten.stack.default([slice_1, slice_2, slice_3, slice_4])
-        stack_2: "f32[8, 2, 2, 4]" = torch.ops.aten.stack.default([primals_2, primals_3], 1)
-        all_gather_into_tensor: "f32[16, 2, 2, 4]" = torch.ops._c10d_functional.all_gather_into_tensor.default(stack_2, 2, '0')
+        slice_1: "i64[2]" = torch.ops.aten.slice.Tensor(_to_copy, 0, 0, -1)
+        slice_2: "i64[2]" = torch.ops.aten.slice.Tensor(_to_copy, 0, 1, 9223372036854775807)
+        sub: "i64[2]" = torch.ops.aten.sub.Tensor(slice_1, 8)
+        clamp: "i64[2]" = torch.ops.aten.clamp.default(sub, 0, 8)
+        sub_1: "i64[2]" = torch.ops.aten.sub.Tensor(slice_2, 8)
+        clamp_1: "i64[2]" = torch.ops.aten.clamp.default(sub_1, 0, 8)
+        gt: "b8[2]" = torch.ops.aten.gt.Tensor(clamp_1, clamp)
+        clamp_2: "i64[2]" = torch.ops.aten.clamp.default(slice_2, None, 16)
+        where: "i64[2]" = torch.ops.aten.where.self(gt, clamp_2, slice_1)
+        stack: "i64[4, 2]" = torch.ops.aten.stack.default([clamp, clamp_1, slice_1, where])
+        stack_1: "f32[8, 2, 2, 4]" = torch.ops.aten.stack.default([primals_2, primals_3], 1)
+        all_gather_into_tensor: "f32[16, 2, 2, 4]" = torch.ops._c10d_functional.all_gather_into_tensor.default(stack_1, 2, '0')
         wait_tensor: "f32[16, 2, 2, 4]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor)
         select: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor, 1, 0)
         select_1: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor, 1, 1)
-        attend_varlen_blocks = torch.ops.cpcompile.attend_varlen_blocks.default(primals_1, [primals_2, select], [primals_3, select_1], [stack, stack_1], [0, 1, 8, 8, -1, -1, 1, 0, 8, 8, -1, -1], 0.5, 'cpu_varlen_ref')
+        attend_varlen_blocks = torch.ops.cpcompile.attend_varlen_blocks.default(primals_1, [select], [select_1], [stack], [0, 1, 8, 16, -1, -1], 0.5, 'cpu_varlen_ref')
         getitem: "f32[8, 2, 4]" = attend_varlen_blocks[0]
         getitem_1: "f32[2, 8]" = attend_varlen_blocks[1]
         detach: "f32[8, 2, 4]" = torch.ops.aten.detach.default(getitem)
-        return (getitem, primals_1, primals_2, primals_3, stack, stack_1, select, select_1, getitem_1, detach)
+        return (getitem, primals_1, stack, wait_tensor, getitem_1, detach)
 """,
         )
         self.assertEqual(count_ops(fwd, r"all_gather_into_tensor\.default\("), 1)
         self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
         self.assertEqual(count_ops(fwd + bwd, r"\.item\(|_local_scalar_dense"), 0)
+
+    def test_thd_zigzag_aot_backward_folds_the_key_buffer(self):
+        """thd_zigzag copies the gathered K/V into its key buffer (one index_select) and folds the buffer's fp32
+        gradient back with one index_add before the one reduce-scatter."""
+        with fake_group(rank=0, world=2):
+            fwd, bwd = aot_graphs(causal, *_inputs(cu=(0, 4, 16), requires_grad=True), strategy="thd_zigzag")
+        self.assertEqual(count_ops(fwd, r"index_select\.default\("), 1)
+        self.assertEqual(count_ops(fwd, r"attend_varlen_blocks\.default\("), 1)
+        self.assertEqual(count_ops(bwd, r"index_add\.default\("), 1)
+        self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
+        self.assertEqual(count_ops(fwd + bwd, r"\.item\(|_local_scalar_dense"), 0)
+        self.assertExpectedInline(
+            bwd,
+            """\
+class GraphModule(torch.nn.Module):
+    def forward(self, primals_1: "f32[8, 2, 4]", stack_4: "i64[4, 4]", add_6: "i64[20]", index_select: "f32[20, 2, 2, 4]", getitem_1: "f32[2, 8]", detach: "f32[8, 2, 4]", tangents_1: "f32[8, 2, 4]"):
+        detach_1: "f32[8, 2, 4]" = torch.ops.aten.detach.default(detach)
+        select_2: "f32[20, 2, 4]" = torch.ops.aten.select.int(index_select, 1, 0)
+        select_3: "f32[20, 2, 4]" = torch.ops.aten.select.int(index_select, 1, 1)
+        attend_varlen_blocks_backward = torch.ops.cpcompile.attend_varlen_blocks_backward.default(tangents_1, primals_1, [select_2], [select_3], detach_1, getitem_1, [stack_4], [0, 1, 4, 16, -1, -1], 0.5, 'cpu_varlen_ref')
+        getitem_2: "f32[8, 2, 4]" = attend_varlen_blocks_backward[0]
+        getitem_3 = attend_varlen_blocks_backward[1]
+        getitem_5 = attend_varlen_blocks_backward[2]
+        getitem_4: "f32[20, 2, 4]" = getitem_3[0]
+        getitem_6: "f32[20, 2, 4]" = getitem_5[0]
+        stack_6: "f32[20, 2, 2, 4]" = torch.ops.aten.stack.default([getitem_4, getitem_6], 1)
+        new_zeros: "f32[16, 2, 2, 4]" = torch.ops.aten.new_zeros.default(stack_6, [16, 2, 2, 4], pin_memory = False)
+        index_add: "f32[16, 2, 2, 4]" = torch.ops.aten.index_add.default(new_zeros, 0, add_6, stack_6)
+        reduce_scatter_tensor: "f32[8, 2, 2, 4]" = torch.ops._c10d_functional.reduce_scatter_tensor.default(index_add, 'sum', 2, '0')
+        wait_tensor_1: "f32[8, 2, 2, 4]" = torch.ops._c10d_functional.wait_tensor.default(reduce_scatter_tensor)
+        select_4: "f32[8, 2, 4]" = torch.ops.aten.select.int(wait_tensor_1, 1, 0)
+        select_5: "f32[8, 2, 4]" = torch.ops.aten.select.int(wait_tensor_1, 1, 1)
+        return (getitem_2, select_4, select_5, None)
+""",
+        )

@@ -73,6 +73,9 @@ class VarlenAttentionKernel(Protocol):
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """None when this provider can run on `device`/`dtype`, else the reason it cannot."""
 
+    def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype backward returns dq/dk/dv in for inputs of `dtype` (static: graphs are traced with it)."""
+
     def forward(
         self,
         q: torch.Tensor,

@@ -63,6 +63,9 @@ class CPUVarlenReference:
         probs = torch.where(mask, torch.exp(scores - safe[..., None]), 0)
         return probs, lse, qh, kh, groups
 
+    def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return _acc(dtype)  # partial gradients stay in the accumulation dtype
+
     def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1)):
         probs, lse, _, _, groups = self._probs(q, k, ranges, causal, scale, window)
         out = probs @ _heads_first(v, groups, probs.dtype)

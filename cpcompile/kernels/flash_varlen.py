@@ -50,6 +50,9 @@ class FlashVarlenKernel:
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return cuda_half_reason(device, dtype, "FlashAttention-2 varlen")
 
+    def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype  # aten's FA2 backward writes dq/dk/dv in the input dtype
+
     def supports_head_dim(self, head_dim: int) -> str | None:
         if head_dim % 8 != 0 or head_dim > 256:
             return f"FlashAttention-2 varlen needs a head dim that is a multiple of 8 and at most 256, not {head_dim}"

@@ -9,43 +9,41 @@ user-side sharding helpers.
 - thd: rank r owns the contiguous tokens [r*L, (r+1)*L), L = T / cp. Documents of any length.
 - thd_zigzag: every document is cut into 2*cp chunks and rank r owns chunks r and 2*cp-1-r of each, in
   document order (the TE/Megatron layout); every document length must be a multiple of 2*cp.
+
+Under the all-gather region a rank's whole attention is ONE varlen block (no merge): each local q piece of a
+document attends the document's keys up to its own last token, bottom-right causal, in a key buffer where
+those keys are contiguous. For thd that buffer is the all-gather buffer itself (rank-major = global order);
+for thd_zigzag it is a copy (`key_index`) holding, per document, the keys of its front chunk then those of
+its back chunk (chunks 0..r and 0..2cp-1-r, in global order): (2cp+1)/(2cp) of T tokens.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-LOCAL, GATHERED = 0, 1
-"""Block sources: this rank's own K/V, and the all-gather of every rank's K/V (rank-major, T tokens)."""
+NO_WINDOW = (-1, -1)
 
 
 @dataclass(frozen=True)
 class VarlenBlock:
     """One varlen kernel call: `ranges` (4, B) int64 = q rows [0]..[1] of the local q attend keys [2]..[3] of
     the source buffer, per sequence (see kernels.base.VarlenAttentionKernel). `max_q`/`max_k` bound the lengths
-    of the q and k ranges statically; `causal` is a causal square per sequence (equal q and k lengths);
-    `window` (left, right) further limits key j of q row t to t-left <= j <= t+right (-1: unbounded)."""
+    of the q and k ranges statically; `causal` is bottom-right causal per sequence (a q range is the last
+    tokens of its key range); `window` (left, right) further limits key j of q row t to t-left <= j <= t+right
+    (-1: unbounded)."""
 
     source: int
     causal: bool
     ranges: torch.Tensor
     max_q: int
     max_k: int
-    window: tuple[int, int] = (-1, -1)
+    window: tuple[int, int] = NO_WINDOW
 
 
 def _ranges(q0, q1, k0, k1) -> torch.Tensor:
     return torch.stack((q0, q1, k0, k1)).long()
-
-
-def _capped(block: VarlenBlock, max_doc: int | None) -> VarlenBlock:
-    """`block` with its length bounds cut to `max_doc` (every range lies within one document)."""
-    if max_doc is None:
-        return block
-    return dataclasses.replace(block, max_q=min(block.max_q, max_doc), max_k=min(block.max_k, max_doc))
 
 
 def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -53,7 +51,7 @@ def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class PackedLayout:
-    """Base of the THD layouts; subclasses define the total-length rule, sharding and blocks."""
+    """Base of the THD layouts; subclasses define the total-length rule, sharding, key buffer and blocks."""
 
     name: str = ""
     doc_multiple_per_cp: int = 0
@@ -91,21 +89,38 @@ class PackedLayout:
         """Global positions (int64, on cu_seqlens' device) of rank `rank`'s local tokens, in local order."""
         raise NotImplementedError
 
+    def key_index(self, cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool):
+        """Positions in the rank-major all-gather buffer (cp * local_len tokens) of the key buffer the blocks
+        read (int64, static length), or None when they read the all-gather buffer itself."""
+        return None
+
     def blocks(
-        self, cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool, max_doc: int | None = None
+        self,
+        cu_seqlens: torch.Tensor,
+        local_len: int,
+        cp: int,
+        rank: int,
+        causal: bool,
+        max_doc: int | None = None,
+        window: tuple[int, int] = NO_WINDOW,
     ) -> list[VarlenBlock]:
-        """Rank `rank`'s attention as varlen blocks over its local and the gathered K/V: every (q row, key)
-        pair of the same document (and causal by global position when `causal`) exactly once. `max_doc`, when
-        given, bounds every document's length (the varlen_attn call's max_q/max_k): the blocks' max_q/max_k
-        are then at most what a document that long can put in one range (smaller kernel grids)."""
+        """Rank `rank`'s attention as varlen blocks over the key buffer (source 0, see `key_index`): every
+        (q row, key) pair of the same document (causal by global position when `causal`, within `window` when
+        given: only (left, 0) causal windows) exactly once. `max_doc`, when given, bounds every document's
+        length (varlen_attn's max_q/max_k) and so the blocks' max_q/max_k (smaller kernel grids)."""
         raise NotImplementedError
 
     def device_check(self, cu_seqlens: torch.Tensor, cp: int) -> None:
         """Data-dependent rules asserted on device inside the region (no host sync); none by default."""
 
 
+def _bound(n: int, max_doc: int | None) -> int:
+    return n if max_doc is None else min(n, max_doc)
+
+
 class ThdLayout(PackedLayout):
-    """Contiguous chunks of the packed buffer; a document piece sees its own earlier tokens on other ranks."""
+    """Contiguous chunks of the packed buffer: a document piece attends its document's keys up to its last
+    token, which the rank-major all-gather buffer already holds contiguously (no copy, one block)."""
 
     name = "thd"
 
@@ -113,23 +128,17 @@ class ThdLayout(PackedLayout):
         local = total // cp
         return torch.arange(rank * local, (rank + 1) * local, device=cu_seqlens.device)
 
-    def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None):
-        return [_capped(b, max_doc) for b in self._blocks(cu_seqlens, local_len, cp, rank, causal)]
-
-    def _blocks(self, cu_seqlens, local_len, cp, rank, causal):
+    def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None, window=NO_WINDOW):
         cu = cu_seqlens.long()
-        lo, total = rank * local_len, cp * local_len
-        piece = (cu - lo).clamp(0, local_len)  # document pieces in local coordinates (empty when elsewhere)
-        q0, q1 = piece[:-1], piece[1:]
-        if not causal:
-            keys = cu.clamp(0, total)
-            return [VarlenBlock(GATHERED, False, _ranges(q0, q1, keys[:-1], keys[1:]), local_len, total)]
-        out = [VarlenBlock(LOCAL, True, _ranges(q0, q1, q0, q1), local_len, local_len)]
-        if rank > 0:
-            # Only the document that crosses position lo has earlier tokens: keys [doc start, lo) of the gather.
-            earlier = cu.clamp(0, lo)
-            out.append(VarlenBlock(GATHERED, False, _ranges(q0, q1, earlier[:-1], earlier[1:]), local_len, lo))
-        return out
+        lo, hi = rank * local_len, (rank + 1) * local_len
+        start, end = cu[:-1], cu[1:]
+        q0, q1 = (start - lo).clamp(0, local_len), (end - lo).clamp(0, local_len)  # pieces, local coordinates
+        here = q1 > q0
+        # keys of a document with a piece here: its start .. its last local token (causal) or its end; other
+        # documents get an empty key range at their start, so the ranges stay in increasing order
+        k1 = torch.where(here, end.clamp(max=hi) if causal else end, start)
+        bounds = (_bound(local_len, max_doc), _bound(hi if causal else cp * local_len, max_doc))
+        return [VarlenBlock(0, causal, _ranges(q0, q1, start, k1), *bounds, window)]
 
 
 class ThdZigzagLayout(PackedLayout):
@@ -145,6 +154,11 @@ class ThdZigzagLayout(PackedLayout):
         start = cu[:-1] // cp
         return start, start + chunk, cu[1:] // cp, chunk
 
+    def _key_chunks(self, cp: int, rank: int, causal: bool) -> tuple[int, ...]:
+        """Per document, the key buffer's segments as counts of leading chunks: the front chunk's keys (chunks
+        0..r) then the back chunk's (0..2cp-1-r) when causal, else the whole document once."""
+        return (rank + 1, 2 * cp - rank) if causal else (2 * cp,)
+
     def shard_index(self, cu_seqlens, total, cp, rank):
         cu = cu_seqlens.long()
         start, mid, _, chunk = self._local_docs(cu, cp)
@@ -153,31 +167,34 @@ class ThdZigzagLayout(PackedLayout):
         off, c, s = j - start[doc], chunk[doc], cu[:-1][doc]
         return torch.where(off < c, s + rank * c + off, s + (2 * cp - 1 - rank) * c + (off - c))
 
-    def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None):
-        start, mid, end, _ = self._local_docs(cu_seqlens, cp)
-        # ranges of one chunk of a document, and of two (a whole local document): at most these many tokens
-        one, two = local_len // 2, local_len
-        if max_doc is not None:
-            one, two = min(one, max_doc // (2 * cp)), min(two, 2 * (max_doc // (2 * cp)))
-        if not causal:
-            out = [VarlenBlock(LOCAL, False, _ranges(start, end, start, end), two, two)]
-            for p in range(cp):
-                if p != rank:
-                    at = p * local_len
-                    out.append(VarlenBlock(GATHERED, False, _ranges(start, end, at + start, at + end), two, two))
-            return out
-        chunks0, chunks1 = _interleave(start, mid), _interleave(mid, end)  # front and back chunks as sequences
-        out = [
-            VarlenBlock(LOCAL, True, _ranges(chunks0, chunks1, chunks0, chunks1), one, one),
-            VarlenBlock(LOCAL, False, _ranges(mid, end, start, mid), one, one),  # back chunk sees own front
-        ]
-        for p in range(cp):
-            at = p * local_len
-            if p < rank:  # rank p's front chunk (chunk p) precedes both local chunks
-                out.append(VarlenBlock(GATHERED, False, _ranges(start, end, at + start, at + mid), two, one))
-            elif p > rank:  # both of rank p's chunks (p and 2cp-1-p) precede only the local back chunk
-                out.append(VarlenBlock(GATHERED, False, _ranges(mid, end, at + start, at + end), one, two))
-        return out
+    def key_index(self, cu_seqlens, local_len, cp, rank, causal):
+        cu = cu_seqlens.long()
+        start, _, _, chunk = self._local_docs(cu, cp)
+        segments = self._key_chunks(cp, rank, causal)
+        per_doc = sum(segments)  # chunks per document in the key buffer
+        cu_chunks = cu // (2 * cp)  # document offsets in chunk units
+        i = torch.arange(local_len // 2 * per_doc, device=cu.device)
+        doc = (torch.searchsorted(cu_chunks * per_doc, i, right=True) - 1).clamp(0, chunk.numel() - 1)
+        c = chunk[doc].clamp(min=1)
+        off = i - cu_chunks[doc] * per_doc  # offset in the document's key-buffer segments
+        if len(segments) == 2:  # past the front segment: restart the chunk count for the back segment
+            off = torch.where(off >= segments[0] * c, off - segments[0] * c, off)
+        j, t = off // c, off % c  # global chunk of the document, token in it
+        owner = torch.where(j < cp, j, 2 * cp - 1 - j)
+        return owner * local_len + start[doc] + torch.where(j < cp, 0, c) + t
+
+    def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None, window=NO_WINDOW):
+        start, mid, end, chunk = self._local_docs(cu_seqlens, cp)
+        segments = self._key_chunks(cp, rank, causal)
+        at = (cu_seqlens.long()[:-1] // (2 * cp)) * sum(segments)  # each document's key-buffer offset
+        one = _bound(local_len // 2, None if max_doc is None else max_doc // (2 * cp))  # one chunk, at most
+        if not causal:  # both local chunks of a document against the whole document, unmasked
+            ranges = _ranges(start, end, at, at + 2 * cp * chunk)
+            return [VarlenBlock(0, False, ranges, 2 * one, 2 * cp * one, window)]
+        front_keys = at + segments[0] * chunk
+        q0, q1 = _interleave(start, mid), _interleave(mid, end)
+        k0, k1 = _interleave(at, front_keys), _interleave(front_keys, front_keys + segments[1] * chunk)
+        return [VarlenBlock(0, True, _ranges(q0, q1, k0, k1), one, segments[1] * one, window)]
 
     def device_check(self, cu_seqlens: torch.Tensor, cp: int) -> None:
         """Assert on device (no host sync) that every document length is a multiple of 2*cp."""
@@ -189,7 +206,7 @@ class ThdZigzagLayout(PackedLayout):
 
 
 def whole_sequence_blocks(
-    cu_seqlens: torch.Tensor, total: int, causal: bool, window: tuple[int, int] = (-1, -1)
+    cu_seqlens: torch.Tensor, total: int, causal: bool, window: tuple[int, int] = NO_WINDOW
 ) -> list[VarlenBlock]:
     """The blocks of cp=1 (what a2a runs after the exchange): every document against itself, in one block
     over the packed buffer of `total` tokens in global order (source 0), causal and windowed as asked."""

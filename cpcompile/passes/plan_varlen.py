@@ -26,7 +26,7 @@ class VarlenPlan(CPPlan):
     """A CPPlan for a varlen site: cu_seqlens is a region input, plus the window and whether lse is read."""
 
     window: tuple[int, int] = (-1, -1)
-    """Sliding-window limits on top of `causal` (a2a only; (-1, -1): none)."""
+    """Sliding-window limits on top of `causal` ((-1, -1): none; under all_gather only causal (left, 0))."""
     return_lse: bool = True
     """Whether the graph reads the lse output (a2a sends it back only then)."""
     max_doc: int | None = None
@@ -41,7 +41,7 @@ class VarlenPlan(CPPlan):
     def region_kwargs(self) -> dict:
         extra = dict(window=self.window, return_lse=self.return_lse) if self.comm == "a2a" else {}
         if self.comm == "all_gather":
-            extra = dict(max_doc=self.max_doc)
+            extra = dict(max_doc=self.max_doc, window=self.window)
         return {**super().region_kwargs(), **extra}
 
 
@@ -54,8 +54,9 @@ def _window(site: AttentionSite) -> tuple | None:
 
 
 def _mask(site: AttentionSite, comm: str) -> tuple[bool, tuple[int, int]]:
-    """(causal, extra window) from window_size / is_causal: (-1, 0) causal, (-1, -1) full; under a2a also any
-    flash-attn window (left, right), e.g. (w, 0) sliding causal, which after the exchange is a cp=1 mask."""
+    """(causal, extra window) from window_size / is_causal: (-1, 0) causal, (-1, -1) full, (w, 0) sliding causal
+    (a rank's q pieces end their key ranges under all_gather, so the bottom-right window is right); under a2a
+    any flash-attn window (left, right), which after the exchange is a cp=1 mask."""
     node, window, is_causal = site.node, _window(site), site.is_causal
     if window is None or not isinstance(is_causal, (bool, int)) or isinstance(is_causal, torch.fx.Node):
         raise site_error(
@@ -69,14 +70,14 @@ def _mask(site: AttentionSite, comm: str) -> tuple[bool, tuple[int, int]]:
             f"window_size={window}: each side must be a token count >= 0 or -1 (unbounded)",
             "pass window_size=(left, right), e.g. (-1, 0) causal or (w, 0) sliding causal",
         )
-    if window not in (CAUSAL_WINDOW, FULL_WINDOW) and comm != "a2a":
+    causal = bool(is_causal) or window[1] == 0
+    if not causal and window != FULL_WINDOW and comm != "a2a":
         raise site_error(
             node,
-            f"window_size={window}: sliding-window attention is not supported by the all-gather THD region "
-            "(only causal (-1, 0) and full (-1, -1) attention within each document)",
-            "use comm='a2a' (strategy='thd') for sliding windows, or window_size=(-1, 0) / (-1, -1)",
+            f"window_size={window}: a sliding window that reaches right of the diagonal is not supported by the "
+            "all-gather THD region (causal (-1, 0), sliding causal (w, 0) and full (-1, -1) are)",
+            "use comm='a2a' (strategy='thd') for two-sided windows, or a causal window (w, 0)",
         )
-    causal = bool(is_causal) or window[1] == 0
     left, right = window
     return causal, (left, -1 if causal else right)
 
