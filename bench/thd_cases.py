@@ -15,9 +15,10 @@ from common import DTYPE, HKV, HQ, D
 
 from cpcompile.kernels import get_varlen_kernel
 from cpcompile.layouts.thd import get_packed_layout
-from cpcompile.regions.all_gather_varlen import attend_gathered, attend_gathered_backward
+from cpcompile.regions.all_gather_varlen import fold_key_grads, read_keys
 from cpcompile.varlen_executor import _decode, encode_blocks  # (registers torch.ops.cpcompile.*)
 
+torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
 SCALE = 1 / math.sqrt(D)
 UNIT = 16
 MIXES = {"docs-median-1K": (1024, 1.5), "docs-median-8K": (8192, 1.0)}
@@ -59,27 +60,37 @@ def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
     gathered = torch.randn(total, 2, HKV, D, device="cuda", dtype=DTYPE)
     lay, cu = get_packed_layout(layout), cu_seqlens(lengths)
     blocks = lay.blocks(cu, local, cp, rank, True, max(lengths))
-    key_index = lay.key_index(cu, local, cp, rank, True)
-    return q, gathered, key_index, dout, [b.ranges for b in blocks], encode_blocks(blocks)
+    key_index, key_fold = lay.key_index(cu, local, cp, rank, True), lay.key_fold(cu, local, cp, rank, True)
+    return q, gathered, (key_index, key_fold), dout, [b.ranges for b in blocks], encode_blocks(blocks)
 
 
-def region_fn(q, gathered, key_index, dout, ranges, spec, kernel):
-    """The region's work between its collectives: the key-buffer copy, the kernel calls, masks, merges (none
-    with one block) and the gradient fold/cast that feeds the reduce-scatter."""
+_fold = torch.compile(fold_key_grads, fullgraph=True)
+"""Inductor-compiled, as in the region's backward graph under the default backend (one fused kernel)."""
+
+
+def region_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
+    """The region's work between its collectives, in its order: the key-buffer copy, the executor ops (kernel
+    call, masks; nothing to merge with one block) and the gradient fold/cast that feeds the reduce-scatter."""
+    key_index, key_fold = key_maps
+    ops = torch.ops.cpcompile
 
     def run():
-        out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, SCALE, kernel)
-        attend_gathered_backward(dout, q, keys, out, lse, key_index, gathered.shape[0], ranges, spec, SCALE, kernel)
+        keys = read_keys(gathered, key_index)
+        ks, vs = [keys[:, 0]], [keys[:, 1]]
+        out, lse = ops.attend_varlen_blocks(q, ks, vs, ranges, spec, SCALE, kernel)
+        _, (dk,), (dv,) = ops.attend_varlen_blocks_backward(dout, q, ks, vs, out, lse, ranges, spec, SCALE, kernel)
+        _fold(dk, dv, key_fold)
 
     return run
 
 
-def kernels_only_fn(q, gathered, key_index, dout, ranges, spec, kernel):
+def kernels_only_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     """The executor's kernel calls alone, on a ready key buffer: no copy, masking, merging or gradient fold."""
     impl = get_varlen_kernel(kernel)
     blocks = _decode(spec)
-    out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, SCALE, kernel)
+    keys = read_keys(gathered, key_maps[0])
     ks, vs = [keys[:, 0]], [keys[:, 1]]
+    out, lse = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, ranges, spec, SCALE, kernel)
 
     def run():
         for r, (src, causal, mq, mk, window) in zip(ranges, blocks):

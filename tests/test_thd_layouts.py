@@ -41,6 +41,18 @@ def _block_pairs(ranges: torch.Tensor, tq: int, tk: int, causal: bool, left: int
     return counts
 
 
+def _check_fold(fold: torch.Tensor | None, key_index: torch.Tensor | None, total: int) -> None:
+    """key_fold inverts key_index: every key-buffer position is listed once, under the token it copies."""
+    if key_index is None:
+        assert fold is None
+        return
+    assert fold.shape[1] == total
+    listed = fold[fold >= 0]
+    assert torch.equal(listed.sort().values, torch.arange(key_index.numel())), "each copy folded exactly once"
+    tokens = torch.arange(total).expand_as(fold)[fold >= 0]
+    assert torch.equal(key_index[listed], tokens), "a copy is folded onto the token it holds"
+
+
 def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: int = -1) -> None:
     """Every rank's blocks, read through its key buffer, attend each same-document (causal, windowed) pair of
     the packed sequence exactly once."""
@@ -56,6 +68,7 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
     for r in range(cp):
         key_index = layout.key_index(cu, local, cp, r, causal)
         keys = gathered if key_index is None else gathered[key_index]
+        _check_fold(layout.key_fold(cu, local, cp, r, causal), key_index, total)
         blocks = layout.blocks(cu, local, cp, r, causal, max(lengths), window)  # bounds from the longest doc
         assert len(blocks) == 1, "one kernel call a rank: nothing to merge"
         for b in blocks:

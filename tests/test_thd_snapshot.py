@@ -106,20 +106,21 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(count_ops(fwd + bwd, r"\.item\(|_local_scalar_dense"), 0)
 
     def test_thd_zigzag_aot_backward_folds_the_key_buffer(self):
-        """thd_zigzag copies the gathered K/V into its key buffer (one index_select) and folds the buffer's fp32
-        gradient back with one index_add before the one reduce-scatter."""
+        """thd_zigzag copies the gathered K/V into its key buffer (one index_select) and folds the buffer's
+        gradient back by a gather over each token's copies (no scatter-add), in fp32, before the one reduce-scatter."""
         with fake_group(rank=0, world=2):
             fwd, bwd = aot_graphs(causal, *_inputs(cu=(0, 4, 16), requires_grad=True), strategy="thd_zigzag")
         self.assertEqual(count_ops(fwd, r"index_select\.default\("), 1)
         self.assertEqual(count_ops(fwd, r"attend_varlen_blocks\.default\("), 1)
-        self.assertEqual(count_ops(bwd, r"index_add\.default\("), 1)
+        self.assertEqual(count_ops(bwd, r"aten\.(index_add|scatter|scatter_add|index_put)[_.]"), 0)
+        self.assertEqual(count_ops(bwd, r"aten\.index\.Tensor\("), 1)
         self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
         self.assertEqual(count_ops(fwd + bwd, r"\.item\(|_local_scalar_dense"), 0)
         self.assertExpectedInline(
             bwd,
             """\
 class GraphModule(torch.nn.Module):
-    def forward(self, primals_1: "f32[8, 2, 4]", stack_4: "i64[4, 4]", add_6: "i64[20]", index_select: "f32[20, 2, 2, 4]", getitem_1: "f32[2, 8]", detach: "f32[8, 2, 4]", tangents_1: "f32[8, 2, 4]"):
+    def forward(self, primals_1: "f32[8, 2, 4]", stack_4: "i64[4, 4]", index_put: "i64[32]", index_select: "f32[20, 2, 2, 4]", getitem_1: "f32[2, 8]", detach: "f32[8, 2, 4]", tangents_1: "f32[8, 2, 4]"):
         detach_1: "f32[8, 2, 4]" = torch.ops.aten.detach.default(detach)
         select_2: "f32[20, 2, 4]" = torch.ops.aten.select.int(index_select, 1, 0)
         select_3: "f32[20, 2, 4]" = torch.ops.aten.select.int(index_select, 1, 1)
@@ -130,9 +131,17 @@ class GraphModule(torch.nn.Module):
         getitem_4: "f32[20, 2, 4]" = getitem_3[0]
         getitem_6: "f32[20, 2, 4]" = getitem_5[0]
         stack_6: "f32[20, 2, 2, 4]" = torch.ops.aten.stack.default([getitem_4, getitem_6], 1)
-        new_zeros: "f32[16, 2, 2, 4]" = torch.ops.aten.new_zeros.default(stack_6, [16, 2, 2, 4], pin_memory = False)
-        index_add: "f32[16, 2, 2, 4]" = torch.ops.aten.index_add.default(new_zeros, 0, add_6, stack_6)
-        reduce_scatter_tensor: "f32[8, 2, 2, 4]" = torch.ops._c10d_functional.reduce_scatter_tensor.default(index_add, 'sum', 2, '0')
+        view_5: "i64[2, 16]" = torch.ops.aten.view.default(index_put, [2, 16])
+        clamp_4: "i64[2, 16]" = torch.ops.aten.clamp.default(view_5, 0)
+        index_6: "f32[2, 16, 2, 2, 4]" = torch.ops.aten.index.Tensor(stack_6, [clamp_4])
+        ge_2: "b8[2, 16]" = torch.ops.aten.ge.Scalar(view_5, 0)
+        unsqueeze: "b8[2, 16, 1]" = torch.ops.aten.unsqueeze.default(ge_2, 2)
+        unsqueeze_1: "b8[2, 16, 1, 1]" = torch.ops.aten.unsqueeze.default(unsqueeze, 3)
+        unsqueeze_2: "b8[2, 16, 1, 1, 1]" = torch.ops.aten.unsqueeze.default(unsqueeze_1, 4)
+        scalar_tensor_2: "f32[]" = torch.ops.aten.scalar_tensor.default(0, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
+        where_4: "f32[2, 16, 2, 2, 4]" = torch.ops.aten.where.self(unsqueeze_2, index_6, scalar_tensor_2)
+        sum_1: "f32[16, 2, 2, 4]" = torch.ops.aten.sum.dim_IntList(where_4, [0])
+        reduce_scatter_tensor: "f32[8, 2, 2, 4]" = torch.ops._c10d_functional.reduce_scatter_tensor.default(sum_1, 'sum', 2, '0')
         wait_tensor_1: "f32[8, 2, 2, 4]" = torch.ops._c10d_functional.wait_tensor.default(reduce_scatter_tensor)
         select_4: "f32[8, 2, 4]" = torch.ops.aten.select.int(wait_tensor_1, 1, 0)
         select_5: "f32[8, 2, 4]" = torch.ops.aten.select.int(wait_tensor_1, 1, 1)

@@ -94,6 +94,12 @@ class PackedLayout:
         read (int64, static length), or None when they read the all-gather buffer itself."""
         return None
 
+    def key_fold(self, cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool):
+        """The inverse of `key_index` for the backward: (copies, cp * local_len) int64, entry [c, p] = the key
+        buffer position of the c-th copy of gathered token p, or -1 (fewer copies, or not read). A gather, not
+        a scatter-add: no atomics, deterministic. None when there is no key buffer."""
+        return None
+
     def blocks(
         self,
         cu_seqlens: torch.Tensor,
@@ -168,6 +174,17 @@ class ThdZigzagLayout(PackedLayout):
         return torch.where(off < c, s + rank * c + off, s + (2 * cp - 1 - rank) * c + (off - c))
 
     def key_index(self, cu_seqlens, local_len, cp, rank, causal):
+        return self._key_buffer(cu_seqlens, local_len, cp, rank, causal)[0]
+
+    def key_fold(self, cu_seqlens, local_len, cp, rank, causal):
+        index, segment = self._key_buffer(cu_seqlens, local_len, cp, rank, causal)
+        copies, total = len(self._key_chunks(cp, rank, causal)), cp * local_len
+        fold = torch.full((copies * total,), -1, dtype=torch.int64, device=index.device)
+        position = torch.arange(index.numel(), device=index.device)
+        return fold.index_put_((segment * total + index,), position).view(copies, total)  # unique targets
+
+    def _key_buffer(self, cu_seqlens, local_len, cp, rank, causal):
+        """(key_index, the segment (copy) each key-buffer position belongs to)."""
         cu = cu_seqlens.long()
         start, _, _, chunk = self._local_docs(cu, cp)
         segments = self._key_chunks(cp, rank, causal)
@@ -177,11 +194,13 @@ class ThdZigzagLayout(PackedLayout):
         doc = (torch.searchsorted(cu_chunks * per_doc, i, right=True) - 1).clamp(0, chunk.numel() - 1)
         c = chunk[doc].clamp(min=1)
         off = i - cu_chunks[doc] * per_doc  # offset in the document's key-buffer segments
+        segment = torch.zeros_like(off)
         if len(segments) == 2:  # past the front segment: restart the chunk count for the back segment
-            off = torch.where(off >= segments[0] * c, off - segments[0] * c, off)
+            segment = (off >= segments[0] * c).long()
+            off = off - segment * segments[0] * c
         j, t = off // c, off % c  # global chunk of the document, token in it
         owner = torch.where(j < cp, j, 2 * cp - 1 - j)
-        return owner * local_len + start[doc] + torch.where(j < cp, 0, c) + t
+        return owner * local_len + start[doc] + torch.where(j < cp, 0, c) + t, segment
 
     def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None, window=NO_WINDOW):
         start, mid, end, chunk = self._local_docs(cu_seqlens, cp)

@@ -2,7 +2,8 @@
 
 One all-gather of K/V, then one varlen kernel call a rank (layouts.thd): nothing to merge. thd reads the
 gathered buffer as it is; thd_zigzag first copies it into its key buffer (each document's front-chunk keys,
-then its back-chunk keys) and folds that buffer's gradient back in fp32 before the reduce-scatter.
+then its back-chunk keys) and folds that buffer's gradient back in fp32 before the reduce-scatter (a gather
+over each token's copies, `layouts.thd.PackedLayout.key_fold`).
 """
 
 from __future__ import annotations
@@ -16,27 +17,38 @@ from ..layouts.thd import NO_WINDOW, get_packed_layout
 from ..varlen_executor import encode_blocks  # (importing it registers torch.ops.cpcompile.attend_varlen_blocks)
 
 
+def read_keys(gathered: torch.Tensor, key_index: torch.Tensor | None) -> torch.Tensor:
+    """The key buffer the block reads: the gathered (T, 2, Hkv, D) K/V itself, or its copy through key_index."""
+    return gathered if key_index is None else gathered.index_select(0, key_index)
+
+
+def fold_key_grads(dk: torch.Tensor, dv: torch.Tensor, key_fold: torch.Tensor | None) -> torch.Tensor:
+    """The key buffer's dK/dV as the gathered buffer's (T, 2, Hkv, D) gradient in the reduce dtype: a gather
+    over each token's copies (layouts.thd.PackedLayout.key_fold; a key held twice gets both parts, summed in
+    fp32). In the region's backward graph Inductor fuses the stack, gather, sum and cast into one kernel."""
+    dkeys = torch.stack((dk, dv), dim=1)
+    acc = grad_reduce_dtype(dk.dtype)
+    if key_fold is None:
+        return dkeys.to(acc)
+    parts = dkeys[key_fold.clamp(min=0)].to(acc)  # (copies, T, 2, Hkv, D)
+    return torch.where((key_fold >= 0)[..., None, None, None], parts, 0).sum(0)
+
+
 def attend_gathered(q, gathered, key_index, ranges, spec, scale, kernel):
-    """(out, lse, keys) of the rank's blocks over the gathered (T, 2, Hkv, D) K/V, read through `key_index`
-    (None: as gathered). No communication: the single-GPU benchmark times this and `attend_gathered_backward`."""
-    keys = gathered if key_index is None else gathered.index_select(0, key_index)
+    """(out, lse, keys) of the rank's block over the gathered K/V (no communication)."""
+    keys = read_keys(gathered, key_index)
     out, lse = torch.ops.cpcompile.attend_varlen_blocks(
         q, [keys[:, 0]], [keys[:, 1]], list(ranges), spec, scale, kernel
     )
     return out, lse, keys
 
 
-def attend_gathered_backward(dout, q, keys, out, lse, key_index, total, ranges, spec, scale, kernel):
-    """(dq, d(gathered) in the reduce dtype): the kernels' gradient of the key buffer, folded back onto the
-    gathered buffer's `total` tokens (a key the buffer holds twice gets both parts, summed in fp32)."""
+def attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, spec, scale, kernel):
+    """(dq, the gathered buffer's gradient in the reduce dtype), no communication."""
     dq, (dk,), (dv,) = torch.ops.cpcompile.attend_varlen_blocks_backward(
         dout.contiguous(), q, [keys[:, 0]], [keys[:, 1]], out, lse, list(ranges), spec, scale, kernel
     )
-    acc = grad_reduce_dtype(keys.dtype)
-    dkeys = torch.stack((dk, dv), dim=1).to(acc)
-    if key_index is not None:
-        dkeys = dkeys.new_zeros((total, *dkeys.shape[1:])).index_add_(0, key_index, dkeys)
-    return dq, dkeys
+    return dq, fold_key_grads(dk, dv, key_fold)
 
 
 class _GatherAttend(torch.autograd.Function):
@@ -44,26 +56,24 @@ class _GatherAttend(torch.autograd.Function):
     the K/V gradient in fp32 from the kernel through the reduce-scatter and rounds once."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_index, spec, scale, kernel, group_name, *ranges):
+    def forward(ctx, q, k, v, key_index, key_fold, spec, scale, kernel, group_name, *ranges):
         if k.shape != v.shape or k.dtype != v.dtype:
             raise NotImplementedError("the planner refuses K and V of different shapes or dtypes")
         gathered = _gather(torch.stack((k, v), dim=1), group_name)  # (T, 2, Hkv, D)
         out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, scale, kernel)
-        ctx.save_for_backward(q, keys, out, lse, key_index, *ranges)
+        ctx.save_for_backward(q, keys, out, lse, key_fold, *ranges)
         ctx.spec, ctx.scale, ctx.kernel, ctx.group_name = spec, scale, kernel, group_name
-        ctx.total, ctx.reorder = gathered.shape[0], key_index is not None
+        ctx.reorder = key_fold is not None
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, keys, out, lse, key_index, *ranges = ctx.saved_tensors
-        key_index = key_index if ctx.reorder else None
-        dq, dkeys = attend_gathered_backward(
-            dout, q, keys, out, lse, key_index, ctx.total, ranges, ctx.spec, ctx.scale, ctx.kernel
-        )
+        q, keys, out, lse, key_fold, *ranges = ctx.saved_tensors
+        key_fold = key_fold if ctx.reorder else None
+        dq, dkeys = attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, ctx.spec, ctx.scale, ctx.kernel)
         dkv = _reduce(dkeys, ctx.group_name).to(keys.dtype)  # (L, 2, Hkv, D): this rank's K/V gradient
-        return (dq.to(q.dtype), dkv[:, 0], dkv[:, 1], None, None, None, None, None, *([None] * len(ranges)))
+        return (dq.to(q.dtype), dkv[:, 0], dkv[:, 1], *([None] * (6 + len(ranges))))
 
 
 def all_gather_varlen_attention(
@@ -96,7 +106,8 @@ def all_gather_varlen_attention(
     local = q.shape[0]
     blocks = lay.blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
     key_index = lay.key_index(cu_seqlens, local, world, rank, causal)
-    spec = encode_blocks(blocks)
-    out, lse = _GatherAttend.apply(q, k, v, key_index, spec, scale, kernel, group_name, *[b.ranges for b in blocks])
+    key_fold = lay.key_fold(cu_seqlens, local, world, rank, causal)
+    spec, ranges = encode_blocks(blocks), [b.ranges for b in blocks]
+    out, lse = _GatherAttend.apply(q, k, v, key_index, key_fold, spec, scale, kernel, group_name, *ranges)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state
