@@ -1,15 +1,18 @@
 """The varlen block executor: one custom op that runs a rank's varlen blocks and merges them by log-sum-exp.
 
 `cpcompile::attend_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel)`: q (Tq, Hq, D) packed tokens,
-sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base) and six ints per
-block (source, causal, max_q, max_k, window left, window right; -1 = unbounded). Block metadata lives in
-tensors computed on device, so documents can change every batch without recompiling or syncing. Rows a
-block does not cover are masked out of the merge (kernels may leave garbage there); rows no block covers get
-out = 0, lse = -inf. The registered backward calls each block's kernel backward with the FINAL out and lse,
-like executor.attend_blocks. A gradient that sums several blocks comes back in the accumulation dtype (fp32
-for bf16) so a caller can reduce it before rounding; one that a single block writes comes back as that
-kernel's backward gives it (`grad_dtype`), with no extra rounding or copy. One block (what the THD layouts
-and a2a run) is the fast path: no merge, only the masks of uncovered rows.
+sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base) and eight ints per
+block (source, causal, max_q, max_k, window left, window right (-1 = unbounded), covers rows, covers keys).
+Block metadata lives in tensors computed on device, so documents can change every batch without recompiling
+or syncing. Rows a block does not cover are masked out of the merge (kernels may leave garbage there); rows no
+block covers get out = 0, lse = -inf. The registered backward calls each block's kernel backward with the FINAL
+out and lse, like executor.attend_blocks. A gradient that sums several blocks comes back in the accumulation
+dtype (fp32 for bf16) so a caller can reduce it before rounding; one that a single block writes comes back as
+that kernel's backward gives it (`grad_dtype`), with no extra rounding. Every returned tensor is contiguous.
+
+One block (what the THD layouts and a2a run) is the fast path: no merge, and no mask where the layout vouches
+that the block covers every q row with at least one key (`covers_rows`) or every key (`covers_keys`); the
+kernel's buffers are then returned as they are.
 """
 
 from __future__ import annotations
@@ -19,24 +22,36 @@ import torch
 from .kernels import get_varlen_kernel
 from .kernels.base import range_ids
 
-VARLEN_BLOCK_FIELDS = 6
+VARLEN_BLOCK_FIELDS = 8
 NO_WINDOW = (-1, -1)
 
 
 def encode_blocks(blocks) -> list[int]:
-    """The executor's int list for layouts.thd.VarlenBlock-like blocks (source, causal, max_q, max_k, window)."""
-    return [i for b in blocks for i in (b.source, int(b.causal), b.max_q, b.max_k, *b.window)]
+    """The executor's int list for layouts.thd.VarlenBlock-like blocks."""
+    return [
+        i
+        for b in blocks
+        for i in (b.source, int(b.causal), b.max_q, b.max_k, *b.window, int(b.covers_rows), int(b.covers_keys))
+    ]
+
+
+def _fields(blocks: list[int]) -> list[list[int]]:
+    return [blocks[i : i + VARLEN_BLOCK_FIELDS] for i in range(0, len(blocks), VARLEN_BLOCK_FIELDS)]
 
 
 def _decode(blocks: list[int]) -> list[tuple[int, bool, int, int, dict]]:
     """Per block: source, causal, max_q, max_k and the kernel's window kwargs (none without a window, so
     providers without sliding-window support keep their plain signature)."""
-    it = [blocks[i : i + VARLEN_BLOCK_FIELDS] for i in range(0, len(blocks), VARLEN_BLOCK_FIELDS)]
     out = []
-    for src, causal, mq, mk, left, right in it:
+    for src, causal, mq, mk, left, right, _, _ in _fields(blocks):
         window = {} if (left, right) == NO_WINDOW else {"window": (left, right)}
         out.append((src, bool(causal), mq, mk, window))
     return out
+
+
+def _covers(blocks: list[int]) -> list[tuple[bool, bool]]:
+    """Per block: (covers every q row, covers every key of its source)."""
+    return [(bool(f[6]), bool(f[7])) for f in _fields(blocks)]
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -50,15 +65,20 @@ def _grad_dtype(impl, dtype: torch.dtype, contributions: int) -> torch.dtype:
 
 def _contributions(blocks: list[int], n_sources: int) -> tuple[int, list[int]]:
     """How many blocks write dq, and each source's dk/dv."""
-    srcs = blocks[::VARLEN_BLOCK_FIELDS]
+    srcs = [f[0] for f in _fields(blocks)]
     return len(srcs), [srcs.count(i) for i in range(n_sources)]
 
 
-def _masked_into(buf: torch.Tensor, mask: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-    """`part` where `mask` (rows on dim 0), else 0, written into `buf`: the layout the fake impls promise, in
-    one pass when the dtypes agree (garbage, even NaN, outside the mask never reaches buf)."""
+def _as_returned(part: torch.Tensor, dtype: torch.dtype, mask: torch.Tensor | None) -> torch.Tensor:
+    """`part` where `mask` (rows on dim 0; None: everywhere), else 0, contiguous in `dtype`: the kernel's own
+    buffer when nothing needs doing, else one pass (garbage, even NaN, outside the mask never gets through)."""
+    if mask is None and part.dtype == dtype and part.is_contiguous():
+        return part
+    buf = part.new_empty(part.shape, dtype=dtype)
+    if mask is None:
+        return buf.copy_(part)
     mask = mask[:, None, None]
-    if part.dtype == buf.dtype:
+    if part.dtype == dtype:
         return torch.where(mask, part, part.new_zeros(()), out=buf)
     return buf.copy_(part).masked_fill_(~mask, 0)
 
@@ -86,9 +106,10 @@ def attend_varlen_blocks(
     if len(ranges) == 1:  # one kernel call: its out and lse are final, up to the rows it does not cover
         (src, causal, max_q, max_k, window), r = _decode(blocks)[0], ranges[0]
         o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **window)
+        if _covers(blocks)[0][0]:
+            return _as_returned(o, q.dtype, None), _as_returned(l, acc_t, None)
         rows, _ = _covered(r, q.shape[0], ks[src].shape[0])
-        out = _masked_into(q.new_empty((*q.shape[:-1], vs[0].shape[-1])), rows, o)
-        return out, torch.where(rows, l.to(acc_t), float("-inf"))
+        return _as_returned(o, q.dtype, rows), torch.where(rows, l.to(acc_t), float("-inf"))
     acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
     for r, (src, causal, max_q, max_k, window) in zip(ranges, _decode(blocks)):
@@ -130,23 +151,24 @@ def attend_varlen_blocks_backward(
     dvs: list[torch.Tensor | None] = [None] * len(vs)
     kernel_lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
-    def add(total: torch.Tensor | None, like: torch.Tensor, mask: torch.Tensor, part: torch.Tensor, n: int):
+    def add(total: torch.Tensor | None, part: torch.Tensor, mask: torch.Tensor | None, n: int) -> torch.Tensor:
         """The running sum of the masked parts: in the kernel's dtype when `part` is the only one, else fp32."""
         if total is None:
-            return _masked_into(torch.empty_like(like, dtype=_grad_dtype(impl, q.dtype, n)), mask, part)
-        return total.add_(torch.where(mask[:, None, None], part, 0))  # exact: the sum is fp32 (fp64)
+            return _as_returned(part, _grad_dtype(impl, q.dtype, n), mask)
+        return total.add_(part if mask is None else torch.where(mask[:, None, None], part, 0))  # fp32 (fp64) sum
 
-    for r, (src, causal, max_q, max_k, window) in zip(ranges, _decode(blocks)):
+    for r, (src, causal, max_q, max_k, window), (all_rows, all_keys) in zip(ranges, _decode(blocks), _covers(blocks)):
         dq_b, dk_b, dv_b = impl.backward(
             dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale, **window
         )
-        rows, keys = _covered(r, q.shape[0], ks[src].shape[0])
-        dq = add(dq, q, rows, dq_b, n_dq)
-        dks[src] = add(dks[src], ks[src], keys, dk_b, n_src[src])
-        dvs[src] = add(dvs[src], vs[src], keys, dv_b, n_src[src])
-    dq = torch.zeros_like(q, dtype=acc_t) if dq is None else dq
-    dks = [torch.zeros_like(k, dtype=acc_t) if g is None else g for g, k in zip(dks, ks)]
-    dvs = [torch.zeros_like(v, dtype=acc_t) if g is None else g for g, v in zip(dvs, vs)]
+        rows, keys = _covered(r, q.shape[0], ks[src].shape[0]) if not (all_rows and all_keys) else (None, None)
+        rows, keys = (None if all_rows else rows), (None if all_keys else keys)
+        dq = add(dq, dq_b, rows, n_dq)
+        dks[src] = add(dks[src], dk_b, keys, n_src[src])
+        dvs[src] = add(dvs[src], dv_b, keys, n_src[src])
+    dq = q.new_zeros(q.shape, dtype=acc_t) if dq is None else dq
+    dks = [k.new_zeros(k.shape, dtype=acc_t) if g is None else g for g, k in zip(dks, ks)]
+    dvs = [v.new_zeros(v.shape, dtype=acc_t) if g is None else g for g, v in zip(dvs, vs)]
     return dq, dks, dvs
 
 
@@ -154,7 +176,7 @@ def attend_varlen_blocks_backward(
 def _attend_varlen_blocks_backward_fake(dout, q, ks, vs, out, lse, ranges, blocks, scale, kernel):
     impl = get_varlen_kernel(kernel)
     n_dq, n_src = _contributions(blocks, len(ks))
-    like = lambda t, n: torch.empty_like(t, dtype=_grad_dtype(impl, q.dtype, n))  # noqa: E731
+    like = lambda t, n: t.new_empty(t.shape, dtype=_grad_dtype(impl, q.dtype, n))  # noqa: E731  (contiguous)
     return like(q, n_dq), [like(k, n) for k, n in zip(ks, n_src)], [like(v, n) for v, n in zip(vs, n_src)]
 
 

@@ -205,3 +205,26 @@ def test_gpu_thd_parity(world, cases):
     )
     failures = [f for fs, _ in per_rank for f in fs]
     assert not failures, "\n".join(failures)
+
+
+def test_flash_varlen_backward_zero_fills_unseen_keys():
+    """The executor skips key masks for blocks that vouch every key lies in a range (`covers_keys`), trusting the
+    provider to write 0 for keys of a range that no row sees. Poison the allocator with NaN, then check that FA2
+    varlen writes exact zeros there (window + bottom-right: the first keys of each range are out of reach)."""
+    from cpcompile.kernels import get_varlen_kernel
+
+    impl = get_varlen_kernel("flash_varlen")
+    tq, tk, h, d = 64, 256, 4, 64
+    for _ in range(3):  # leave NaN-filled blocks of the needed sizes in the caching allocator
+        torch.full((8 * tk * h * d,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    q, do = (torch.randn(tq, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(tk, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ranges = torch.tensor([[0, 32], [32, 64], [0, 128], [128, 256]], device="cuda")  # q 32 rows vs 128 keys, twice
+    out, lse = impl.forward(q, k, v, ranges, 32, 128, True, 0.125, window=(8, 0))
+    torch.full((8 * tk * h * d,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison again, freed at once
+    _, dk, dv = impl.backward(do, q, k, v, out, lse, ranges, 32, 128, True, 0.125, window=(8, 0))
+    unseen = torch.cat((torch.arange(0, 128 - 32 - 8), torch.arange(128, 256 - 32 - 8))).cuda()
+    assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert dk[unseen].abs().max().item() == 0 and dv[unseen].abs().max().item() == 0
+    seen = torch.arange(128 - 32, 128).cuda()
+    assert dk[seen].abs().max().item() > 0

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpcompile.kernels.base import range_ids, ranges_to_cu_seqlens
-from cpcompile.layouts.thd import THD_LAYOUTS
+from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
 
 
 def _cu(lengths: list[int]) -> torch.Tensor:
@@ -81,6 +81,13 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
             assert int((qe - qs).max()) <= b.max_q and int((ke - ks).max()) <= b.max_k
             assert not b.causal or bool((ke - ks >= qe - qs).all()), "a causal q range ends its key range"
             pairs = _block_pairs(b.ranges, local, keys.numel(), b.causal, left)
+            if b.covers_rows:  # the executor then skips the row masks: every row must see a key
+                assert bool((pairs.sum(1) > 0).all()), "a block that covers its rows left a row without keys"
+            if b.covers_keys:  # ... and the key masks: every key must lie in a range
+                in_range = torch.zeros(keys.numel(), dtype=torch.bool)
+                for a, z in zip(ks.tolist(), ke.tolist()):
+                    in_range[a:z] = True
+                assert bool(in_range.all()), "a block that covers its keys left a key outside every range"
             got.index_put_((index[r][:, None].expand_as(pairs), keys[None, :].expand_as(pairs)), pairs, True)
     assert torch.equal(got, _expected_mask(cu, causal, left).long())
 
@@ -170,3 +177,17 @@ def test_ranges_to_cu_seqlens_keeps_the_mask(case, causal):
 def test_range_ids():
     ids = range_ids(torch.tensor([1, 4, 4]), torch.tensor([3, 4, 6]), 7)
     assert ids.tolist() == [-1, 0, 0, -1, 2, 2, -1]
+
+
+@settings(max_examples=20, deadline=None)
+@given(_documents(0), st.booleans(), st.integers(-1, 4), st.integers(-1, 4))
+def test_whole_sequence_block_covers_what_it_claims(case, causal, left, right):
+    """a2a's cp=1 block: every row sees at least one key (its diagonal) under any window, every key is in a range."""
+    _, lengths = case
+    cu = _cu([0, *lengths, 0])  # empty documents at both ends, as padded cu_seqlens give
+    total = int(cu[-1])
+    (b,) = whole_sequence_blocks(cu, total, causal, (left, right))
+    assert b.covers_rows and b.covers_keys
+    assert bool((_block_pairs(b.ranges, total, total, causal, left if right in (-1, 0) else -1).sum(1) > 0).all())
+    qs, qe, ks, ke = b.ranges
+    assert int(ks[0]) == 0 and int(ke[-1]) == total and bool((ks[1:] == ke[:-1]).all())

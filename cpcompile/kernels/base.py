@@ -48,9 +48,9 @@ class VarlenAttentionKernel(Protocol):
     cu_seqlens that FA2/cuDNN-style kernels take. k/v may be strided views (e.g. of an all-gather buffer).
 
     causal: within each sequence, key j is visible to q row t iff (j - k_start) <= (t - q_start) + (k_len -
-    q_len), i.e. BOTTOM-RIGHT aligned (flash-attn's convention). cpcompile issues causal blocks only with
-    q_len == k_len per sequence, where top-left and bottom-right alignment coincide, so either kind of kernel
-    is correct. Non-causal: no mask inside a sequence.
+    q_len), i.e. BOTTOM-RIGHT aligned (flash-attn's convention): the all-gather THD layouts issue causal
+    sequences whose q rows are the LAST q_len tokens of their key range (q_len <= k_len), so a provider must
+    implement bottom-right alignment. Non-causal: no mask inside a sequence.
 
     window (left, right), a keyword passed only when the block has one (providers that set
     `supports_window = True`; the planner refuses windows for the others): on top of the above, key j is
@@ -58,13 +58,15 @@ class VarlenAttentionKernel(Protocol):
     unbounded when -1 (flash-attn's window_size on the same bottom-right diagonal).
 
     Returns out (Tq, Hq, Dv) in q's dtype or wider and lse (Hq, Tq) (the log-sum-exp of the scaled scores,
-    flash varlen's layout) in fp32 (fp64 for fp64 inputs). Rows that are in no sequence, or whose sequence
-    has no keys, may hold anything (even NaN/inf): the executor masks them out. GQA: Hkv divides Hq, q head
-    h uses kv head h // (Hq // Hkv).
+    flash varlen's layout) in fp32 (fp64 for fp64 inputs). Every row of a sequence that sees a key must be
+    written; rows in no sequence, or that see no key, may hold anything (even NaN/inf): the executor masks
+    them unless the block vouches that there are none (`covers_rows`). GQA: Hkv divides Hq, q head h uses kv
+    head h // (Hq // Hkv).
 
     backward gets the FINAL merged out and lse of every q row (ring-attention identity) and returns (dq, dk,
-    dv) shaped like q, k, v, in their dtype or wider (the executor accumulates across blocks in fp32); rows/keys
-    outside every range may hold anything (the executor masks them).
+    dv) shaped like q, k, v, in `grad_dtype` (the executor sums several blocks in fp32). Every key inside a
+    sequence's key range gets a written gradient, 0 where no row sees it (window, causal); rows/keys outside
+    every range may hold anything (the executor masks them unless the block vouches that there are none).
     """
 
     name: str

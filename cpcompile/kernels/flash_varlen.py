@@ -5,7 +5,9 @@ sequence, LSE (Hq, Tq) fp32, any row strides with a unit last dim (so K/V can be
 Block ranges become adjacent cu_seqlens (`adjacent_cu_seqlens`, device ops, no host sync); the static
 `max_q`/`max_k` bounds size the grid (ceil(max/128) tiles x sequences x heads, most of them empty and cheap but
 not free: the layouts keep the bounds tight). FA2 leaves rows of no sequence unwritten and writes lse = +inf
-for rows whose sequence has no keys: the varlen executor masks both (kernels/base.VarlenAttentionKernel).
+for rows whose sequence has no keys: the varlen executor masks both unless a block vouches that every row
+sees a key (kernels/base.VarlenAttentionKernel). Backward writes dK/dV for every key of every sequence,
+zeros where no row sees it (FA2 zero-fills key blocks its loop over q blocks skips, incl. empty q sides).
 """
 
 from __future__ import annotations

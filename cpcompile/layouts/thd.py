@@ -32,7 +32,9 @@ class VarlenBlock:
     the source buffer, per sequence (see kernels.base.VarlenAttentionKernel). `max_q`/`max_k` bound the lengths
     of the q and k ranges statically; `causal` is bottom-right causal per sequence (a q range is the last
     tokens of its key range); `window` (left, right) further limits key j of q row t to t-left <= j <= t+right
-    (-1: unbounded)."""
+    (-1: unbounded). `covers_rows`: every q row lies in a range and sees at least one key; `covers_keys`: every
+    key of the source lies in a range. What a layout vouches for here the executor does not mask (checked by
+    tests/test_thd_layouts.py for every layout)."""
 
     source: int
     causal: bool
@@ -40,6 +42,8 @@ class VarlenBlock:
     max_q: int
     max_k: int
     window: tuple[int, int] = NO_WINDOW
+    covers_rows: bool = False
+    covers_keys: bool = False
 
 
 def _ranges(q0, q1, k0, k1) -> torch.Tensor:
@@ -144,7 +148,8 @@ class ThdLayout(PackedLayout):
         # documents get an empty key range at their start, so the ranges stay in increasing order
         k1 = torch.where(here, end.clamp(max=hi) if causal else end, start)
         bounds = (_bound(local_len, max_doc), _bound(hi if causal else cp * local_len, max_doc))
-        return [VarlenBlock(0, causal, _ranges(q0, q1, start, k1), *bounds, window)]
+        # every local token is in a piece and sees itself; keys of documents with no piece here are not read
+        return [VarlenBlock(0, causal, _ranges(q0, q1, start, k1), *bounds, window, covers_rows=True)]
 
 
 class ThdZigzagLayout(PackedLayout):
@@ -207,13 +212,14 @@ class ThdZigzagLayout(PackedLayout):
         segments = self._key_chunks(cp, rank, causal)
         at = (cu_seqlens.long()[:-1] // (2 * cp)) * sum(segments)  # each document's key-buffer offset
         one = _bound(local_len // 2, None if max_doc is None else max_doc // (2 * cp))  # one chunk, at most
+        full = dict(covers_rows=True, covers_keys=True)  # the key buffer is exactly the ranges' keys
         if not causal:  # both local chunks of a document against the whole document, unmasked
             ranges = _ranges(start, end, at, at + 2 * cp * chunk)
-            return [VarlenBlock(0, False, ranges, 2 * one, 2 * cp * one, window)]
+            return [VarlenBlock(0, False, ranges, 2 * one, 2 * cp * one, window, **full)]
         front_keys = at + segments[0] * chunk
         q0, q1 = _interleave(start, mid), _interleave(mid, end)
         k0, k1 = _interleave(at, front_keys), _interleave(front_keys, front_keys + segments[1] * chunk)
-        return [VarlenBlock(0, True, _ranges(q0, q1, k0, k1), one, segments[1] * one, window)]
+        return [VarlenBlock(0, True, _ranges(q0, q1, k0, k1), one, segments[1] * one, window, **full)]
 
     def device_check(self, cu_seqlens: torch.Tensor, cp: int) -> None:
         """Assert on device (no host sync) that every document length is a multiple of 2*cp."""
@@ -230,7 +236,9 @@ def whole_sequence_blocks(
     """The blocks of cp=1 (what a2a runs after the exchange): every document against itself, in one block
     over the packed buffer of `total` tokens in global order (source 0), causal and windowed as asked."""
     cu = cu_seqlens.long()
-    return [VarlenBlock(0, causal, _ranges(cu[:-1], cu[1:], cu[:-1], cu[1:]), total, total, window)]
+    ranges = _ranges(cu[:-1], cu[1:], cu[:-1], cu[1:])
+    # documents tile [0, total) and every row sees its own position (the window's diagonal), whatever the mask
+    return [VarlenBlock(0, causal, ranges, total, total, window, covers_rows=True, covers_keys=True)]
 
 
 THD_LAYOUTS: dict[str, PackedLayout] = {"thd": ThdLayout(), "thd_zigzag": ThdZigzagLayout()}
