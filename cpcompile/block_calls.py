@@ -52,21 +52,6 @@ def plan_calls(blocks: Sequence[BlockTuple], batch: int) -> list[Call]:
     return sorted(calls, key=lambda c: c.members[0])
 
 
-def coalesce_unmasked(calls: Sequence[Call]) -> list[tuple[Call, ...]]:
-    """Group single-block unmasked calls that share their q rows (zigzag's late chunk against two gathered
-    slots): the backward runs each group as ONE call over the concatenated keys, so the rows' dq is the sum
-    of fewer partials, each rounded to the input dtype by the kernel (3 -> 2 for a late chunk). Other calls
-    stay alone. Order: by first member."""
-    groups: dict[tuple[int, int], list[Call]] = {}
-    alone: list[tuple[Call, ...]] = []
-    for c in calls:
-        if len(c.members) == 1 and not c.causal:
-            groups.setdefault((c.q_start, c.q_len), []).append(c)
-        else:
-            alone.append((c,))
-    return sorted([*alone, *(tuple(g) for g in groups.values())], key=lambda g: g[0].members[0])
-
-
 def batched_rows(t: torch.Tensor, start: int, step: int, length: int, count: int, dim: int) -> torch.Tensor:
     """Rows [start + i*step, start + i*step + length) of `t` (batch 1) along `dim`, as a new leading batch dim
     of size `count` (a strided view; with count 1, simply the narrowed rows)."""

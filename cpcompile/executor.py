@@ -5,9 +5,7 @@ layouts.Block, encoded as six ints each; sources are ks/vs, then the slots of pa
 provider, same-shaped blocks batched into one call (block_calls), and merges partial outputs by LSE in fp32
 registers (merge). Its registered backward calls each block's kernel backward with the FINAL output and LSE,
 which yields the exact partial gradients (the ring-attention identity), and sums them per row segment,
-rounding once; autograd never differentiates through the merge. The backward runs the unmasked blocks of one
-q range as one call over their concatenated keys (block_calls.coalesce_unmasked): kernels round dq to the
-input dtype, so fewer partials per row is a more exact dq, for one copy of those keys.
+rounding once; autograd never differentiates through the merge.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from functools import lru_cache
 
 import torch
 
-from .block_calls import Call, batched_rows, coalesce_unmasked, plan_calls, segments
+from .block_calls import Call, batched_rows, plan_calls, segments
 from .kernels import get_kernel
 from .merge import acc_dtype, merge_outputs, sum_into
 
@@ -52,11 +50,6 @@ def _q_view(t: torch.Tensor, c: Call, dim: int = -2) -> torch.Tensor:
 
 def _kv_view(t: torch.Tensor, c: Call) -> torch.Tensor:
     return batched_rows(t, c.kv_start, c.kv_step, c.kv_len, len(c.members), -2)
-
-
-def _kv_cat(views: list[torch.Tensor]) -> torch.Tensor:
-    """Keys (or values) of a coalesced backward call: the one view as it is, several concatenated (one copy)."""
-    return views[0] if len(views) == 1 else torch.cat(views, dim=-2)
 
 
 def _unbatch(t: torch.Tensor, c: Call) -> list[torch.Tensor]:
@@ -134,22 +127,17 @@ def attend_blocks_backward(
     dq_pieces: list[tuple[int, int, torch.Tensor]] = []
     dk_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in ks]
     dv_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in vs]
-    for group in coalesce_unmasked(calls):
-        c = group[0]
-        k_c = _kv_cat([_kv_view(ks[g.source], g) for g in group])
-        v_c = _kv_cat([_kv_view(vs[g.source], g) for g in group])
-        q_view = (_q_view(dout, c), _q_view(q, c))
-        dq_c, dk_c, dv_c = impl.backward(*q_view, k_c, v_c, _q_view(out, c), _q_view(lse_k, c, dim=-1), c.causal, scale)
-        if len(group) > 1:  # one q range against concatenated keys: split dK/dV back into the blocks' pieces
-            q0, qn = decoded[c.members[0]][:2]
-            dq_pieces.append((q0, qn, dq_c))
-            at = 0
-            for g in group:
-                _, _, src, k0, kn, _ = decoded[g.members[0]]
-                dk_pieces[src].append((k0, kn, dk_c.narrow(-2, at, kn)))
-                dv_pieces[src].append((k0, kn, dv_c.narrow(-2, at, kn)))
-                at += kn
-            continue
+    for c in calls:
+        dq_c, dk_c, dv_c = impl.backward(
+            _q_view(dout, c),
+            _q_view(q, c),
+            _kv_view(ks[c.source], c),
+            _kv_view(vs[c.source], c),
+            _q_view(out, c),
+            _q_view(lse_k, c, dim=-1),
+            c.causal,
+            scale,
+        )
         for i, dq_i, dk_i, dv_i in zip(c.members, _unbatch(dq_c, c), _unbatch(dk_c, c), _unbatch(dv_c, c)):
             q0, qn, src, k0, kn, _ = decoded[i]
             dq_pieces.append((q0, qn, dq_i))

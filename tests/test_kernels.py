@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from cpcompile import CPCompileError
-from cpcompile.block_calls import batched_rows, coalesce_unmasked, plan_calls, segments
+from cpcompile.block_calls import batched_rows, plan_calls, segments
 from cpcompile.kernels import PROVIDERS, resolve_kernel
 from cpcompile.layouts import get_layout
 from cpcompile.merge import merge_outputs, sum_into
@@ -55,25 +55,6 @@ def test_zigzag_causal_squares_run_as_one_batched_call():
         assert len(squares) == 1 and squares[0].members == causal_blocks and squares[0].q_step == 16
         assert sorted(i for c in calls for i in c.members) == list(range(len(blocks)))
         assert all(len(c.members) == 1 for c in plan_calls(blocks, batch=2))
-
-
-def test_backward_runs_every_zigzag_chunk_as_at_most_two_calls():
-    """Coalescing the late chunk's two unmasked blocks (slot 1 whole, slot 2 after this rank) leaves every q row
-    with two backward partials: the causal square and one call over the concatenated keys."""
-    cp, chunk = 4, 16
-    for rank in range(cp):
-        blocks = [tuple(b.as_ints()) for b in get_layout("zigzag").blocks(cp, rank, chunk, True)]
-        groups = coalesce_unmasked(plan_calls(blocks, batch=1))
-        assert sorted(i for g in groups for c in g for i in c.members) == list(range(len(blocks)))
-        for row in range(0, 2 * chunk, chunk):
-            touching = [
-                g
-                for g in groups
-                if any(blocks[i][0] <= row < blocks[i][0] + blocks[i][1] for c in g for i in c.members)
-            ]
-            assert len(touching) <= 2, (rank, row, touching)
-        late = [g for g in groups if not g[0].causal and g[0].q_start == chunk]
-        assert len(late) == 1 and len(late[0]) == (2 if rank < cp - 1 else 1)
 
 
 def test_batched_rows_is_a_view_of_the_right_rows():

@@ -1,0 +1,65 @@
+"""Where a zigzag rank's bf16 dq error comes from (GPU, one process, executor ops called directly).
+
+Rank `--rank` of cp=`--cp` over the GPU test's gqa-b2 shape and seed: per local chunk (early, late), the max
+|dq - fp64| of cpcompile's blocks on cuDNN against single-GPU bf16 SDPA (the bf16 rule's baseline) and the
+rule's allowed error. Prints one line a chunk; nothing is written. Log: bench/results/logs/dq_error_probe_h200.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import cpcompile.executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from cpcompile.layouts import get_layout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cp", type=int, default=4)
+    ap.add_argument("--rank", type=int, default=1)
+    ap.add_argument("--shape", default="2,4,2,384,128")
+    ap.add_argument("--seed", type=int, default=7, help="tests/test_gpu.py's seed")
+    args = ap.parse_args()
+    b, hq, hkv, s, d = (int(x) for x in args.shape.split(","))
+    g = torch.Generator().manual_seed(args.seed)
+    q = torch.randn(b, hq, s, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, hkv, s, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, hkv, s, d, generator=g, dtype=torch.float64)
+    dout = torch.randn(b, hq, s, d, generator=g, dtype=torch.float64)
+
+    def full(dtype):
+        leaves = [t.to("cuda", dtype).requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True)
+        out.backward(dout.to("cuda", dtype))
+        return leaves[0].grad.double().cpu()
+
+    exact, low = full(torch.float64), full(torch.bfloat16)
+    lay = get_layout("zigzag")
+    chunk = s // lay.num_chunks(args.cp)
+    idx = lay.shard_index(s, args.cp, args.rank)
+    bf = lambda t: t.to("cuda", torch.bfloat16)  # noqa: E731
+    ks, vs = [bf(k[:, :, idx])], [bf(v[:, :, idx])]
+    for slot in range(lay.chunks_per_rank):
+        gi = torch.cat([torch.arange(c * chunk, (c + 1) * chunk) for c in lay.source_chunks(slot, args.cp)])
+        ks.append(bf(k[:, :, gi]))
+        vs.append(bf(v[:, :, gi]))
+    blocks = [i for blk in lay.blocks(args.cp, args.rank, chunk, True) for i in blk.as_ints()]
+    ql, dl = bf(q[:, :, idx]), bf(dout[:, :, idx])
+    ops = torch.ops.cpcompile
+    out, lse = ops.attend_blocks(ql, ks, vs, blocks, d**-0.5, "cudnn")
+    results = {"cpcompile": ops.attend_blocks_backward(dl, ql, ks, vs, out, lse, blocks, d**-0.5, "cudnn")[0]}
+    results = {n: r.double().cpu() for n, r in results.items()}
+    ref, base = exact[:, :, idx], low[:, :, idx]
+    for i, c in enumerate(lay.rank_chunks(args.rank, args.cp)):
+        rows = slice(i * chunk, (i + 1) * chunk)
+        errs = {n: (r[:, :, rows] - ref[:, :, rows]).abs().max().item() for n, r in results.items()}
+        base_err = (base[:, :, rows] - ref[:, :, rows]).abs().max().item()
+        print(f"rank {args.rank} chunk {c}: baseline {base_err:.4g} allowed {2 * base_err + 2e-3:.4g} " +
+              " ".join(f"{n} {e:.4g}" for n, e in errs.items()))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
