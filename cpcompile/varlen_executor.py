@@ -40,12 +40,15 @@ def _fields(blocks: list[int]) -> list[list[int]]:
 
 
 def _decode(blocks: list[int]) -> list[tuple[int, bool, int, int, dict]]:
-    """Per block: source, causal, max_q, max_k and the kernel's window kwargs (none without a window, so
-    providers without sliding-window support keep their plain signature)."""
+    """Per block: source, causal, max_q, max_k and the kernel's keyword arguments: `window` only with a window
+    (providers without sliding windows keep their plain signature), `tiled` only when the block covers every
+    row and every key (its ranges then tile both buffers: cu_seqlens without gap sequences)."""
     out = []
-    for src, causal, mq, mk, left, right, _, _ in _fields(blocks):
-        window = {} if (left, right) == NO_WINDOW else {"window": (left, right)}
-        out.append((src, bool(causal), mq, mk, window))
+    for src, causal, mq, mk, left, right, rows, keys in _fields(blocks):
+        kwargs = {} if (left, right) == NO_WINDOW else {"window": (left, right)}
+        if rows and keys:
+            kwargs["tiled"] = True
+        out.append((src, bool(causal), mq, mk, kwargs))
     return out
 
 
@@ -104,16 +107,16 @@ def attend_varlen_blocks(
     impl = get_varlen_kernel(kernel)
     acc_t = _acc_dtype(q.dtype)
     if len(ranges) == 1:  # one kernel call: its out and lse are final, up to the rows it does not cover
-        (src, causal, max_q, max_k, window), r = _decode(blocks)[0], ranges[0]
-        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **window)
+        (src, causal, max_q, max_k, kw), r = _decode(blocks)[0], ranges[0]
+        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **kw)
         if _covers(blocks)[0][0]:
             return _as_returned(o, q.dtype, None), _as_returned(l, acc_t, None)
         rows, _ = _covered(r, q.shape[0], ks[src].shape[0])
         return _as_returned(o, q.dtype, rows), torch.where(rows, l.to(acc_t), float("-inf"))
     acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
-    for r, (src, causal, max_q, max_k, window) in zip(ranges, _decode(blocks)):
-        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **window)
+    for r, (src, causal, max_q, max_k, kw) in zip(ranges, _decode(blocks)):
+        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **kw)
         rows, _ = _covered(r, q.shape[0], ks[src].shape[0])
         l = torch.where(rows, l.to(acc_t), float("-inf"))
         merged = torch.logaddexp(lse, l)
@@ -157,9 +160,9 @@ def attend_varlen_blocks_backward(
             return _as_returned(part, _grad_dtype(impl, q.dtype, n), mask)
         return total.add_(part if mask is None else torch.where(mask[:, None, None], part, 0))  # fp32 (fp64) sum
 
-    for r, (src, causal, max_q, max_k, window), (all_rows, all_keys) in zip(ranges, _decode(blocks), _covers(blocks)):
+    for r, (src, causal, max_q, max_k, kw), (all_rows, all_keys) in zip(ranges, _decode(blocks), _covers(blocks)):
         dq_b, dk_b, dv_b = impl.backward(
-            dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale, **window
+            dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale, **kw
         )
         rows, keys = _covered(r, q.shape[0], ks[src].shape[0]) if not (all_rows and all_keys) else (None, None)
         rows, keys = (None if all_rows else rows), (None if all_keys else keys)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpcompile.kernels.base import range_ids, ranges_to_cu_seqlens
+from cpcompile.kernels.flash_varlen import tiled_cu_seqlens
 from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
 
 
@@ -88,6 +89,10 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
                 for a, z in zip(ks.tolist(), ke.tolist()):
                     in_range[a:z] = True
                 assert bool(in_range.all()), "a block that covers its keys left a key outside every range"
+            if b.covers_rows and b.covers_keys:  # the executor passes tiled=True: cu_seqlens without gaps
+                cu_q, cu_k = tiled_cu_seqlens(b.ranges)
+                assert torch.equal(torch.stack((cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])).long(), b.ranges)
+                assert int(cu_q[0]) == int(cu_k[0]) == 0 and int(cu_q[-1]) == local and int(cu_k[-1]) == keys.numel()
             got.index_put_((index[r][:, None].expand_as(pairs), keys[None, :].expand_as(pairs)), pairs, True)
     assert torch.equal(got, _expected_mask(cu, causal, left).long())
 

@@ -57,6 +57,9 @@ class VarlenAttentionKernel(Protocol):
     visible to q row t iff -left <= (j - k_start) - (t - q_start) - (k_len - q_len) <= right, each side
     unbounded when -1 (flash-attn's window_size on the same bottom-right diagonal).
 
+    tiled=True (a keyword, passed only then) promises that the ranges tile both buffers: each range starts where
+    the previous one ends, the first at 0, the last ending at Tq / Tk (so no gaps to encode).
+
     Returns out (Tq, Hq, Dv) in q's dtype or wider and lse (Hq, Tq) (the log-sum-exp of the scaled scores,
     flash varlen's layout) in fp32 (fp64 for fp64 inputs). Every row of a sequence that sees a key must be
     written; rows in no sequence, or that see no key, may hold anything (even NaN/inf): the executor masks
@@ -89,6 +92,7 @@ class VarlenAttentionKernel(Protocol):
         causal: bool,
         scale: float,
         window: tuple[int, int] = (-1, -1),
+        tiled: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse) for one varlen block."""
 
@@ -106,6 +110,7 @@ class VarlenAttentionKernel(Protocol):
         causal: bool,
         scale: float,
         window: tuple[int, int] = (-1, -1),
+        tiled: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dq, dk, dv) for one varlen block, given the final out and lse of its q rows."""
 

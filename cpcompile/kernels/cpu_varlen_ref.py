@@ -66,12 +66,12 @@ class CPUVarlenReference:
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return _acc(dtype)  # partial gradients stay in the accumulation dtype
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1)):
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
         probs, lse, _, _, groups = self._probs(q, k, ranges, causal, scale, window)
         out = probs @ _heads_first(v, groups, probs.dtype)
         return out.transpose(0, 1), lse
 
-    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1)):
+    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
         probs, _, qh, kh, groups = self._probs(q, k, ranges, causal, scale, window, lse.to(_acc(q.dtype)))
         acc = probs.dtype
         do, vh = dout.to(acc).transpose(0, 1), _heads_first(v, groups, acc)

@@ -32,6 +32,14 @@ def adjacent_cu_seqlens(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return cu_q.int(), cu_k.int()
 
 
+def tiled_cu_seqlens(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cu_q, cu_k), int32 of length B+1, for ranges that tile both buffers (each starts where the previous
+    ends, from 0 to the end): the starts plus the last end, no gap sequences (half the grid of the general
+    encoding, whose empty gap sequences still launch their tiles)."""
+    qs, qe, ks, ke = ranges.long()
+    return torch.cat((qs, qe[-1:])).int(), torch.cat((ks, ke[-1:])).int()
+
+
 def _window_kwargs(window: tuple[int, int], causal: bool) -> dict:
     """aten's window_size_left/right, only when there is a window (causal alone is is_causal's job)."""
     left, right = window
@@ -60,16 +68,16 @@ class FlashVarlenKernel:
             return f"FlashAttention-2 varlen needs a head dim that is a multiple of 8 and at most 256, not {head_dim}"
         return None
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1)):
-        cu_q, cu_k = adjacent_cu_seqlens(ranges)
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
+        cu_q, cu_k = (tiled_cu_seqlens if tiled else adjacent_cu_seqlens)(ranges)
         out, lse, *_ = _aten._flash_attention_forward(
             _unit_last(q), _unit_last(k), _unit_last(v), cu_q, cu_k, max(max_q, 1), max(max_k, 1),
             0.0, causal, False, scale=scale, **_window_kwargs(window, causal),
         )  # fmt: skip
         return out, lse
 
-    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1)):
-        cu_q, cu_k = adjacent_cu_seqlens(ranges)
+    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
+        cu_q, cu_k = (tiled_cu_seqlens if tiled else adjacent_cu_seqlens)(ranges)
         rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
         unused = q.new_empty(0)
         return _aten._flash_attention_backward(
