@@ -65,6 +65,13 @@ def test_sdpa_refuses_thd_strategies():
     _refused(fn, q, strategy="thd_zigzag", match="packed documents for varlen_attn")
 
 
+def test_value_head_dim_must_match():
+    q, k, _ = _qkv()
+    v = torch.randn(8, 2, 8)
+    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-1, 0))  # noqa: E731
+    _refused(fn, q, k, v, CU, match=r"q head dim 4, k head dim 4 and v head dim 8 differ.*Fix: use the same head dim")
+
+
 def test_two_sided_window_under_all_gather_points_to_a2a():
     fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(2, 2))  # noqa: E731
     _refused(fn, *_qkv(), CU, match=r"window_size=\(2, 2\): a sliding window that reaches right.*Fix: use comm='a2a'")

@@ -151,7 +151,14 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
                 "compile with dynamic=False and pack every batch to the same total length "
                 "(cpcompile.pad_cu_seqlens adds a padding document)",
             )
-    (tq, hq, d), (tk, hkv, _), (tv, hv, _) = site.q_shape, site.k_shape, site.v_shape
+    (tq, hq, d), (tk, hkv, dk), (tv, hv, dv) = site.q_shape, site.k_shape, site.v_shape
+    if dk != d or dv != d:
+        raise site_error(
+            node,
+            f"q head dim {d}, k head dim {dk} and v head dim {dv} differ; the CP region gathers K and V in one "
+            "buffer and its kernels take one head dim",
+            "use the same head dim for q, k and v (pad v's head dim and slice the output)",
+        )
     if tq != tk or tk != tv:
         raise site_error(
             node,

@@ -57,8 +57,6 @@ class _GatherAttend(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, key_index, key_fold, spec, scale, kernel, group_name, *ranges):
-        if k.shape != v.shape or k.dtype != v.dtype:
-            raise NotImplementedError("the planner refuses K and V of different shapes or dtypes")
         gathered = _gather(torch.stack((k, v), dim=1), group_name)  # (T, 2, Hkv, D)
         out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, scale, kernel)
         ctx.save_for_backward(q, keys, out, lse, key_fold, *ranges)
