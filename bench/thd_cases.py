@@ -60,8 +60,8 @@ def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
     gathered = torch.randn(total, 2, HKV, D, device="cuda", dtype=DTYPE)
     lay, cu = get_packed_layout(layout), cu_seqlens(lengths)
     blocks = lay.blocks(cu, local, cp, rank, True, max(lengths))
-    key_index, key_fold = lay.key_index(cu, local, cp, rank, True), lay.key_fold(cu, local, cp, rank, True)
-    return q, gathered, (key_index, key_fold), dout, [b.ranges for b in blocks], encode_blocks(blocks)
+    key_maps = lay.key_buffer(cu, local, cp, rank, True) or (None, None)
+    return q, gathered, key_maps, dout, [b.ranges for b in blocks], encode_blocks(blocks)
 
 
 _fold = torch.compile(fold_key_grads, fullgraph=True)

@@ -43,7 +43,7 @@ def _block_pairs(ranges: torch.Tensor, tq: int, tk: int, causal: bool, left: int
 
 
 def _check_fold(fold: torch.Tensor | None, key_index: torch.Tensor | None, total: int) -> None:
-    """key_fold inverts key_index: every key-buffer position is listed once, under the token it copies."""
+    """The fold inverts the index: every key-buffer position is listed once, under the token it copies."""
     if key_index is None:
         assert fold is None
         return
@@ -67,9 +67,9 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
     gathered = torch.cat(index)
     got = torch.zeros(total, total, dtype=torch.int64)
     for r in range(cp):
-        key_index = layout.key_index(cu, local, cp, r, causal)
+        key_index, fold = layout.key_buffer(cu, local, cp, r, causal) or (None, None)
         keys = gathered if key_index is None else gathered[key_index]
-        _check_fold(layout.key_fold(cu, local, cp, r, causal), key_index, total)
+        _check_fold(fold, key_index, total)
         blocks = layout.blocks(cu, local, cp, r, causal, max(lengths), window)  # bounds from the longest doc
         assert len(blocks) == 1, "one kernel call a rank: nothing to merge"
         for b in blocks:
@@ -142,9 +142,9 @@ def test_thd_zigzag_key_buffer_holds_each_chunk_prefix():
     layout = THD_LAYOUTS["thd_zigzag"]
     cu = _cu([8])
     gathered = torch.cat([layout.shard_index(cu, 8, 2, r) for r in range(2)])
-    keys = gathered[layout.key_index(cu, 4, 2, 1, True)]
+    keys = gathered[layout.key_buffer(cu, 4, 2, 1, True)[0]]
     assert keys.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5]
-    assert gathered[layout.key_index(cu, 4, 2, 1, False)].tolist() == list(range(8))
+    assert gathered[layout.key_buffer(cu, 4, 2, 1, False)[0]].tolist() == list(range(8))
 
 
 def test_thd_one_token_documents_and_long_spans():

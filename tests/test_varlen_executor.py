@@ -37,7 +37,7 @@ def _case(strategy: str, causal: bool):
     g = torch.Generator().manual_seed(0)
     q, dout = (torch.randn(local, 4, 8, generator=g, dtype=torch.float64) for _ in range(2))
     gathered = torch.randn(total, 2, 2, 8, generator=g, dtype=torch.float64)
-    index = layout.key_index(cu, local, cp, rank, causal)
+    index, _ = layout.key_buffer(cu, local, cp, rank, causal) or (None, None)
     keys = gathered if index is None else gathered[index]
     (block,) = layout.blocks(cu, local, cp, rank, causal)
     return q, keys, dout, block

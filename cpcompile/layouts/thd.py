@@ -13,7 +13,7 @@ user-side sharding helpers.
 Under the all-gather region a rank's whole attention is ONE varlen block (no merge): each local q piece of a
 document attends the document's keys up to its own last token, bottom-right causal, in a key buffer where
 those keys are contiguous. For thd that buffer is the all-gather buffer itself (rank-major = global order);
-for thd_zigzag it is a copy (`key_index`) holding, per document, the keys of its front chunk then those of
+for thd_zigzag it is a copy (`key_buffer`) holding, per document, the keys of its front chunk then those of
 its back chunk (chunks 0..r and 0..2cp-1-r, in global order): (2cp+1)/(2cp) of T tokens.
 """
 
@@ -93,15 +93,15 @@ class PackedLayout:
         """Global positions (int64, on cu_seqlens' device) of rank `rank`'s local tokens, in local order."""
         raise NotImplementedError
 
-    def key_index(self, cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool):
-        """Positions in the rank-major all-gather buffer (cp * local_len tokens) of the key buffer the blocks
-        read (int64, static length), or None when they read the all-gather buffer itself."""
-        return None
+    def key_buffer(
+        self, cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The key buffer the blocks read, when it is not the all-gather buffer itself (None: it is).
 
-    def key_fold(self, cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool):
-        """The inverse of `key_index` for the backward: (copies, cp * local_len) int64, entry [c, p] = the key
-        buffer position of the c-th copy of gathered token p, or -1 (fewer copies, or not read). A gather, not
-        a scatter-add: no atomics, deterministic. None when there is no key buffer."""
+        (index, fold), int64: `index` (static length) = positions in the rank-major all-gather buffer
+        (cp * local_len tokens) of the key buffer's tokens; `fold`, its inverse for the backward, (copies,
+        cp * local_len): entry [c, p] = the key-buffer position of the c-th copy of gathered token p, or -1
+        (fewer copies, or not read). A gather, not a scatter-add: no atomics, deterministic."""
         return None
 
     def blocks(
@@ -114,7 +114,7 @@ class PackedLayout:
         max_doc: int | None = None,
         window: tuple[int, int] = NO_WINDOW,
     ) -> list[VarlenBlock]:
-        """Rank `rank`'s attention as varlen blocks over the key buffer (source 0, see `key_index`): every
+        """Rank `rank`'s attention as varlen blocks over the key buffer (source 0, see `key_buffer`): every
         (q row, key) pair of the same document (causal by global position when `causal`, within `window` when
         given: only (left, 0) causal windows) exactly once. `max_doc`, when given, bounds every document's
         length (varlen_attn's max_q/max_k) and so the blocks' max_q/max_k (smaller kernel grids)."""
@@ -178,18 +178,15 @@ class ThdZigzagLayout(PackedLayout):
         off, c, s = j - start[doc], chunk[doc], cu[:-1][doc]
         return torch.where(off < c, s + rank * c + off, s + (2 * cp - 1 - rank) * c + (off - c))
 
-    def key_index(self, cu_seqlens, local_len, cp, rank, causal):
-        return self._key_buffer(cu_seqlens, local_len, cp, rank, causal)[0]
-
-    def key_fold(self, cu_seqlens, local_len, cp, rank, causal):
-        index, segment = self._key_buffer(cu_seqlens, local_len, cp, rank, causal)
+    def key_buffer(self, cu_seqlens, local_len, cp, rank, causal):
+        index, segment = self._key_index(cu_seqlens, local_len, cp, rank, causal)
         copies, total = len(self._key_chunks(cp, rank, causal)), cp * local_len
         fold = torch.full((copies * total,), -1, dtype=torch.int64, device=index.device)
         position = torch.arange(index.numel(), device=index.device)
-        return fold.index_put_((segment * total + index,), position).view(copies, total)  # unique targets
+        return index, fold.index_put_((segment * total + index,), position).view(copies, total)  # unique targets
 
-    def _key_buffer(self, cu_seqlens, local_len, cp, rank, causal):
-        """(key_index, the segment (copy) each key-buffer position belongs to)."""
+    def _key_index(self, cu_seqlens, local_len, cp, rank, causal):
+        """(key-buffer index, the segment (copy) each key-buffer position belongs to)."""
         cu = cu_seqlens.long()
         start, _, _, chunk = self._local_docs(cu, cp)
         segments = self._key_chunks(cp, rank, causal)

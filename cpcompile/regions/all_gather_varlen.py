@@ -3,7 +3,7 @@
 One all-gather of K/V, then one varlen kernel call a rank (layouts.thd): nothing to merge. thd reads the
 gathered buffer as it is; thd_zigzag first copies it into its key buffer (each document's front-chunk keys,
 then its back-chunk keys) and folds that buffer's gradient back in fp32 before the reduce-scatter (a gather
-over each token's copies, `layouts.thd.PackedLayout.key_fold`).
+over each token's copies, `layouts.thd.PackedLayout.key_buffer`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def read_keys(gathered: torch.Tensor, key_index: torch.Tensor | None) -> torch.T
 
 def fold_key_grads(dk: torch.Tensor, dv: torch.Tensor, key_fold: torch.Tensor | None) -> torch.Tensor:
     """The key buffer's dK/dV as the gathered buffer's (T, 2, Hkv, D) gradient in the reduce dtype: a gather
-    over each token's copies (layouts.thd.PackedLayout.key_fold; a key held twice gets both parts, summed in
+    over each token's copies (layouts.thd.PackedLayout.key_buffer; a key held twice gets both parts, summed in
     fp32). In the region's backward graph Inductor fuses the stack, gather, sum and cast into one kernel."""
     dkeys = torch.stack((dk, dv), dim=1)
     acc = grad_reduce_dtype(dk.dtype)
@@ -61,14 +61,12 @@ class _GatherAttend(torch.autograd.Function):
         out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, scale, kernel)
         ctx.save_for_backward(q, keys, out, lse, key_fold, *ranges)
         ctx.spec, ctx.scale, ctx.kernel, ctx.group_name = spec, scale, kernel, group_name
-        ctx.reorder = key_fold is not None
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, keys, out, lse, key_fold, *ranges = ctx.saved_tensors
-        key_fold = key_fold if ctx.reorder else None
+        q, keys, out, lse, key_fold, *ranges = ctx.saved_tensors  # key_fold None: saved as None
         dq, dkeys = attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, ctx.spec, ctx.scale, ctx.kernel)
         dkv = _reduce(dkeys, ctx.group_name).to(keys.dtype)  # (L, 2, Hkv, D): this rank's K/V gradient
         return (dq.to(q.dtype), dkv[:, 0], dkv[:, 1], *([None] * (6 + len(ranges))))
@@ -103,8 +101,7 @@ def all_gather_varlen_attention(
     lay.device_check(cu_seqlens, world)
     local = q.shape[0]
     blocks = lay.blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
-    key_index = lay.key_index(cu_seqlens, local, world, rank, causal)
-    key_fold = lay.key_fold(cu_seqlens, local, world, rank, causal)
+    key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)
     spec, ranges = encode_blocks(blocks), [b.ranges for b in blocks]
     out, lse = _GatherAttend.apply(q, k, v, key_index, key_fold, spec, scale, kernel, group_name, *ranges)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
