@@ -21,6 +21,7 @@ import torch
 
 from .kernels import get_varlen_kernel
 from .kernels.base import range_ids
+from .merge import acc_dtype
 
 VARLEN_BLOCK_FIELDS = 8
 NO_WINDOW = (-1, -1)
@@ -57,13 +58,9 @@ def _covers(blocks: list[int]) -> list[tuple[bool, bool]]:
     return [(bool(f[6]), bool(f[7])) for f in _fields(blocks)]
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
-
-
 def _grad_dtype(impl, dtype: torch.dtype, contributions: int) -> torch.dtype:
     """The dtype of a gradient that `contributions` blocks of provider `impl` add up."""
-    return impl.grad_dtype(dtype) if contributions == 1 else _acc_dtype(dtype)
+    return impl.grad_dtype(dtype) if contributions == 1 else acc_dtype(dtype)
 
 
 def _contributions(blocks: list[int], n_sources: int) -> tuple[int, list[int]]:
@@ -94,6 +91,15 @@ def _covered(ranges: torch.Tensor, tq: int, tk: int) -> tuple[torch.Tensor, torc
     return (qid >= 0) & live[qid.clamp(min=0)], (kid >= 0) & live[kid.clamp(min=0)]
 
 
+def _masks(ranges, tq: int, tk: int, covers: tuple[bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The (row, key) masks a block needs: None on a side it vouches it covers (nothing to mask there)."""
+    all_rows, all_keys = covers
+    if all_rows and all_keys:
+        return None, None
+    rows, keys = _covered(ranges, tq, tk)
+    return (None if all_rows else rows), (None if all_keys else keys)
+
+
 @torch.library.custom_op("cpcompile::attend_varlen_blocks", mutates_args=())
 def attend_varlen_blocks(
     q: torch.Tensor,
@@ -105,14 +111,13 @@ def attend_varlen_blocks(
     kernel: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_varlen_kernel(kernel)
-    acc_t = _acc_dtype(q.dtype)
+    acc_t = acc_dtype(q.dtype)
     if len(ranges) == 1:  # one kernel call: its out and lse are final, up to the rows it does not cover
         (src, causal, max_q, max_k, kw), r = _decode(blocks)[0], ranges[0]
         o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **kw)
-        if _covers(blocks)[0][0]:
-            return _as_returned(o, q.dtype, None), _as_returned(l, acc_t, None)
-        rows, _ = _covered(r, q.shape[0], ks[src].shape[0])
-        return _as_returned(o, q.dtype, rows), torch.where(rows, l.to(acc_t), float("-inf"))
+        rows, _ = _masks(r, q.shape[0], ks[src].shape[0], (_covers(blocks)[0][0], True))  # keys: unused here
+        lse = _as_returned(l, acc_t, None) if rows is None else torch.where(rows, l.to(acc_t), float("-inf"))
+        return _as_returned(o, q.dtype, rows), lse
     acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
     for r, (src, causal, max_q, max_k, kw) in zip(ranges, _decode(blocks)):
@@ -130,7 +135,7 @@ def attend_varlen_blocks(
 @attend_varlen_blocks.register_fake
 def _attend_varlen_blocks_fake(q, ks, vs, ranges, blocks, scale, kernel):
     out = q.new_empty((*q.shape[:-1], vs[0].shape[-1]))
-    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=_acc_dtype(q.dtype))
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=acc_dtype(q.dtype))
 
 
 @torch.library.custom_op("cpcompile::attend_varlen_blocks_backward", mutates_args=())
@@ -147,12 +152,12 @@ def attend_varlen_blocks_backward(
     kernel: str,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     impl = get_varlen_kernel(kernel)
-    acc_t = _acc_dtype(q.dtype)
+    acc_t = acc_dtype(q.dtype)
     n_dq, n_src = _contributions(blocks, len(ks))
     dq: torch.Tensor | None = None
     dks: list[torch.Tensor | None] = [None] * len(ks)
     dvs: list[torch.Tensor | None] = [None] * len(vs)
-    kernel_lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    kernel_lse = lse.to(acc_t)  # fp32 (fp64 for fp64): what the kernels take
 
     def add(total: torch.Tensor | None, part: torch.Tensor, mask: torch.Tensor | None, n: int) -> torch.Tensor:
         """The running sum of the masked parts: in the kernel's dtype when `part` is the only one, else fp32."""
@@ -160,12 +165,11 @@ def attend_varlen_blocks_backward(
             return _as_returned(part, _grad_dtype(impl, q.dtype, n), mask)
         return total.add_(part if mask is None else torch.where(mask[:, None, None], part, 0))  # fp32 (fp64) sum
 
-    for r, (src, causal, max_q, max_k, kw), (all_rows, all_keys) in zip(ranges, _decode(blocks), _covers(blocks)):
+    for r, (src, causal, max_q, max_k, kw), covers in zip(ranges, _decode(blocks), _covers(blocks)):
         dq_b, dk_b, dv_b = impl.backward(
             dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale, **kw
         )
-        rows, keys = _covered(r, q.shape[0], ks[src].shape[0]) if not (all_rows and all_keys) else (None, None)
-        rows, keys = (None if all_rows else rows), (None if all_keys else keys)
+        rows, keys = _masks(r, q.shape[0], ks[src].shape[0], covers)
         dq = add(dq, dq_b, rows, n_dq)
         dks[src] = add(dks[src], dk_b, keys, n_src[src])
         dvs[src] = add(dvs[src], dv_b, keys, n_src[src])

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..merge import acc_dtype
 from .base import cpu_support_problem, range_ids
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
 
 
 def _mask(ranges: torch.Tensor, tq: int, tk: int, causal: bool, window: tuple[int, int]) -> torch.Tensor:
@@ -52,7 +49,7 @@ class CPUVarlenReference:
         return cpu_support_problem(device, dtype)
 
     def _probs(self, q, k, ranges, causal, scale, window, lse=None):
-        acc = _acc(q.dtype)
+        acc = acc_dtype(q.dtype)
         groups = q.shape[1] // k.shape[1]
         qh, kh = q.to(acc).transpose(0, 1), _heads_first(k, groups, acc)
         mask = _mask(ranges, q.shape[0], k.shape[0], causal, window)
@@ -64,7 +61,7 @@ class CPUVarlenReference:
         return probs, lse, qh, kh, groups
 
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return _acc(dtype)  # partial gradients stay in the accumulation dtype
+        return acc_dtype(dtype)  # partial gradients stay in the accumulation dtype
 
     def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
         probs, lse, _, _, groups = self._probs(q, k, ranges, causal, scale, window)
@@ -72,7 +69,7 @@ class CPUVarlenReference:
         return out.transpose(0, 1), lse
 
     def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
-        probs, _, qh, kh, groups = self._probs(q, k, ranges, causal, scale, window, lse.to(_acc(q.dtype)))
+        probs, _, qh, kh, groups = self._probs(q, k, ranges, causal, scale, window, lse.to(acc_dtype(q.dtype)))
         acc = probs.dtype
         do, vh = dout.to(acc).transpose(0, 1), _heads_first(v, groups, acc)
         delta = (do * out.to(acc).transpose(0, 1)).sum(-1, keepdim=True)
