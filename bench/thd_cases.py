@@ -15,7 +15,7 @@ from common import DTYPE, HKV, HQ, D
 
 from cpcompile.kernels import get_varlen_kernel
 from cpcompile.layouts.thd import get_packed_layout
-from cpcompile.regions.all_gather_varlen import fold_key_grads, read_keys
+from cpcompile.regions.all_gather_varlen import attend_gathered, fold_key_grads
 from cpcompile.varlen_executor import _decode, encode_blocks  # (registers torch.ops.cpcompile.*)
 
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
@@ -75,11 +75,10 @@ def region_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     ops = torch.ops.cpcompile
 
     def run():
-        keys = read_keys(gathered, key_index)
+        out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, SCALE, kernel)
         ks, vs = [keys[:, 0]], [keys[:, 1]]
-        out, lse = ops.attend_varlen_blocks(q, ks, vs, ranges, spec, SCALE, kernel)
         _, (dk,), (dv,) = ops.attend_varlen_blocks_backward(dout, q, ks, vs, out, lse, ranges, spec, SCALE, kernel)
-        _fold(dk, dv, key_fold)
+        _fold(dk, dv, key_fold)  # attend_gathered_backward's fold, compiled as in the region
 
     return run
 
@@ -88,9 +87,8 @@ def kernels_only_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     """The executor's kernel calls alone, on a ready key buffer: no copy, masking, merging or gradient fold."""
     impl = get_varlen_kernel(kernel)
     blocks = _decode(spec)
-    keys = read_keys(gathered, key_maps[0])
+    out, lse, keys = attend_gathered(q, gathered, key_maps[0], ranges, spec, SCALE, kernel)
     ks, vs = [keys[:, 0]], [keys[:, 1]]
-    out, lse = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, ranges, spec, SCALE, kernel)
 
     def run():
         for r, (src, causal, mq, mk, window) in zip(ranges, blocks):

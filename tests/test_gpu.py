@@ -40,6 +40,15 @@ def _host_hop_collectives() -> None:
         module._reduce_scatter = lambda x, op, dim, group: scatter(x.cpu(), op, dim, group).to(x.device)
 
 
+def _rank_setup() -> None:
+    """Each spawned rank: tracebacks on a crash, the one GPU, collectives through host memory."""
+    import faulthandler
+
+    faulthandler.enable()
+    torch.cuda.set_device(0)
+    _host_hop_collectives()
+
+
 def _reference(q, k, v, dout, causal, dtype):
     leaves = [t.detach().to("cuda", dtype).requires_grad_() for t in (q, k, v)]
     out = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=True)
@@ -63,11 +72,7 @@ def _cp(q, k, v, dout, *, layout, comm, kernel, causal):
 
 
 def _sweep(rank, world, cases):
-    import faulthandler
-
-    faulthandler.enable()
-    torch.cuda.set_device(0)
-    _host_hop_collectives()
+    _rank_setup()
     failures, worst = [], {}
     for shape_name, shape in SHAPES.items():
         for causal in (True, False):
@@ -162,11 +167,7 @@ def _varlen_reference(q, k, v, dout, cu, causal, window):
 
 
 def _thd_sweep(rank, world, cases):
-    import faulthandler
-
-    faulthandler.enable()
-    torch.cuda.set_device(0)
-    _host_hop_collectives()
+    _rank_setup()
     failures, worst = [], {}
     all_mixes = _thd_mixes(world, torch.Generator().manual_seed(2000 + world))
     for strategy, comm, causal, window in cases:

@@ -11,6 +11,7 @@ from cpcompile.block_calls import batched_rows, plan_calls, segments
 from cpcompile.kernels import PROVIDERS, resolve_kernel
 from cpcompile.layouts import get_layout
 from cpcompile.merge import merge_outputs, sum_into
+from cpcompile.testing.rank_inputs import rank_inputs
 
 CUDA = torch.device("cuda")
 
@@ -103,20 +104,6 @@ def test_sum_into_a_wider_destination_sums_in_its_dtype():
             assert dst.cpu().flatten().tolist() == [1.0 + (len(parts) - 1) * 2.0**-9] * 8
 
 
-def _rank_inputs(layout, cp, rank, q, k, v, dout):
-    """A rank's q/k/v shards and gathered K/V per slot, built by index (what the all-gather delivers)."""
-    lay, seq = get_layout(layout), q.shape[-2]
-    chunk = seq // lay.num_chunks(cp)
-    idx = lay.shard_index(seq, cp, rank)
-    ks, vs = [k[:, :, idx]], [v[:, :, idx]]
-    for slot in range(lay.chunks_per_rank):
-        g = torch.cat([torch.arange(c * chunk, (c + 1) * chunk) for c in lay.source_chunks(slot, cp)])
-        ks.append(k[:, :, g])
-        vs.append(v[:, :, g])
-    blocks = [i for b in lay.blocks(cp, rank, chunk, True) for i in b.as_ints()]
-    return idx, q[:, :, idx], ks, vs, dout[:, :, idx], blocks
-
-
 @pytest.mark.parametrize("batch", [1, 2])
 def test_executor_matches_sdpa_with_batched_calls(batch):
     """Direct op calls, fp64: every rank's out and dq, and dk/dv summed over ranks as the reduce-scatter would."""
@@ -132,7 +119,7 @@ def test_executor_matches_sdpa_with_batched_calls(batch):
         lay = get_layout(layout)
         chunk = 48 // lay.num_chunks(cp)
         for rank in range(cp):
-            idx, ql, ks, vs, dl, blocks = _rank_inputs(layout, cp, rank, q, k, v, dout)
+            idx, ql, ks, vs, dl, blocks = rank_inputs(layout, cp, rank, q, k, v, dout)
             out, lse = torch.ops.cpcompile.attend_blocks(ql, ks, vs, blocks, 8**-0.5, "cpu_flash")
             dq, dks, dvs, _ = torch.ops.cpcompile.attend_blocks_backward(
                 dl, ql, ks, vs, out, lse, blocks, 8**-0.5, "cpu_flash"
