@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import thd_cases  # noqa: E402
 from common import DTYPE, HKV, HQ, D, bshd, causal_flops, gathered_sources, sdpa_full_fwd_bwd, time_many_ms, time_ms  # noqa: E402
 
-from cpcompile import executor  # noqa: E402, F401  (registers torch.ops.cpcompile.*)
+from cpcompile import executor, streams  # noqa: E402, F401  (executor registers torch.ops.cpcompile.*)
 from cpcompile.block_calls import plan_calls  # noqa: E402
-from cpcompile.executor import _decode, _kv_view, _q_view  # noqa: E402
+from cpcompile.executor import _decode, _kv_view, _q_view, _work  # noqa: E402
 from cpcompile.kernels import get_kernel  # noqa: E402
 from cpcompile.layouts import get_layout  # noqa: E402
 
@@ -62,14 +62,40 @@ def kernels_only_fn(q, ks, vs, dout, blocks, kernel):
     out, lse = torch.ops.cpcompile.attend_blocks(q, ks, vs, blocks, SCALE, kernel)
     calls = plan_calls(decoded, q.shape[0])
 
+    fwd = [
+        lambda c=c: impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, SCALE)
+        for c in calls
+    ]
+    bwd = [
+        lambda c=c: impl.backward(
+            _q_view(dout, c),
+            _q_view(q, c),
+            _kv_view(ks[c.source], c),
+            _kv_view(vs[c.source], c),
+            _q_view(out, c),
+            _q_view(lse, c, dim=-1),
+            c.causal,
+            SCALE,
+        )  # fmt: skip
+        for c in calls
+    ]
+
+    def run():  # scheduled on streams exactly as the executor schedules them
+        streams.run_calls(q.device, _work(calls), fwd)
+        streams.run_calls(q.device, _work(calls), bwd)
+
+    return run
+
+
+def without_streams(fn):
+    """fn with the executor's two-stream scheduling switched off (A/B in the same interleaved timing)."""
+
     def run():
-        for c in calls:
-            impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, SCALE)
-        for c in calls:
-            impl.backward(
-                _q_view(dout, c), _q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c),
-                _q_view(out, c), _q_view(lse, c, dim=-1), c.causal, SCALE,
-            )  # fmt: skip
+        streams.ENABLED = False
+        try:
+            fn()
+        finally:
+            streams.ENABLED = True
 
     return run
 
@@ -96,6 +122,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--overhead-kernels", default="cudnn", help="kernels whose kernels-only time is measured")
     ap.add_argument("--out", default="bench/results/single_gpu.json")
+    ap.add_argument("--streams-ab", action="store_true", help="also time the executor with one stream (A/B)")
     args = ap.parse_args()
     device = torch.cuda.get_device_name()
     records = json.load(open(args.out)) if os.path.exists(args.out) else []
@@ -112,15 +139,19 @@ def main() -> None:
             for layout in dense:
                 for kernel in args.kernels.split(","):
                     t0 = time.time()
-                    per_rank, kernels_only = [], []
+                    per_rank, kernels_only, one_stream = [], [], []
                     for rank in range(cp):
                         case = rank_case(layout, seq, cp, rank)
                         fns = [region_fn(*case, kernel)]
+                        if args.streams_ab:
+                            fns.append(without_streams(fns[0]))
                         if kernel in args.overhead_kernels.split(","):
                             fns.append(kernels_only_fn(*case, kernel))
                         ms = time_many_ms(fns, iters, args.warmup)
-                        per_rank.append(ms[0])
-                        kernels_only.extend(ms[1:])
+                        per_rank.append(ms.pop(0))
+                        if args.streams_ab:
+                            one_stream.append(ms.pop(0))
+                        kernels_only.extend(ms)
                         del case, fns
                     slow = max(range(cp), key=lambda r: per_rank[r])
                     ideal = ideal_full / cp
@@ -133,6 +164,9 @@ def main() -> None:
                         merge=os.environ.get("CPCOMPILE_MERGE", "auto"), device=device,
                         torch=torch.__version__, measured_at=_now(),
                     )  # fmt: skip
+                    if one_stream:  # the same executor with every call on one stream, timed interleaved
+                        rec["one_stream_ms"] = one_stream
+                        rec["one_stream_efficiency"] = ideal / max(one_stream)
                     if kernels_only:
                         rec["kernels_only_ms"] = kernels_only
                         rec["overhead_frac"] = (per_rank[slow] - kernels_only[slow]) / per_rank[slow]
@@ -140,6 +174,7 @@ def main() -> None:
                     with open(args.out, "w") as f:
                         json.dump(records, f, indent=1)
                     extra = f" overhead {100 * rec['overhead_frac']:.2f}%" if kernels_only else ""
+                    extra += f" one-stream eff {rec['one_stream_efficiency']:.3f}" if one_stream else ""
                     print(
                         f"  {layout:7s} {kernel:6s} cp={cp} slowest rank {slow}: {per_rank[slow]:8.2f} ms, "
                         f"ideal {ideal:8.2f} ms, eff {rec['efficiency']:.3f}{extra} [{time.time() - t0:.0f}s]",

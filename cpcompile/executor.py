@@ -17,6 +17,7 @@ import torch
 from .block_calls import Call, batched_rows, plan_calls, segments
 from .kernels import get_kernel
 from .merge import acc_dtype, merge_outputs, sum_into
+from .streams import run_calls
 
 BLOCK_FIELDS = 6
 
@@ -42,6 +43,11 @@ def _empty_like_layout(ref: torch.Tensor, last: int, dtype: torch.dtype) -> torc
     t = ref.new_empty([shape[d] for d in order], dtype=dtype)
     inverse = [order.index(d) for d in range(ref.dim())]
     return t.permute(inverse)
+
+
+def _work(calls: list[Call]) -> list[float]:
+    """Relative cost of each call (score entries it computes), for balancing calls over streams."""
+    return [c.q_len * c.kv_len * len(c.members) * (0.5 if c.causal else 1.0) for c in calls]
 
 
 def _q_view(t: torch.Tensor, c: Call, dim: int = -2) -> torch.Tensor:
@@ -79,8 +85,11 @@ def attend_blocks(
     decoded, calls = _calls(tuple(blocks), q.shape[0])
     outs: list[tuple[int, int, torch.Tensor]] = []
     lses: list[tuple[int, int, torch.Tensor]] = []
-    for c in calls:
-        o, lse = impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, scale)
+    thunks = [
+        lambda c=c: impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, scale)
+        for c in calls
+    ]
+    for c, (o, lse) in zip(calls, run_calls(q.device, _work(calls), thunks)):
         for i, o_i, l_i in zip(c.members, _unbatch(o, c), _unbatch(lse, c)):
             outs.append((decoded[i][0], decoded[i][1], o_i))
             lses.append((decoded[i][0], decoded[i][1], l_i))
@@ -127,8 +136,8 @@ def attend_blocks_backward(
     dq_pieces: list[tuple[int, int, torch.Tensor]] = []
     dk_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in ks]
     dv_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in vs]
-    for c in calls:
-        dq_c, dk_c, dv_c = impl.backward(
+    thunks = [
+        lambda c=c: impl.backward(
             _q_view(dout, c),
             _q_view(q, c),
             _kv_view(ks[c.source], c),
@@ -138,6 +147,9 @@ def attend_blocks_backward(
             c.causal,
             scale,
         )
+        for c in calls
+    ]
+    for c, (dq_c, dk_c, dv_c) in zip(calls, run_calls(q.device, _work(calls), thunks)):
         for i, dq_i, dk_i, dv_i in zip(c.members, _unbatch(dq_c, c), _unbatch(dk_c, c), _unbatch(dv_c, c)):
             q0, qn, src, k0, kn, _ = decoded[i]
             dq_pieces.append((q0, qn, dq_i))

@@ -10,11 +10,15 @@ import cpcompile
 FLOORS = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 2e-3}
 
 
-def bf16_rule(cp_err: float, ref_err: float, dtype: torch.dtype) -> float:
-    """Allowed error: fp64/fp32 tight; low precision within 2x the single-device low-precision error + floor."""
+def bf16_rule(cp_err: float, ref_err: float, dtype: torch.dtype, roundings: int = 1) -> float:
+    """Allowed error: fp64/fp32 tight; low precision (1 + sqrt(roundings)) x the single-device error + floor.
+
+    One device rounds an element to the low precision once. CP rounds it `roundings` times where a kernel
+    returns partial results already rounded (tests/roundings.py counts them; 1 = the plain 2x rule), and
+    independent rounding errors add like a random walk, so the allowance grows with the square root."""
     if dtype in (torch.float64, torch.float32):
         return FLOORS[dtype] * 50 if dtype == torch.float32 else FLOORS[dtype]
-    return 2 * ref_err + FLOORS[dtype]
+    return (1 + roundings**0.5) * ref_err + FLOORS[dtype]
 
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
