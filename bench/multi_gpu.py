@@ -78,6 +78,7 @@ def cpcompile_layer_ms(layout: str, comm: str, seq: int, mesh, iters: int, warmu
         lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True),
         backend=be,
         fullgraph=True,
+        dynamic=False,  # one process compiles several lengths: without it Dynamo's 2nd compile goes dynamic
     )
 
     def step():
@@ -121,9 +122,10 @@ def train_step_ms(use_cp: bool, tokens_per_gpu: int, mesh, iters: int, warmup: i
     if use_cp:
         batch = cpcompile.shard_batch({"ids": ids, "pos": pos}, strategy="zigzag", mesh=mesh, seq_keys=("ids", "pos"))
         ids, pos = batch["ids"], batch["pos"]
-        compiled = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=mesh), fullgraph=True)
+        be = cpcompile.backend(strategy="zigzag", mesh=mesh)
+        compiled = torch.compile(model, backend=be, fullgraph=True, dynamic=False)
     else:  # every GPU runs its own full-sequence copy: the no-CP baseline
-        compiled = torch.compile(model, fullgraph=True)
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)
 
     def step():
         token_loss_sum(compiled(ids, pos), ids).backward()

@@ -114,7 +114,8 @@ def plan_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
             raise site_error(
                 node,
                 f"its {name} has a dynamic shape {shape}; the CP blocks are planned for static lengths",
-                "compile with dynamic=False (pad batches to a fixed length with cpcompile.pad_to_multiple)",
+                "compile with dynamic=False (pad batches to a fixed length with cpcompile.pad_to_multiple); "
+                "without it, Dynamo makes a length dynamic by itself once a second length is compiled",
             )
     (_, _, sq, d), (_, _, sk, _), (_, _, sv, _) = site.q_shape, site.k_shape, site.v_shape
     if sq != sk or sk != sv:
