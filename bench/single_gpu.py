@@ -117,6 +117,7 @@ def main() -> None:
     ap.add_argument("--layouts", default="zigzag,flat,thd,thd_zigzag")
     ap.add_argument("--mixes", default=",".join(thd_cases.MIXES))
     ap.add_argument("--thd-kernels", default="flash_varlen")
+    ap.add_argument("--thd-comms", default="all_gather,a2a", help="a2a: thd only (thd_zigzag+a2a is refused)")
     ap.add_argument("--kernels", default="cudnn,flash")
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
@@ -193,20 +194,27 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
             print(f"{mix} S={seq}: {len(lengths)} docs (longest {max(lengths)}), single-GPU flash varlen fwd+bwd "
                   f"{ideal_full:.2f} ms ({tflops:.0f} TFLOP/s)", flush=True)  # fmt: skip
             for cp in [int(c) for c in args.cps.split(",")]:
-                for layout in layouts:
+                runs = [(lay, "all_gather") for lay in layouts if "all_gather" in args.thd_comms.split(",")]
+                runs += [("thd", "a2a")] if "thd" in layouts and "a2a" in args.thd_comms.split(",") else []
+                for layout, comm in runs:
                     for kernel in args.thd_kernels.split(","):
                         per_rank, kernels_only = [], []
-                        for rank in range(cp):
-                            case = thd_cases.rank_case(layout, lengths, cp, rank)
-                            fns = [thd_cases.region_fn(*case, kernel), thd_cases.kernels_only_fn(*case, kernel)]
+                        for rank in range(cp if comm == "all_gather" else 1):  # a2a: every rank the same
+                            if comm == "a2a":
+                                case = thd_cases.a2a_rank_case(lengths, cp)
+                                fns = [thd_cases.a2a_region_fn(*case, cp, kernel)]
+                                fns.append(thd_cases.a2a_kernels_only_fn(*case, cp, kernel))
+                            else:
+                                case = thd_cases.rank_case(layout, lengths, cp, rank)
+                                fns = [thd_cases.region_fn(*case, kernel), thd_cases.kernels_only_fn(*case, kernel)]
                             region, bare = time_many_ms(fns, args.iters, args.warmup)
                             per_rank.append(region)
                             kernels_only.append(bare)
                             del case, fns
-                        slow = max(range(cp), key=lambda r: per_rank[r])
+                        slow = max(range(len(per_rank)), key=lambda r: per_rank[r])
                         ideal = ideal_full / cp
                         rec = dict(
-                            layout=layout, comm="all_gather", kernel=kernel, S=seq, cp=cp, mix=mix,
+                            layout=layout, comm=comm, kernel=kernel, S=seq, cp=cp, mix=mix,
                             slowest_rank=slow, slowest_rank_ms=per_rank[slow], ideal_ms=ideal,
                             efficiency=ideal / per_rank[slow], per_rank_ms=per_rank, kernels_only_ms=kernels_only,
                             overhead_frac=(per_rank[slow] - kernels_only[slow]) / per_rank[slow],
@@ -218,11 +226,10 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                         records = [r for r in records if _key(r) != _key(rec)] + [rec]
                         with open(args.out, "w") as f:
                             json.dump(records, f, indent=1)
-                        print(
-                            f"  {layout:10s} {kernel} cp={cp} slowest rank {slow}: {per_rank[slow]:8.2f} ms, ideal "
-                            f"{ideal:8.2f} ms, eff {rec['efficiency']:.3f} overhead {100 * rec['overhead_frac']:.1f}%",
-                            flush=True,
-                        )
+                        what = f"{layout:10s} {comm:10s} {kernel} cp={cp} slowest rank {slow}"
+                        eff, over = rec["efficiency"], 100 * rec["overhead_frac"]
+                        times = f"{per_rank[slow]:8.2f} ms, ideal {ideal:8.2f} ms"
+                        print(f"  {what}: {times}, eff {eff:.3f} overhead {over:.1f}%", flush=True)
                         torch.cuda.empty_cache()
     return records
 

@@ -115,3 +115,59 @@ def full_fn(lengths: list[int]):
         )
 
     return run
+
+
+def _identity_exchange(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return x  # one GPU: the all-to-all delivers buffers of the same shape; timing excludes communication
+
+
+def a2a_rank_case(lengths: list[int], cp: int):
+    """A rank's local q/k/v (thd: T/cp tokens, every head, as leaves) and dout, and the global cu_seqlens.
+    Every rank does the same work under a2a (all T tokens, Hq/cp heads), so one rank stands for all."""
+    total = sum(lengths)
+    leaves = [packed(total // cp, h).requires_grad_() for h in (HQ, HKV, HKV)]
+    return (*leaves, packed(total // cp, HQ), cu_seqlens(lengths))
+
+
+def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str):
+    """The a2a region itself (regions/a2a_varlen.py, eager: its head pack, the varlen executor ops over the whole
+    packed sequence with Hq/cp heads, the output unpack, and their backward), with the all-to-alls replaced by
+    identity: what a rank does besides communicating. Under Inductor the packs fuse into their neighbours, so
+    this is an upper bound on the copies."""
+    from cpcompile.regions import a2a, a2a_varlen
+
+    a2a.exchange_first = a2a_varlen.exchange_first = _identity_exchange
+    longest = int((cu[1:] - cu[:-1]).max())  # varlen_attn's max_q/max_k, which the planner hands the region
+
+    def run():
+        out = a2a_varlen.a2a_varlen_attention(
+            q, k, v, cu, layout="thd", causal=True, scale=SCALE, kernel=kernel, group_name="", rank=0, world=cp,
+            return_lse=False, max_doc=longest,
+        )[0]  # fmt: skip
+        out.backward(dout)
+        q.grad = k.grad = v.grad = None
+
+    return run
+
+
+def a2a_kernels_only_fn(q, k, v, dout, cu, cp: int, kernel: str):
+    """The one varlen kernel call each way that an a2a rank makes: all T tokens, Hq/cp and Hkv/cp heads."""
+    from cpcompile.layouts.thd import whole_sequence_blocks
+
+    impl, total = get_varlen_kernel(kernel), q.shape[0] * cp
+    qh, kh, vh, dh = (
+        packed(total, HQ // cp),
+        packed(total, HKV // cp),
+        packed(total, HKV // cp),
+        packed(total, HQ // cp),
+    )
+    longest = int((cu[1:] - cu[:-1]).max())
+    (block,) = whole_sequence_blocks(cu, total, True, max_doc=longest)
+    args = (block.ranges, block.max_q, block.max_k, True, SCALE)
+    out, lse = impl.forward(qh, kh, vh, *args, tiled=True)  # as the executor calls it: the block covers all
+
+    def run():
+        impl.forward(qh, kh, vh, *args, tiled=True)
+        impl.backward(dh, qh, kh, vh, out, lse, *args, tiled=True)
+
+    return run

@@ -126,7 +126,7 @@ class GraphModule(torch.nn.Module):
         l_k_ = L_k_
         l_v_ = L_v_
         l_cu_ = L_cu_
-        a2a_varlen_attention = cpcompile_regions_a2a_varlen_a2a_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, window = (4, -1), return_lse = True)
+        a2a_varlen_attention = cpcompile_regions_a2a_varlen_a2a_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 32, window = (4, -1), return_lse = True)
         out: "f32[8, 4, 4]" = a2a_varlen_attention[0]
         lse: "f32[4, 8]" = a2a_varlen_attention[1]
         return (out, lse)

@@ -196,3 +196,13 @@ def test_whole_sequence_block_covers_what_it_claims(case, causal, left, right):
     assert bool((_block_pairs(b.ranges, total, total, causal, left if right in (-1, 0) else -1).sum(1) > 0).all())
     qs, qe, ks, ke = b.ranges
     assert int(ks[0]) == 0 and int(ke[-1]) == total and bool((ks[1:] == ke[:-1]).all())
+
+
+def test_whole_sequence_block_bounds_the_grid_by_max_doc():
+    """a2a hands the kernel varlen_attn's max_q/max_k (the longest document), not the packed length: FA2's grid
+    is ceil(bound / 128) tiles per document and head, so the packed length would launch mostly empty tiles."""
+    cu = _cu([0, 5, 32, 40])
+    (b,) = whole_sequence_blocks(cu, 40, True, max_doc=27)
+    assert (b.max_q, b.max_k) == (27, 27)
+    (b,) = whole_sequence_blocks(cu, 40, True)
+    assert (b.max_q, b.max_k) == (40, 40)

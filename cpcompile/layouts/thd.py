@@ -228,14 +228,20 @@ class ThdZigzagLayout(PackedLayout):
 
 
 def whole_sequence_blocks(
-    cu_seqlens: torch.Tensor, total: int, causal: bool, window: tuple[int, int] = NO_WINDOW
+    cu_seqlens: torch.Tensor,
+    total: int,
+    causal: bool,
+    window: tuple[int, int] = NO_WINDOW,
+    max_doc: int | None = None,
 ) -> list[VarlenBlock]:
     """The blocks of cp=1 (what a2a runs after the exchange): every document against itself, in one block
-    over the packed buffer of `total` tokens in global order (source 0), causal and windowed as asked."""
+    over the packed buffer of `total` tokens in global order (source 0), causal and windowed as asked.
+    `max_doc` (varlen_attn's max_q/max_k) bounds the kernel grid, as on one device."""
     cu = cu_seqlens.long()
     ranges = _ranges(cu[:-1], cu[1:], cu[:-1], cu[1:])
+    bound = _bound(total, max_doc)
     # documents tile [0, total) and every row sees its own position (the window's diagonal), whatever the mask
-    return [VarlenBlock(0, causal, ranges, total, total, window, covers_rows=True, covers_keys=True)]
+    return [VarlenBlock(0, causal, ranges, bound, bound, window, covers_rows=True, covers_keys=True)]
 
 
 THD_LAYOUTS: dict[str, PackedLayout] = {"thd": ThdLayout(), "thd_zigzag": ThdZigzagLayout()}

@@ -39,9 +39,9 @@ class VarlenPlan(CPPlan):
         return (*super().region_args(), self.site.cu_seqlens_q)
 
     def region_kwargs(self) -> dict:
-        extra = dict(window=self.window, return_lse=self.return_lse) if self.comm == "a2a" else {}
-        if self.comm == "all_gather":
-            extra = dict(max_doc=self.max_doc, window=self.window)
+        extra = dict(max_doc=self.max_doc, window=self.window)
+        if self.comm == "a2a":
+            extra["return_lse"] = self.return_lse
         return {**super().region_kwargs(), **extra}
 
 

@@ -42,18 +42,21 @@ def a2a_varlen_attention(
     world: int,
     window: tuple[int, int] = (-1, -1),
     return_lse: bool = True,
+    max_doc: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """varlen_attn of this rank's packed tokens (thd layout), computed head-parallel after an all-to-all.
 
     Returns what torch_attn._varlen_attn returns: (out (L, Hq, Dv), lse (Hq, L) fp32, rng_state). The lse
     costs one more (small) all-to-all, so the planner asks for it only when the graph reads it
-    (`return_lse=False` returns NaNs there). The planner checked layout, heads and window.
+    (`return_lse=False` returns NaNs there). `max_doc` (the call's max_q/max_k, a bound on every document)
+    bounds the kernel's grid as on one device; without it the grid spans the whole packed length. The planner
+    checked layout, heads and window.
     """
     del rank, layout
     split = HeadSplit(q.shape[1], k.shape[1], world)
     k_h, v_h = replicate_kv(_as_bhsd(k), _as_bhsd(v), split)
     q_b, k_b, v_b = send_heads(_as_bhsd(q), k_h, v_h, split, group_name)  # (T, 1, h*D) each, global order
-    blocks = whole_sequence_blocks(cu_seqlens, q_b.shape[0], causal, tuple(window))
+    blocks = whole_sequence_blocks(cu_seqlens, q_b.shape[0], causal, tuple(window), max_doc)
     out, lse = torch.ops.cpcompile.attend_varlen_blocks(
         _as_thd(q_b, split.q_per_rank),
         [_as_thd(k_b, split.kv_per_rank)],
