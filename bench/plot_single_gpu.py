@@ -48,9 +48,10 @@ def main(src: str = "bench/results/single_gpu.json", png: str = "docs/single_gpu
     where = f"{recs[0]['device']} (torch {recs[0]['torch']}), Llama3-8B shape, bf16"
     _figure(dense, DENSE_STYLES, lambda r: (r["layout"], r["kernel"]), png, f"One CP rank's attention on {where}")
     mixes = sorted({r["mix"] for r in thd})
-    thd_styles = {(lay, m): ("o" if lay == "thd_zigzag" else "s") + ("-" if i == 0 else "--")
-                  for i, m in enumerate(mixes) for lay in ("thd", "thd_zigzag")}  # fmt: skip
-    _figure(thd, thd_styles, lambda r: (r["layout"], r["mix"]), png.replace(".png", "_thd.png"),
+    paths = [("thd", "all_gather", "s"), ("thd_zigzag", "all_gather", "o"), ("thd", "a2a", "^")]
+    thd_styles = {(lay, comm, m): marker + ("-" if i == 0 else "--")
+                  for i, m in enumerate(mixes) for lay, comm, marker in paths}  # fmt: skip
+    _figure(thd, thd_styles, lambda r: (r["layout"], r["comm"], r["mix"]), png.replace(".png", "_thd.png"),
             f"Packed documents, one CP rank (flash_varlen) vs per-document FA2 varlen / cp, {where}")  # fmt: skip
     print("| layout | kernel | S | cp | slowest rank ms | ideal ms | efficiency | merge+copy overhead | measured |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -60,13 +61,14 @@ def main(src: str = "bench/results/single_gpu.json", png: str = "docs/single_gpu
         print(f"| {r['layout']} | {r['kernel']} | {r['S'] // 1024}K | {r['cp']} | {r['slowest_rank_ms']:.2f} | "
               f"{r['ideal_ms']:.2f} | {r['efficiency']:.3f} | {ov} | {when} |")  # fmt: skip
     print()
-    print("| layout | mix (docs, longest) | S | cp | slowest rank ms | ideal ms | efficiency | slowest / mean rank "
-          "| kernels alone: ideal / slowest | executor overhead |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in sorted(thd, key=lambda r: (r["mix"], r["layout"], r["S"], r["cp"])):
+    print("| layout | comm | mix (docs, longest) | S | cp | slowest rank ms | ideal ms | efficiency | slowest / mean "
+          "rank | kernels alone: ideal / slowest | executor overhead |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in sorted(thd, key=lambda r: (r["mix"], r["layout"], r["comm"] != "all_gather", r["S"], r["cp"])):
         imb = max(r["per_rank_ms"]) / (sum(r["per_rank_ms"]) / len(r["per_rank_ms"]))
         bare = r["ideal_ms"] / r["kernels_only_ms"][r["slowest_rank"]]
-        print(f"| {r['layout']} | {r['mix']} ({r['n_docs']}, {r['longest_doc']}) | {r['S'] // 1024}K | {r['cp']} | "
+        mix = f"{r['mix']} ({r['n_docs']}, {r['longest_doc']})"
+        print(f"| {r['layout']} | {r['comm']} | {mix} | {r['S'] // 1024}K | {r['cp']} | "
               f"{r['slowest_rank_ms']:.2f} | {r['ideal_ms']:.2f} | {r['efficiency']:.3f} | {imb:.2f} | {bare:.3f} | "
               f"{100 * r['overhead_frac']:.1f}% |")  # fmt: skip
 

@@ -198,18 +198,20 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                 runs += [("thd", "a2a")] if "thd" in layouts and "a2a" in args.thd_comms.split(",") else []
                 for layout, comm in runs:
                     for kernel in args.thd_kernels.split(","):
-                        per_rank, kernels_only = [], []
+                        per_rank, kernels_only, eager = [], [], []
                         for rank in range(cp if comm == "all_gather" else 1):  # a2a: every rank the same
-                            if comm == "a2a":
+                            if comm == "a2a":  # region compiled by Inductor (as in a model), kernel alone, eager
                                 case = thd_cases.a2a_rank_case(lengths, cp)
-                                fns = [thd_cases.a2a_region_fn(*case, cp, kernel)]
+                                fns = [thd_cases.a2a_region_fn(*case, cp, kernel, compiled=True)]
                                 fns.append(thd_cases.a2a_kernels_only_fn(*case, cp, kernel))
+                                fns.append(thd_cases.a2a_region_fn(*case, cp, kernel))
                             else:
                                 case = thd_cases.rank_case(layout, lengths, cp, rank)
                                 fns = [thd_cases.region_fn(*case, kernel), thd_cases.kernels_only_fn(*case, kernel)]
-                            region, bare = time_many_ms(fns, args.iters, args.warmup)
+                            region, bare, *eager_ms = time_many_ms(fns, args.iters, args.warmup)
                             per_rank.append(region)
                             kernels_only.append(bare)
+                            eager.extend(eager_ms)
                             del case, fns
                         slow = max(range(len(per_rank)), key=lambda r: per_rank[r])
                         ideal = ideal_full / cp
@@ -223,13 +225,16 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                             hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=args.iters,
                             device=device, torch=torch.__version__, measured_at=_now(),
                         )  # fmt: skip
+                        if eager:  # the same a2a region run eagerly: every pack/unpack its own copy
+                            rec["eager_region_ms"] = eager[slow]
                         records = [r for r in records if _key(r) != _key(rec)] + [rec]
                         with open(args.out, "w") as f:
                             json.dump(records, f, indent=1)
                         what = f"{layout:10s} {comm:10s} {kernel} cp={cp} slowest rank {slow}"
                         eff, over = rec["efficiency"], 100 * rec["overhead_frac"]
                         times = f"{per_rank[slow]:8.2f} ms, ideal {ideal:8.2f} ms"
-                        print(f"  {what}: {times}, eff {eff:.3f} overhead {over:.1f}%", flush=True)
+                        more = f", eager region {eager[slow]:.2f} ms" if eager else ""
+                        print(f"  {what}: {times}, eff {eff:.3f} overhead {over:.1f}%{more}", flush=True)
                         torch.cuda.empty_cache()
     return records
 

@@ -129,22 +129,28 @@ def a2a_rank_case(lengths: list[int], cp: int):
     return (*leaves, packed(total // cp, HQ), cu_seqlens(lengths))
 
 
-def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str):
+def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str, compiled: bool = False):
     """The a2a region itself (regions/a2a_varlen.py, eager: its head pack, the varlen executor ops over the whole
     packed sequence with Hq/cp heads, the output unpack, and their backward), with the all-to-alls replaced by
-    identity: what a rank does besides communicating. Under Inductor the packs fuse into their neighbours, so
-    this is an upper bound on the copies."""
+    identity: what a rank does besides communicating. Eager (compiled=False) runs every pack as its own copy,
+    an upper bound; compiled=True runs the region under Inductor."""
     from cpcompile.regions import a2a, a2a_varlen
 
     a2a.exchange_first = a2a_varlen.exchange_first = _identity_exchange
     longest = int((cu[1:] - cu[:-1]).max())  # varlen_attn's max_q/max_k, which the planner hands the region
 
-    def run():
-        out = a2a_varlen.a2a_varlen_attention(
+    def region(q, k, v, cu):
+        return a2a_varlen.a2a_varlen_attention(
             q, k, v, cu, layout="thd", causal=True, scale=SCALE, kernel=kernel, group_name="", rank=0, world=cp,
             return_lse=False, max_doc=longest,
         )[0]  # fmt: skip
-        out.backward(dout)
+
+    # compiled: the region's own ops under Inductor (its packs and unpacks become Inductor kernels, as inside a
+    # model's graph; a model's graph would also fuse them into the neighbouring RoPE / projection kernels)
+    attend = torch.compile(region, fullgraph=True, dynamic=False) if compiled else region
+
+    def run():
+        attend(q, k, v, cu).backward(dout)
         q.grad = k.grad = v.grad = None
 
     return run
