@@ -2,8 +2,8 @@
 
 `cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None)` runs every block (see
 layouts.Block, encoded as six ints each; sources are ks/vs, then the slots of packed_kv) with the kernel
-provider, same-shaped blocks batched into one call (block_calls), and merges partial outputs by LSE in fp32
-registers (merge). Its registered backward calls each block's kernel backward with the FINAL output and LSE,
+provider, same-shaped blocks batched into one call (block_calls), the calls spread over two CUDA streams
+(streams), and merges partial outputs by LSE in fp32 registers (merge). Its registered backward calls each block's kernel backward with the FINAL output and LSE,
 which yields the exact partial gradients (the ring-attention identity), and sums them per row segment,
 rounding once; autograd never differentiates through the merge.
 """
