@@ -29,7 +29,7 @@ from common import DTYPE, HKV, HQ, D, bshd, causal_flops, gathered_sources, sdpa
 
 from cpcompile import executor, streams  # noqa: E402, F401  (executor registers torch.ops.cpcompile.*)
 from cpcompile.block_calls import plan_calls  # noqa: E402
-from cpcompile.executor import _decode, _kv_view, _q_view, _work  # noqa: E402
+from cpcompile.executor import _decode, _work  # noqa: E402
 from cpcompile.kernels import get_kernel  # noqa: E402
 from cpcompile.layouts import get_layout  # noqa: E402
 
@@ -62,23 +62,8 @@ def kernels_only_fn(q, ks, vs, dout, blocks, kernel):
     out, lse = torch.ops.cpcompile.attend_blocks(q, ks, vs, blocks, SCALE, kernel)
     calls = plan_calls(decoded, q.shape[0])
 
-    fwd = [
-        lambda c=c: impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, SCALE)
-        for c in calls
-    ]
-    bwd = [
-        lambda c=c: impl.backward(
-            _q_view(dout, c),
-            _q_view(q, c),
-            _kv_view(ks[c.source], c),
-            _kv_view(vs[c.source], c),
-            _q_view(out, c),
-            _q_view(lse, c, dim=-1),
-            c.causal,
-            SCALE,
-        )  # fmt: skip
-        for c in calls
-    ]
+    fwd = executor.forward_thunks(impl, q, ks, vs, calls, SCALE)
+    bwd = executor.backward_thunks(impl, dout, q, ks, vs, out, lse, calls, SCALE)
 
     def run():  # scheduled on streams exactly as the executor schedules them
         streams.run_calls(q.device, _work(calls), fwd)

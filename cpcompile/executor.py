@@ -3,9 +3,10 @@
 `cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None)` runs every block (see
 layouts.Block, encoded as six ints each; sources are ks/vs, then the slots of packed_kv) with the kernel
 provider, same-shaped blocks batched into one call (block_calls), the calls spread over two CUDA streams
-(streams), and merges partial outputs by LSE in fp32 registers (merge). Its registered backward calls each block's kernel backward with the FINAL output and LSE,
-which yields the exact partial gradients (the ring-attention identity), and sums them per row segment,
-rounding once; autograd never differentiates through the merge.
+(streams), and merges partial outputs by LSE in fp32 registers (merge). Its registered backward calls each
+block's kernel backward with the FINAL output and LSE, which yields the exact partial gradients (the
+ring-attention identity), and sums them per row segment, rounding once; autograd never differentiates
+through the merge.
 """
 
 from __future__ import annotations
@@ -50,6 +51,31 @@ def _work(calls: list[Call]) -> list[float]:
     return [c.q_len * c.kv_len * len(c.members) * (0.5 if c.causal else 1.0) for c in calls]
 
 
+def forward_thunks(impl, q, ks, vs, calls: list[Call], scale: float) -> list:
+    """One zero-argument kernel forward per call (for streams.run_calls); returns (out, lse)."""
+    return [
+        lambda c=c: impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, scale)
+        for c in calls
+    ]
+
+
+def backward_thunks(impl, dout, q, ks, vs, out, lse, calls: list[Call], scale: float) -> list:
+    """One zero-argument kernel backward per call, given the final out and lse; returns (dq, dk, dv)."""
+    return [
+        lambda c=c: impl.backward(
+            _q_view(dout, c),
+            _q_view(q, c),
+            _kv_view(ks[c.source], c),
+            _kv_view(vs[c.source], c),
+            _q_view(out, c),
+            _q_view(lse, c, dim=-1),
+            c.causal,
+            scale,
+        )
+        for c in calls
+    ]
+
+
 def _q_view(t: torch.Tensor, c: Call, dim: int = -2) -> torch.Tensor:
     return batched_rows(t, c.q_start, c.q_step, c.q_len, len(c.members), dim)
 
@@ -85,11 +111,7 @@ def attend_blocks(
     decoded, calls = _calls(tuple(blocks), q.shape[0])
     outs: list[tuple[int, int, torch.Tensor]] = []
     lses: list[tuple[int, int, torch.Tensor]] = []
-    thunks = [
-        lambda c=c: impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, scale)
-        for c in calls
-    ]
-    for c, (o, lse) in zip(calls, run_calls(q.device, _work(calls), thunks)):
+    for c, (o, lse) in zip(calls, run_calls(q.device, _work(calls), forward_thunks(impl, q, ks, vs, calls, scale))):
         for i, o_i, l_i in zip(c.members, _unbatch(o, c), _unbatch(lse, c)):
             outs.append((decoded[i][0], decoded[i][1], o_i))
             lses.append((decoded[i][0], decoded[i][1], l_i))
@@ -136,19 +158,7 @@ def attend_blocks_backward(
     dq_pieces: list[tuple[int, int, torch.Tensor]] = []
     dk_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in ks]
     dv_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in vs]
-    thunks = [
-        lambda c=c: impl.backward(
-            _q_view(dout, c),
-            _q_view(q, c),
-            _kv_view(ks[c.source], c),
-            _kv_view(vs[c.source], c),
-            _q_view(out, c),
-            _q_view(lse_k, c, dim=-1),
-            c.causal,
-            scale,
-        )
-        for c in calls
-    ]
+    thunks = backward_thunks(impl, dout, q, ks, vs, out, lse_k, calls, scale)
     for c, (dq_c, dk_c, dv_c) in zip(calls, run_calls(q.device, _work(calls), thunks)):
         for i, dq_i, dk_i, dv_i in zip(c.members, _unbatch(dq_c, c), _unbatch(dk_c, c), _unbatch(dv_c, c)):
             q0, qn, src, k0, kn, _ = decoded[i]
