@@ -4,8 +4,9 @@ A GPU kernel hands back its output and gradients in the input dtype, rounded onc
 One device runs one kernel call per element: one rounding. CP runs several calls whose results meet in one
 element (the blocks of a q row; every rank's blocks that read a key, then the reduce-scatter): each call's
 partial is rounded to bf16 by the kernel, the executor and the reduce-scatter sum them in fp32, and the sum is
-rounded once more. The counts below are upper bounds derived from the same index math the executor runs
-(`layout.blocks`, `exchange_blocks`, the a2a head split), so a new layout gets its count without a table.
+rounded once more. The dense counts are upper bounds derived from the same index math the executor runs
+(`layout.blocks`, `exchange_blocks`, the a2a head split), so a new chunk layout gets its count without a
+table; the packed counts follow from one varlen call a rank and thd_zigzag's two key copies (stated below).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections import Counter
 
 from cpcompile.head_split import HeadSplit
 from cpcompile.layouts import get_layout
-from cpcompile.layouts.base import LOCAL_SOURCE
 from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
 
 
@@ -32,27 +32,22 @@ def dense_partials(layout_name: str, comm: str, cp: int, causal: bool, hq: int, 
     layout = get_layout(layout_name)
     rows: Counter = Counter()
     keys: Counter = Counter()
+
+    def count(q_group, blocks, source_chunks: list[list[int]]) -> None:
+        """Tally each block's q rows (within q_group) and the global key chunks it reads (by source index)."""
+        for b in blocks:
+            rows.update((q_group, pos) for pos in range(b.q_start, b.q_start + b.q_len))
+            keys.update(source_chunks[b.source][b.kv_start : b.kv_start + b.kv_len])
+
+    kv_copies = 1
     if comm == "all_gather":
-        for rank in range(cp):
-            mine = layout.rank_chunks(rank, cp)
-            for b in layout.blocks(cp, rank, 1, causal):  # chunk units: one "token" per chunk
-                for pos in range(b.q_start, b.q_start + b.q_len):
-                    rows[(rank, pos)] += 1
-                if b.source == LOCAL_SOURCE:
-                    chunks = mine
-                else:
-                    chunks = layout.source_chunks(b.source - 1, cp)
-                for j in range(b.kv_start, b.kv_start + b.kv_len):
-                    keys[chunks[j]] += 1
-        kv_copies = 1
+        gathered = [layout.source_chunks(slot, cp) for slot in range(layout.chunks_per_rank)]
+        for rank in range(cp):  # chunk units: one "token" per chunk; source 0 = local, 1 + i = gathered slot i
+            count(rank, layout.blocks(cp, rank, 1, causal), [list(layout.rank_chunks(rank, cp)), *gathered])
     elif comm == "a2a":
         buffers = [buffer_chunks(layout, cp, slots) for slots in exchange_slots(layout, causal)]
         for qb, blocks in enumerate(exchange_blocks(buffers, 1, causal)):
-            for b in blocks:
-                for pos in range(b.q_start, b.q_start + b.q_len):
-                    rows[(qb, pos)] += 1
-                for j in range(b.kv_start, b.kv_start + b.kv_len):
-                    keys[buffers[b.source][j]] += 1
+            count(qb, blocks, buffers)
         kv_copies = HeadSplit(hq, hkv, cp).kv_replicas  # a replicated kv head's gradient sums over its ranks
     else:
         raise ValueError(f"unknown comm {comm!r}")
