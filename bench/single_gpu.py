@@ -65,9 +65,11 @@ def kernels_only_fn(q, ks, vs, dout, blocks, kernel):
     fwd = executor.forward_thunks(impl, q, ks, vs, calls, SCALE)
     bwd = executor.backward_thunks(impl, dout, q, ks, vs, out, lse, calls, SCALE)
 
+    lanes = streams.assign(_work(calls))
+
     def run():  # scheduled on streams exactly as the executor schedules them
-        streams.run_calls(q.device, _work(calls), fwd)
-        streams.run_calls(q.device, _work(calls), bwd)
+        streams.run_calls(q.device, lanes, fwd)
+        streams.run_calls(q.device, lanes, bwd)
 
     return run
 

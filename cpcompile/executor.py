@@ -18,7 +18,7 @@ import torch
 from .block_calls import Call, batched_rows, plan_calls, segments
 from .kernels import get_kernel
 from .merge import acc_dtype, merge_outputs, sum_into
-from .streams import run_calls
+from .streams import assign, run_calls
 
 BLOCK_FIELDS = 6
 
@@ -29,10 +29,12 @@ def _decode(blocks: list[int]) -> list[tuple[int, int, int, int, int, bool]]:
 
 
 @lru_cache(maxsize=256)
-def _calls(blocks: tuple[int, ...], batch: int) -> tuple[list, list[Call]]:
-    """Decoded blocks and their kernel calls, cached: the region runs the same block list every step."""
+def _calls(blocks: tuple[int, ...], batch: int) -> tuple[list, list[Call], list[int]]:
+    """Decoded blocks, their kernel calls and each call's stream (streams.assign), cached: the region runs the
+    same block list every step."""
     decoded = _decode(list(blocks))
-    return decoded, plan_calls(decoded, batch)
+    calls = plan_calls(decoded, batch)
+    return decoded, calls, assign(_work(calls))
 
 
 def _empty_like_layout(ref: torch.Tensor, last: int, dtype: torch.dtype) -> torch.Tensor:
@@ -108,10 +110,10 @@ def attend_blocks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_kernel(kernel)
     ks, vs = with_packed_sources(ks, vs, packed_kv)
-    decoded, calls = _calls(tuple(blocks), q.shape[0])
+    decoded, calls, lanes = _calls(tuple(blocks), q.shape[0])
     outs: list[tuple[int, int, torch.Tensor]] = []
     lses: list[tuple[int, int, torch.Tensor]] = []
-    for c, (o, lse) in zip(calls, run_calls(q.device, _work(calls), forward_thunks(impl, q, ks, vs, calls, scale))):
+    for c, (o, lse) in zip(calls, run_calls(q.device, lanes, forward_thunks(impl, q, ks, vs, calls, scale))):
         for i, o_i, l_i in zip(c.members, _unbatch(o, c), _unbatch(lse, c)):
             outs.append((decoded[i][0], decoded[i][1], o_i))
             lses.append((decoded[i][0], decoded[i][1], l_i))
@@ -152,14 +154,14 @@ def attend_blocks_backward(
     impl = get_kernel(kernel)
     n_explicit = len(ks)
     ks, vs = with_packed_sources(ks, vs, packed_kv)
-    decoded, calls = _calls(tuple(blocks), q.shape[0])
+    decoded, calls, lanes = _calls(tuple(blocks), q.shape[0])
     kernel_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse_k = lse.to(kernel_lse_dtype)
     dq_pieces: list[tuple[int, int, torch.Tensor]] = []
     dk_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in ks]
     dv_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in vs]
     thunks = backward_thunks(impl, dout, q, ks, vs, out, lse_k, calls, scale)
-    for c, (dq_c, dk_c, dv_c) in zip(calls, run_calls(q.device, _work(calls), thunks)):
+    for c, (dq_c, dk_c, dv_c) in zip(calls, run_calls(q.device, lanes, thunks)):
         for i, dq_i, dk_i, dv_i in zip(c.members, _unbatch(dq_c, c), _unbatch(dk_c, c), _unbatch(dv_c, c)):
             q0, qn, src, k0, kn, _ = decoded[i]
             dq_pieces.append((q0, qn, dq_i))

@@ -47,15 +47,16 @@ def _record(result: Any, stream: torch.cuda.Stream) -> None:
             _record(r, stream)
 
 
-def run_calls(device: torch.device, work: Sequence[float], calls: Sequence[Callable[[], Any]]) -> list[Any]:
-    """Results of `calls` (thunks), run on two streams when on CUDA with more than one call, else in order."""
+def run_calls(device: torch.device, lanes: Sequence[int], calls: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Results of `calls` (thunks), each on the stream `assign` gave it (`lanes`) when on CUDA with more than
+    one call, else in order."""
     if device.type != "cuda" or len(calls) < 2 or not ENABLED or torch.cuda.is_current_stream_capturing():
         return [c() for c in calls]
     main = torch.cuda.current_stream(device)
     side = _side_stream(device)
     side.wait_stream(main)
     results = []
-    for lane, call in zip(assign(work), calls):
+    for lane, call in zip(lanes, calls):
         with torch.cuda.stream(side) if lane else nullcontext():
             result = call()
         if lane:

@@ -15,5 +15,5 @@ def test_assign_balances_work_largest_first():
 
 def test_run_calls_off_cuda_runs_in_order():
     seen = []
-    results = run_calls(torch.device("cpu"), [1.0, 2.0], [lambda: seen.append(0) or 10, lambda: seen.append(1) or 20])
+    results = run_calls(torch.device("cpu"), [0, 1], [lambda: seen.append(0) or 10, lambda: seen.append(1) or 20])
     assert results == [10, 20] and seen == [0, 1]
