@@ -14,9 +14,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import time_ms  # noqa: E402
 
+from cpcompile.executor import merge_outputs  # noqa: E402
 from cpcompile.kernels import get_kernel  # noqa: E402
 from cpcompile.kernels.cudnn import CuDNNKernel  # noqa: E402
-from cpcompile.merge import merge_outputs  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -55,7 +55,7 @@ def check(name, impl, q, k, v, dout, causal):
 def merge_sweep():
     """Time the fused merge/add at a zigzag rank's size for a few tile configs (and the torch fallback)."""
     from cpcompile import merge_triton
-    from cpcompile.merge import sum_into
+    from cpcompile.executor import sum_into
 
     g = torch.Generator(device="cuda").manual_seed(1)
     big = [torch.randn(1, 8192, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)

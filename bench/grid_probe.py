@@ -16,9 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import thd_cases  # noqa: E402
 from common import time_many_ms  # noqa: E402
 
+from cpcompile.executor import decode_varlen  # noqa: E402
 from cpcompile.kernels import get_varlen_kernel  # noqa: E402
 from cpcompile.regions.all_gather_varlen import read_keys  # noqa: E402
-from cpcompile.varlen_executor import _decode  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +33,8 @@ def main() -> None:
         )
         keys = read_keys(gathered, key_index)
         k, v = keys[:, 0], keys[:, 1]
-        (r,), ((_, causal, mq, mk, kw),) = ranges, _decode(blocks)
+        (r,), (block,) = ranges, decode_varlen(blocks)
+        causal, mq, mk, kw = block.causal, block.max_q, block.max_k, block.kernel_kwargs()
         out, lse = impl.forward(q, k, v, r, mq, mk, causal, thd_cases.SCALE, **kw)
         fwd = dict(q=q, k=k, v=v, ranges=r, causal=causal, scale=thd_cases.SCALE, **kw)
         bwd = dict(fwd, dout=dout, out=out, lse=lse)

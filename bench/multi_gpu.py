@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import HKV, HQ, sdpa_full_fwd_bwd, time_ms  # noqa: E402
 
 import cpcompile  # noqa: E402
+from cpcompile.comm.registry import COMMS  # noqa: E402
 from cpcompile.layouts import LAYOUTS  # noqa: E402
-from cpcompile.passes.plan import COMMS  # noqa: E402
 
 DEVICE = "cuda"  # --device cpu runs a gloo smoke test of the script on a CPU machine (cpu_flash kernel)
 

@@ -27,9 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import thd_cases  # noqa: E402
 from common import DTYPE, HKV, HQ, D, bshd, causal_flops, gathered_sources, sdpa_full_fwd_bwd, time_many_ms, time_ms  # noqa: E402
 
-from cpcompile import executor, streams  # noqa: E402, F401  (executor registers torch.ops.cpcompile.*)
-from cpcompile.block_calls import plan_calls  # noqa: E402
-from cpcompile.executor import _decode, _work  # noqa: E402
+from cpcompile import executor  # noqa: E402  (registers torch.ops.cpcompile.*)
+from cpcompile.executor import streams  # noqa: E402
 from cpcompile.kernels import get_kernel  # noqa: E402
 from cpcompile.layouts import get_layout  # noqa: E402
 
@@ -42,7 +41,7 @@ def rank_case(layout: str, seq: int, cp: int, rank: int):
     chunk = local // lay.chunks_per_rank
     q, k, v, dout = bshd(1, local, HQ), bshd(1, local, HKV), bshd(1, local, HKV), bshd(1, local, HQ)
     gks, gvs = gathered_sources(cp, chunk, lay.chunks_per_rank)
-    blocks = [i for b in lay.blocks(cp, rank, chunk, True) for i in b.as_ints()]
+    blocks = executor.encode_dense(lay.blocks(cp, rank, chunk, True))
     return q, [k, *gks], [v, *gvs], dout, blocks
 
 
@@ -58,14 +57,12 @@ def region_fn(q, ks, vs, dout, blocks, kernel):
 
 def kernels_only_fn(q, ks, vs, dout, blocks, kernel):
     """The same kernel calls the executor makes, with no merge, assembly or copies around them."""
-    impl, decoded = get_kernel(kernel), _decode(blocks)
+    impl = get_kernel(kernel)
     out, lse = torch.ops.cpcompile.attend_blocks(q, ks, vs, blocks, SCALE, kernel)
-    calls = plan_calls(decoded, q.shape[0])
+    _, calls, lanes = executor.planned_calls(tuple(blocks), q.shape[0])
 
     fwd = executor.forward_thunks(impl, q, ks, vs, calls, SCALE)
     bwd = executor.backward_thunks(impl, dout, q, ks, vs, out, lse, calls, SCALE)
-
-    lanes = streams.assign(_work(calls))
 
     def run():  # scheduled on streams exactly as the executor schedules them
         streams.run_calls(q.device, lanes, fwd)

@@ -13,10 +13,10 @@ import math
 import torch
 from common import DTYPE, HKV, HQ, D
 
+from cpcompile.executor import decode_varlen, encode_varlen  # (registers torch.ops.cpcompile.*)
 from cpcompile.kernels import get_varlen_kernel
 from cpcompile.layouts.thd import get_packed_layout
 from cpcompile.regions.all_gather_varlen import attend_gathered, fold_key_grads
-from cpcompile.varlen_executor import _decode, encode_blocks  # (registers torch.ops.cpcompile.*)
 
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
 SCALE = 1 / math.sqrt(D)
@@ -61,7 +61,7 @@ def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
     lay, cu = get_packed_layout(layout), cu_seqlens(lengths)
     blocks = lay.blocks(cu, local, cp, rank, True, max(lengths))
     key_maps = lay.key_buffer(cu, local, cp, rank, True) or (None, None)
-    return q, gathered, key_maps, dout, [b.ranges for b in blocks], encode_blocks(blocks)
+    return q, gathered, key_maps, dout, [b.ranges for b in blocks], encode_varlen(blocks)
 
 
 _fold = torch.compile(fold_key_grads, fullgraph=True)
@@ -86,15 +86,16 @@ def region_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
 def kernels_only_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     """The executor's kernel calls alone, on a ready key buffer: no copy, masking, merging or gradient fold."""
     impl = get_varlen_kernel(kernel)
-    blocks = _decode(spec)
+    blocks = decode_varlen(spec)
     out, lse, keys = attend_gathered(q, gathered, key_maps[0], ranges, spec, SCALE, kernel)
     ks, vs = [keys[:, 0]], [keys[:, 1]]
 
     def run():
-        for r, (src, causal, mq, mk, window) in zip(ranges, blocks):
-            impl.forward(q, ks[src], vs[src], r, mq, mk, causal, SCALE, **window)
-        for r, (src, causal, mq, mk, window) in zip(ranges, blocks):
-            impl.backward(dout, q, ks[src], vs[src], out, lse, r, mq, mk, causal, SCALE, **window)
+        for r, b in zip(ranges, blocks):
+            impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, SCALE, **b.kernel_kwargs())
+        for r, b in zip(ranges, blocks):
+            kw = b.kernel_kwargs()
+            impl.backward(dout, q, ks[b.source], vs[b.source], out, lse, r, b.max_q, b.max_k, b.causal, SCALE, **kw)
 
     return run
 

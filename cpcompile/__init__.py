@@ -5,8 +5,7 @@ model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=m
 
 from .backend import CPBackend, backend
 from .errors import CPCompileError
-from .sharding import pad_to_multiple, shard, shard_batch, unshard
-from .sharding_thd import pad_cu_seqlens, pad_documents
+from .sharding import pad_cu_seqlens, pad_documents, pad_to_multiple, shard, shard_batch, unshard
 
 __version__ = "0.1.0"
 

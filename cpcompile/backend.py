@@ -9,14 +9,14 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from .dtensor_ops import register_cpu_sdpa_rules
+from . import passes
+from .comm.registry import COMMS
 from .errors import CPCompileError
-from .groups import resolve_group
 from .kernels import KERNEL_NAMES
-from .layouts import LAYOUTS
-from .layouts.thd import THD_LAYOUTS
-from .passes import COMMS, CPConfig, CPPlan, find_attention_sites, plan_site, rewrite_graph
-from .passes.dtensor import is_dtensor_site, localize_dtensor_site
+from .layouts import STRATEGIES
+from .mesh import check_mesh_or_group
+from .passes import CPConfig, CPPlan
+from .passes.dtensor_rules import register_cpu_sdpa_rules
 
 INNER = ("inductor", "aot_eager", "eager")
 
@@ -41,29 +41,26 @@ def _inner_compiler(name: str | Callable) -> Callable:
 class CPBackend:
     """The backend object torch.compile calls once per captured graph.
 
-    `plans` lists every site rewritten so far (one CPPlan each), across all graphs this backend compiled.
+    `plans` lists every site rewritten so far (one CPPlan each: layout, comm, kernel, causal, scale, group and
+    the site itself), across all graphs this backend compiled; the "cpcompile" logger reports the same.
     """
 
     config: CPConfig
-    mesh: object = None
-    group: dist.ProcessGroup | None = None
     inner: str | Callable = "inductor"
     plans: list[CPPlan] = field(default_factory=list)
 
+    @property
+    def mesh(self):
+        return self.config.mesh
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        return self.config.group
+
     def transform(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-        """Run the pass alone (find, plan every site, then rewrite): all validation precedes any rewrite."""
-        sites = find_attention_sites(gm)
-        if not sites:
-            return gm
-        plans = []
-        for site in sites:
-            if is_dtensor_site(site):  # mesh and seq dim come from the placements
-                site, group = localize_dtensor_site(site, self.config.strategy, self.mesh, self.group)
-            else:
-                group = resolve_group(self.mesh, self.group)
-            plans.append(plan_site(site, self.config, group))
-        rewrite_graph(gm, plans)
-        self.plans.extend(plans)
+        """Run the pass alone (passes.run: find, plan every site, then rewrite): all validation precedes any
+        rewrite."""
+        self.plans.extend(passes.run(gm, self.config))
         return gm
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
@@ -89,16 +86,15 @@ def backend(
     callable, e.g. one that records aot_autograd graphs).
     """
     for what, value, allowed in (
-        ("strategy", strategy, (*LAYOUTS, *THD_LAYOUTS)),
-        ("comm", comm, COMMS),
+        ("strategy", strategy, STRATEGIES),
+        ("comm", comm, tuple(COMMS)),
         ("kernel", kernel, KERNEL_NAMES),
         ("inner", inner, INNER),
     ):
         if not (what == "inner" and callable(value)) and value not in allowed:
             raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
-    if mesh is not None and group is not None:
-        raise CPCompileError("both mesh= and group= were given. Fix: pass only one of them.")
-    return CPBackend(CPConfig(strategy=strategy, comm=comm, kernel=kernel), mesh=mesh, group=group, inner=inner)
+    check_mesh_or_group(mesh, group)
+    return CPBackend(CPConfig(strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group), inner=inner)
 
 
 def default_backend(gm: torch.fx.GraphModule, example_inputs):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from cpcompile.head_split import HeadSplit
 from cpcompile.layouts import get_layout
 from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
+from cpcompile.layouts.heads import HeadSplit
 
 
 def roundings(partials: int) -> int:

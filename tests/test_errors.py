@@ -28,8 +28,8 @@ def no_comm(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a collective ran before the error was raised")
 
-    monkeypatch.setattr(cpcompile.comm, "_all_gather", boom)
-    monkeypatch.setattr(cpcompile.comm, "_reduce_scatter", boom)
+    monkeypatch.setattr(cpcompile.comm.collectives, "_all_gather", boom)
+    monkeypatch.setattr(cpcompile.comm.collectives, "_reduce_scatter", boom)
 
 
 def _compile_error(fn, *args, strategy="flat", rank=0, world=2, dynamic=False, **kwargs) -> str:

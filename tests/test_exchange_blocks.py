@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpcompile.head_split import HeadSplit, head_split_problem
 from cpcompile.layouts import LAYOUTS
 from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
+from cpcompile.layouts.heads import HeadSplit, head_split_problem
 
 
 def _pairs(buffers: list[list[int]], chunk_len: int, causal: bool) -> Counter:

@@ -19,8 +19,8 @@ from roundings import dense_partials, packed_partials, roundings
 from thd_parity import cu_of, doc_reference, packed_case, random_lengths
 
 import cpcompile
+from cpcompile.comm.registry import COMMS
 from cpcompile.layouts import LAYOUTS
-from cpcompile.passes.plan import COMMS
 from cpcompile.testing.distributed import run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -33,7 +33,7 @@ CASES = [(layout, comm) for layout in sorted(LAYOUTS) for comm in COMMS]
 
 def _host_hop_collectives() -> None:
     """Route cpcompile's all-gather / reduce-scatter through CPU tensors (gloo), back to the GPU after."""
-    import cpcompile.comm as comm
+    import cpcompile.comm.collectives as comm
     import cpcompile.regions.all_gather_varlen as varlen_region
 
     gather, scatter = comm._all_gather, comm._reduce_scatter

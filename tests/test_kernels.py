@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from cpcompile import CPCompileError
-from cpcompile.block_calls import batched_rows, plan_calls, segments
+from cpcompile.executor.blocks import decode_dense, encode_dense
+from cpcompile.executor.calls import batched_rows, plan_calls, segments
+from cpcompile.executor.merge import merge_outputs, sum_into
 from cpcompile.kernels import PROVIDERS, resolve_kernel
 from cpcompile.layouts import get_layout
-from cpcompile.merge import merge_outputs, sum_into
 from cpcompile.testing.rank_inputs import rank_inputs
 
 CUDA = torch.device("cuda")
@@ -49,7 +50,7 @@ def test_optional_package_providers_fail_cleanly_when_absent(name, module):
 
 def test_zigzag_causal_squares_run_as_one_batched_call():
     for rank in range(4):
-        blocks = [tuple(b.as_ints()) for b in get_layout("zigzag").blocks(4, rank, 16, True)]
+        blocks = decode_dense(encode_dense(get_layout("zigzag").blocks(4, rank, 16, True)))
         calls = plan_calls(blocks, batch=1)
         squares = [c for c in calls if c.causal]
         causal_blocks = tuple(i for i, b in enumerate(blocks) if b[5])

@@ -2,7 +2,7 @@
 
 import torch
 
-from cpcompile.streams import assign, run_calls
+from cpcompile.executor.streams import assign, run_calls
 
 
 def test_assign_balances_work_largest_first():

@@ -1,5 +1,5 @@
 """Index math of the THD layouts: sharding is a permutation, and every rank's varlen blocks cover exactly its
-rows of the per-document (causal) mask, each (q, key) pair once. Also the ranges -> cu_seqlens encoding."""
+rows of the per-document (causal) mask, each (q, key) pair once. Also FA2's ranges -> cu_seqlens encodings."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpcompile.kernels.base import range_ids, ranges_to_cu_seqlens
-from cpcompile.kernels.flash_varlen import tiled_cu_seqlens
+from cpcompile.kernels.base import range_ids
+from cpcompile.kernels.flash_varlen import adjacent_cu_seqlens, tiled_cu_seqlens
 from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
 
 
@@ -158,23 +158,33 @@ def test_thd_one_token_documents_and_long_spans():
 
 @st.composite
 def _ranges(draw):
-    """Non-overlapping increasing ranges on both sides, with gaps and empty ranges."""
+    """Non-overlapping increasing ranges on both sides, with empty ranges and gaps; after each range at most one
+    side has a gap (the layouts' ranges: adjacent_cu_seqlens may pair gap rows with gap keys otherwise)."""
     n = draw(st.integers(1, 5))
-    q, k = [0], [0]
+    q, k = [draw(st.integers(0, 3))], [draw(st.integers(0, 3))]
+    qs, qe, ks, ke = [], [], [], []
     for _ in range(n):
-        q += [q[-1] + draw(st.integers(0, 3)), 0]
-        q[-1] = q[-2] + draw(st.integers(0, 4))
-        k += [k[-1] + draw(st.integers(0, 3)), 0]
-        k[-1] = k[-2] + draw(st.integers(0, 4))
-    qs, qe, ks, ke = q[1::2], q[2::2], k[1::2], k[2::2]
+        qs.append(q[-1])
+        ks.append(k[-1])
+        qe.append(qs[-1] + draw(st.integers(0, 4)))
+        ke.append(ks[-1] + draw(st.integers(0, 4)))
+        gap_q, gap_k = draw(st.integers(0, 3)), draw(st.integers(0, 3))
+        if draw(st.booleans()):
+            gap_q = 0
+        else:
+            gap_k = 0
+        q.append(qe[-1] + gap_q)
+        k.append(ke[-1] + gap_k)
     return torch.tensor([qs, qe, ks, ke]), q[-1] + draw(st.integers(0, 2)), k[-1] + draw(st.integers(0, 2))
 
 
 @settings(max_examples=40, deadline=None)
 @given(_ranges(), st.booleans())
-def test_ranges_to_cu_seqlens_keeps_the_mask(case, causal):
+def test_adjacent_cu_seqlens_keeps_the_mask(case, causal):
+    """FA2's encoding of a block's ranges (each range, then its gap as one sequence) attends exactly the
+    ranges' (q row, key) pairs."""
     ranges, tq, tk = case
-    cu_q, cu_k = ranges_to_cu_seqlens(ranges)
+    cu_q, cu_k = adjacent_cu_seqlens(ranges)
     adjacent = torch.stack((cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:]))
     assert torch.equal(_block_pairs(adjacent, tq, tk, causal), _block_pairs(ranges, tq, tk, causal))
 

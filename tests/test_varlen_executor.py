@@ -13,15 +13,15 @@ import pytest
 import torch
 from thd_parity import cu_of
 
+from cpcompile.executor.blocks import encode_varlen
 from cpcompile.layouts.thd import THD_LAYOUTS
-from cpcompile.varlen_executor import encode_blocks
 
 OPS = torch.ops.cpcompile
 SCALE = 0.3
 
 
 def _run(q, keys, dout, blocks):
-    ranges, spec = [b.ranges for b in blocks], encode_blocks(blocks)
+    ranges, spec = [b.ranges for b in blocks], encode_varlen(blocks)
     k, v = keys[:, 0], keys[:, 1]
     out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "cpu_varlen_ref")
     dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(

@@ -43,7 +43,7 @@ def unsupported_reason(
     """None when provider `name` can run blocks of this device, dtype and head dim, else why not."""
     provider = (VARLEN_PROVIDERS if varlen else PROVIDERS)[name]
     reason = provider.supports(device, dtype)
-    if reason is None and head_dim is not None and hasattr(provider, "supports_head_dim"):
+    if reason is None and head_dim is not None:
         reason = provider.supports_head_dim(head_dim)
     return reason
 

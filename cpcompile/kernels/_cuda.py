@@ -20,6 +20,13 @@ def cuda_half_reason(device: torch.device, dtype: torch.dtype, what: str) -> str
     return None
 
 
+def head_dim_reason(head_dim: int, what: str) -> str | None:
+    """The head-dim rule of the fused CUDA kernels (cuDNN, FlashAttention-2): a multiple of 8, at most 256."""
+    if head_dim % 8 != 0 or head_dim > 256:
+        return f"{what} needs a head dim that is a multiple of 8 and at most 256, not {head_dim}"
+    return None
+
+
 def missing_package(module: str, pip_name: str) -> str | None:
     """None when `module` can be imported, else a reason that names the pip package to install."""
     if importlib.util.find_spec(module) is None:

@@ -11,12 +11,18 @@ from typing import Protocol
 
 import torch
 
+NO_WINDOW = (-1, -1)
+"""A varlen window (left, right) with both sides unbounded: no sliding window."""
+
 
 class AttentionKernel(Protocol):
     name: str
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """None when this provider can run on `device`/`dtype`, else the reason it cannot."""
+
+    def supports_head_dim(self, head_dim: int) -> str | None:
+        """None when this provider takes q/k/v of this head dim, else the reason it cannot."""
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
@@ -44,8 +50,7 @@ class VarlenAttentionKernel(Protocol):
     sequences i: q rows [ranges[0, i], ranges[1, i]) attend keys [ranges[2, i], ranges[3, i]). Ranges are
     non-overlapping and in increasing order on each side, may be empty (q or k side), and need not be adjacent
     (gaps are rows/keys of no sequence). `max_q`/`max_k` are static upper bounds of any range's length (for
-    grid sizing; never read the ranges on the host). `ranges_to_cu_seqlens` turns ranges into the adjacent
-    cu_seqlens that FA2/cuDNN-style kernels take. k/v may be strided views (e.g. of an all-gather buffer).
+    grid sizing; never read the ranges on the host). k/v may be strided views (e.g. of an all-gather buffer).
 
     causal: within each sequence, key j is visible to q row t iff (j - k_start) <= (t - q_start) + (k_len -
     q_len), i.e. BOTTOM-RIGHT aligned (flash-attn's convention): the all-gather THD layouts issue causal
@@ -77,6 +82,9 @@ class VarlenAttentionKernel(Protocol):
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """None when this provider can run on `device`/`dtype`, else the reason it cannot."""
+
+    def supports_head_dim(self, head_dim: int) -> str | None:
+        """None when this provider takes q/k/v of this head dim, else the reason it cannot."""
 
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype backward returns dq/dk/dv in for inputs of `dtype` (static: graphs are traced with it)."""
@@ -126,18 +134,9 @@ def range_ids(starts: torch.Tensor, ends: torch.Tensor, length: int) -> torch.Te
     return delta.cumsum(0)[:length] - 1
 
 
-def ranges_to_cu_seqlens(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cu_seqlens_q, cu_seqlens_k), int32 of length 3B+1, for kernels whose sequences must be adjacent.
-
-    Range i becomes 3 adjacent sequences: (q_i, k_i); (the q gap after q_i, no keys); (no queries, the k gap
-    after k_i). Gap sequences have an empty side, so they add no attention. The first offsets may be nonzero:
-    rows before them belong to no sequence.
-    """
-    qs, qe, ks, ke = ranges.long()
-    q_next = torch.cat((qs[1:], qe[-1:]))
-    cu_q = torch.cat((torch.stack((qs, qe, q_next), 1).flatten(), qe[-1:]))
-    cu_k = torch.cat((torch.stack((ks, ke, ke), 1).flatten(), ke[-1:]))
-    return cu_q.int(), cu_k.int()
+def any_head_dim(head_dim: int) -> str | None:
+    """supports_head_dim of a provider that takes every head dim (the CPU kernels)."""
+    return None
 
 
 def cpu_support_problem(device: torch.device, dtype: torch.dtype) -> str | None:

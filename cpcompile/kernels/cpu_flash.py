@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import cpu_support_problem
+from .base import any_head_dim, cpu_support_problem
 
 _aten = torch.ops.aten
 
@@ -14,6 +14,8 @@ class CPUFlashKernel:
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return cpu_support_problem(device, dtype)
+
+    supports_head_dim = staticmethod(any_head_dim)
 
     def forward(self, q, k, v, causal, scale):
         out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..merge import acc_dtype
-from .base import cpu_support_problem, range_ids
+from ..precision import acc_dtype
+from .base import any_head_dim, cpu_support_problem, range_ids
 
 
 def _mask(ranges: torch.Tensor, tq: int, tk: int, causal: bool, window: tuple[int, int]) -> torch.Tensor:
@@ -47,6 +47,8 @@ class CPUVarlenReference:
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return cpu_support_problem(device, dtype)
+
+    supports_head_dim = staticmethod(any_head_dim)
 
     def _probs(self, q, k, ranges, causal, scale, window, lse=None):
         acc = acc_dtype(q.dtype)

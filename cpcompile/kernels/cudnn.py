@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._cuda import cuda_half_reason, squeeze_lse
+from ._cuda import cuda_half_reason, head_dim_reason, squeeze_lse
 
 _aten = torch.ops.aten
 
@@ -40,9 +40,7 @@ class CuDNNKernel:
         return reason
 
     def supports_head_dim(self, head_dim: int) -> str | None:
-        if head_dim % 8 != 0 or head_dim > 256:
-            return f"cuDNN attention needs a head dim that is a multiple of 8 and at most 256, not {head_dim}"
-        return None
+        return head_dim_reason(head_dim, "cuDNN attention")
 
     def forward(self, q, k, v, causal, scale):
         if self.expand_kv:

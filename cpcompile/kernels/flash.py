@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._cuda import cuda_half_reason, squeeze_lse
+from ._cuda import cuda_half_reason, head_dim_reason, squeeze_lse
 
 _aten = torch.ops.aten
 
@@ -21,9 +21,7 @@ class FlashKernel:
         return cuda_half_reason(device, dtype, "FlashAttention-2")
 
     def supports_head_dim(self, head_dim: int) -> str | None:
-        if head_dim % 8 != 0 or head_dim > 256:
-            return f"FlashAttention-2 needs a head dim that is a multiple of 8 and at most 256, not {head_dim}"
-        return None
+        return head_dim_reason(head_dim, "FlashAttention-2")
 
     def forward(self, q, k, v, causal, scale):
         out, lse, *_ = _aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._cuda import cuda_half_reason, missing_package
+from ._cuda import cuda_half_reason, head_dim_reason, missing_package
 
 
 def _interface():
@@ -22,6 +22,9 @@ class FlashAttnPackageKernel:
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return missing_package("flash_attn", "flash-attn") or cuda_half_reason(device, dtype, "flash-attn")
+
+    def supports_head_dim(self, head_dim: int) -> str | None:
+        return head_dim_reason(head_dim, "flash-attn")
 
     def forward(self, q, k, v, causal, scale):
         # flash-attn takes (B, S, H, D) with a unit last stride: our (B, H, S, D) views transposed.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._cuda import cuda_half_reason
+from ._cuda import cuda_half_reason, head_dim_reason
 
 _aten = torch.ops.aten
 
@@ -64,9 +64,7 @@ class FlashVarlenKernel:
         return dtype  # aten's FA2 backward writes dq/dk/dv in the input dtype
 
     def supports_head_dim(self, head_dim: int) -> str | None:
-        if head_dim % 8 != 0 or head_dim > 256:
-            return f"FlashAttention-2 varlen needs a head dim that is a multiple of 8 and at most 256, not {head_dim}"
-        return None
+        return head_dim_reason(head_dim, "FlashAttention-2 varlen")
 
     def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
         cu_q, cu_k = (tiled_cu_seqlens if tiled else adjacent_cu_seqlens)(ranges)

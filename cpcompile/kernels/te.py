@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._cuda import cuda_half_reason, missing_package
+from ._cuda import cuda_half_reason, head_dim_reason, missing_package
 
 
 def _te():
@@ -31,6 +31,9 @@ class TransformerEngineKernel:
         return missing_package("transformer_engine", "transformer-engine[pytorch]") or cuda_half_reason(
             device, dtype, "TransformerEngine fused attention"
         )
+
+    def supports_head_dim(self, head_dim: int) -> str | None:
+        return head_dim_reason(head_dim, "TransformerEngine fused attention")
 
     def _common(self, q, k, causal, scale):
         fa, tex = _te()

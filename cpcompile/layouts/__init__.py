@@ -1,13 +1,20 @@
-"""Token layouts across CP ranks (pure index math, no torch.distributed)."""
+"""Token layouts across CP ranks (pure index math, no torch.distributed).
+
+Chunk layouts (flat, zigzag) cut one sequence into equal chunks; packed layouts (thd, thd_zigzag) cut a buffer
+of packed documents by its cu_seqlens. A new layout is one module plus one entry in LAYOUTS or THD_LAYOUTS.
+"""
 
 from __future__ import annotations
 
 from ..errors import CPCompileError
 from .base import LOCAL_SOURCE, Block, ChunkLayout
 from .flat import FlatLayout
+from .thd import THD_LAYOUTS, PackedLayout, VarlenBlock, get_packed_layout
 from .zigzag import ZigzagLayout
 
 LAYOUTS: dict[str, ChunkLayout] = {"flat": FlatLayout(), "zigzag": ZigzagLayout()}
+STRATEGIES = (*LAYOUTS, *THD_LAYOUTS)
+"""Every strategy name backend(strategy=...) and the sharding helpers take."""
 
 
 def get_layout(strategy: str) -> ChunkLayout:
@@ -18,4 +25,17 @@ def get_layout(strategy: str) -> ChunkLayout:
         raise CPCompileError(f"unknown strategy {strategy!r}. Fix: use one of {sorted(LAYOUTS)}.") from None
 
 
-__all__ = ["LAYOUTS", "LOCAL_SOURCE", "Block", "ChunkLayout", "FlatLayout", "ZigzagLayout", "get_layout"]
+__all__ = [
+    "LAYOUTS",
+    "LOCAL_SOURCE",
+    "STRATEGIES",
+    "THD_LAYOUTS",
+    "Block",
+    "ChunkLayout",
+    "FlatLayout",
+    "PackedLayout",
+    "VarlenBlock",
+    "ZigzagLayout",
+    "get_layout",
+    "get_packed_layout",
+]

@@ -27,9 +27,6 @@ class Block:
     kv_len: int
     causal: bool
 
-    def as_ints(self) -> list[int]:
-        return [self.q_start, self.q_len, self.source, self.kv_start, self.kv_len, int(self.causal)]
-
 
 class ChunkLayout:
     """Base of the chunk layouts; subclasses set `name`, `chunks_per_rank` and `rank_chunks`."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-NO_WINDOW = (-1, -1)
+from ..kernels.base import NO_WINDOW
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,58 @@
-"""The CP pass: find attention sites, plan them, rewrite them into CP regions."""
+"""The CP pass over one Dynamo graph: find the attention sites, plan every one, then rewrite them.
 
+`run(gm, config)` is the one entry (the backend calls it). PASSES lists the steps in order; each takes the
+graph and the PassState the steps hand each other. Every site is planned (and so validated) before any is
+rewritten, and all of it happens at compile time, before any collective runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.fx
+
+from ..log import log_plans
 from .match import AttentionSite, find_attention_sites
-from .plan import COMMS, CPConfig, CPPlan, plan_site
+from .plan import plan_site
+from .plans import CPConfig, CPPlan, VarlenPlan
 from .rewrite import rewrite_graph
 
-__all__ = ["COMMS", "AttentionSite", "CPConfig", "CPPlan", "find_attention_sites", "plan_site", "rewrite_graph"]
+
+@dataclass
+class PassState:
+    """What the steps hand each other."""
+
+    config: CPConfig
+    sites: list[AttentionSite] = field(default_factory=list)
+    plans: list[CPPlan] = field(default_factory=list)
+
+
+def find(gm: torch.fx.GraphModule, state: PassState) -> None:
+    """Every SDPA and varlen_attn call in the graph, normalised (passes/match.py)."""
+    state.sites = find_attention_sites(gm)
+
+
+def plan(gm: torch.fx.GraphModule, state: PassState) -> None:
+    """A CPPlan per site, or the first site's CPCompileError (passes/plan.py)."""
+    state.plans = [plan_site(site, state.config) for site in state.sites]
+
+
+def rewrite(gm: torch.fx.GraphModule, state: PassState) -> None:
+    """Each planned node replaced by its region call (passes/rewrite.py); logged per site."""
+    if state.plans:
+        rewrite_graph(gm, state.plans)
+    log_plans(gm, state.plans)
+
+
+PASSES = (find, plan, rewrite)
+
+
+def run(gm: torch.fx.GraphModule, config: CPConfig) -> list[CPPlan]:
+    """Run the pass on `gm` in place; returns the plans of the rewritten sites (empty: nothing to do)."""
+    state = PassState(config)
+    for step in PASSES:
+        step(gm, state)
+    return state.plans
+
+
+__all__ = ["PASSES", "AttentionSite", "CPConfig", "CPPlan", "PassState", "VarlenPlan", "find_attention_sites", "run"]

@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..errors import site_error
-from ..groups import CPGroup, resolve_group
 from ..layouts import get_layout
+from ..mesh import CPGroup, cp_mesh_dim, group_of, no_cp_dim_problem, resolve_group
 from .match import AttentionSite, _example
 
 SEQ_DIM = 2
@@ -25,14 +25,6 @@ SEQ_DIM = 2
 def is_dtensor_site(site: AttentionSite) -> bool:
     """True when the site's query was traced as a DTensor."""
     return isinstance(_example(site.query), DTensor)
-
-
-def cp_mesh_dim(mesh) -> int | None:
-    """Index of the CP dim of a DeviceMesh: the only dim of a 1-D mesh, else the dim named "cp" (None if none)."""
-    if mesh.ndim == 1:
-        return 0
-    names = mesh.mesh_dim_names or ()
-    return names.index("cp") if "cp" in names else None
 
 
 def _describe(p) -> str:
@@ -61,11 +53,7 @@ def localize_dtensor_site(site: AttentionSite, strategy: str, mesh=None, group=N
             )
     cp_dim = cp_mesh_dim(dmesh)
     if cp_dim is None:
-        raise site_error(
-            node,
-            f"its DTensors live on a {dmesh.ndim}-D mesh with dims {dmesh.mesh_dim_names}, none named 'cp'",
-            "use a 1-D mesh or name the context-parallel dim 'cp' (mesh_dim_names=(..., 'cp'))",
-        )
+        raise site_error(node, *no_cp_dim_problem(dmesh))
     cp_place = placements[cp_dim]
     if type(cp_place) is not Shard or cp_place.dim % len(q.shape) != SEQ_DIM:
         what = "replicated" if isinstance(cp_place, Replicate) else f"placed {_describe(cp_place)}"
@@ -94,7 +82,7 @@ def localize_dtensor_site(site: AttentionSite, strategy: str, mesh=None, group=N
                 f"sharded over ranks {dist.get_process_group_ranks(cp_pg)} (their mesh {dmesh})",
                 "drop mesh=/group= (cpcompile reads the mesh from the DTensors) or pass the mesh the inputs use",
             )
-    cp = CPGroup(group=cp_pg, name=cp_pg.group_name, rank=dist.get_rank(cp_pg), size=dist.get_world_size(cp_pg))
+    cp = group_of(cp_pg)
     layout = get_layout(strategy)
     seq = q.shape[SEQ_DIM]
     if seq % layout.required_multiple(cp.size):

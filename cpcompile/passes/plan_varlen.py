@@ -4,56 +4,31 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
 
 import torch
 import torch.fx
 
-from ..errors import CPCompileError, node_origin, site_error
-from ..groups import CPGroup
-from ..head_split import head_split_problem
-from ..kernels import get_varlen_kernel, resolve_kernel
-from ..layouts.thd import THD_LAYOUTS
-from ..regions import VARLEN_REGIONS
+from ..comm.registry import COMMS, Comm, get_comm
+from ..errors import site_error
+from ..kernels import get_varlen_kernel
+from ..kernels.base import NO_WINDOW
+from ..layouts import THD_LAYOUTS
+from ..layouts.heads import head_split_problem
+from ..mesh import CPGroup
+from .checks import is_static, site_kernel
 from .match import AttentionSite
-from .plan import CPConfig, CPPlan, _is_static
-
-CAUSAL_WINDOW, FULL_WINDOW = (-1, 0), (-1, -1)
-
-
-@dataclass(frozen=True)
-class VarlenPlan(CPPlan):
-    """A CPPlan for a varlen site: cu_seqlens is a region input, plus the window and whether lse is read."""
-
-    window: tuple[int, int] = (-1, -1)
-    """Sliding-window limits on top of `causal` ((-1, -1): none; under all_gather only causal (left, 0))."""
-    return_lse: bool = True
-    """Whether the graph reads the lse output (a2a sends it back only then)."""
-    max_doc: int | None = None
-    """The call's max_q/max_k (static ints), a bound on every document's length: it bounds the kernels' grids."""
-
-    def region_target(self):
-        return VARLEN_REGIONS[self.comm]
-
-    def region_args(self) -> tuple:
-        return (*super().region_args(), self.site.cu_seqlens_q)
-
-    def region_kwargs(self) -> dict:
-        extra = dict(max_doc=self.max_doc, window=self.window)
-        if self.comm == "a2a":
-            extra["return_lse"] = self.return_lse
-        return {**super().region_kwargs(), **extra}
+from .plans import CPConfig, VarlenPlan
 
 
 def _window(site: AttentionSite) -> tuple | None:
     window = site.window
     if isinstance(window, torch.fx.Node) or (window is not None and not isinstance(window, (list, tuple))):
         return None
-    window = tuple(FULL_WINDOW if window is None else window)
+    window = tuple(NO_WINDOW if window is None else window)
     return window if all(isinstance(w, int) for w in window) else None
 
 
-def _mask(site: AttentionSite, comm: str) -> tuple[bool, tuple[int, int]]:
+def _mask(site: AttentionSite, comm: Comm) -> tuple[bool, tuple[int, int]]:
     """(causal, extra window) from window_size / is_causal: (-1, 0) causal, (-1, -1) full, (w, 0) sliding causal
     (a rank's q pieces end their key ranges under all_gather, so the bottom-right window is right); under a2a
     any flash-attn window (left, right), which after the exchange is a cp=1 mask."""
@@ -71,7 +46,7 @@ def _mask(site: AttentionSite, comm: str) -> tuple[bool, tuple[int, int]]:
             "pass window_size=(left, right), e.g. (-1, 0) causal or (w, 0) sliding causal",
         )
     causal = bool(is_causal) or window[1] == 0
-    if not causal and window != FULL_WINDOW and comm != "a2a":
+    if not causal and window != NO_WINDOW and not comm.varlen_any_window:
         raise site_error(
             node,
             f"window_size={window}: a sliding window that reaches right of the diagonal is not supported by the "
@@ -87,16 +62,11 @@ def _reads_lse(node: torch.fx.Node) -> bool:
     return any(not (u.target is operator.getitem and u.args[1] in (0, 2)) for u in node.users)
 
 
-def _a2a_problem(site: AttentionSite, strategy: str, cp: int) -> tuple[str, str] | None:
-    """Layout and head rules of comm='a2a' for packed documents: (rule broken, fix) or None."""
-    if strategy != "thd":
-        return (
-            f"comm='a2a' runs the whole sequence on every rank (for H/cp of the heads), so causal work is "
-            f"balanced with the contiguous layout already; strategy={strategy!r} (per-document zigzag) would "
-            "only add a reorder of q/k/v and the output after each exchange",
-            "use strategy='thd' with comm='a2a' (shard with cpcompile.shard(..., strategy='thd', cu_seqlens=...))",
-        )
-    return head_split_problem(site.q_shape[1], site.k_shape[1], cp)
+def _comm_problem(site: AttentionSite, strategy: str, comm: Comm, cp: int) -> tuple[str, str] | None:
+    """The comm's rules for packed documents (layouts it refuses, head splits): (rule broken, fix) or None."""
+    if strategy in comm.varlen_refusals:
+        return comm.varlen_refusals[strategy]
+    return head_split_problem(site.q_shape[1], site.k_shape[1], cp) if comm.splits_heads else None
 
 
 def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> VarlenPlan:
@@ -109,11 +79,12 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "use strategy='thd' (any document lengths) or 'thd_zigzag' (documents of multiples of 2*cp), "
             "and shard with cpcompile.shard(..., cu_seqlens=cu_seqlens)",
         )
-    if config.comm not in VARLEN_REGIONS:
+    comm = get_comm(config.comm)
+    if comm.varlen_region is None:
         raise site_error(
             node,
             f"comm={config.comm!r} has no varlen region yet",
-            f"use comm in {sorted(VARLEN_REGIONS)} for varlen_attn",
+            f"use comm in {sorted(n for n, c in COMMS.items() if c.varlen_region)} for varlen_attn",
         )
     if site.inference_args:
         raise site_error(
@@ -135,7 +106,7 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "its cu_seqlens is not a 1-D integer tensor",
             "pass the global document offsets as a 1-D int32 tensor (an unsharded model input)",
         )
-    causal, window = _mask(site, config.comm)
+    causal, window = _mask(site, comm)
     gqa = bool(site.enable_gqa) if isinstance(site.enable_gqa, (bool, int)) else False
     for name, shape in (("query", site.q_shape), ("key", site.k_shape), ("value", site.v_shape)):
         if len(shape) != 3:
@@ -144,7 +115,7 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
                 f"its {name} has shape {shape}; varlen_attn under CP takes packed (tokens, heads, head_dim)",
                 "call varlen_attn with 3-D packed tensors",
             )
-        if not _is_static(shape):
+        if not is_static(shape):
             raise site_error(
                 node,
                 f"its {name} has a dynamic shape {shape}; the packed length per rank must be static",
@@ -172,7 +143,7 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "be equal and divide the q heads",
             "fix the head counts (pass enable_gqa=True for grouped-query attention)",
         )
-    if config.comm == "a2a" and (problem := _a2a_problem(site, config.strategy, group.size)):
+    if problem := _comm_problem(site, config.strategy, comm, group.size):
         raise site_error(node, *problem)
     layout = THD_LAYOUTS[config.strategy]
     local_multiple = layout.required_multiple(group.size) // group.size
@@ -183,11 +154,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             f"an even number of tokens, but this rank has {tq}",
             "pad every document to a multiple of 2*cp (cpcompile.pad_documents) before cpcompile.shard",
         )
-    try:
-        kernel = resolve_kernel(config.kernel, site.device, site.dtype, d, varlen=True)
-    except CPCompileError as e:
-        raise CPCompileError(f"cpcompile cannot rewrite {node_origin(node)}: {e}") from None
-    if window != (-1, -1) and not getattr(get_varlen_kernel(kernel), "supports_window", False):
+    kernel = site_kernel(site, config.kernel, d, varlen=True)
+    if window != NO_WINDOW and not get_varlen_kernel(kernel).supports_window:
         raise site_error(
             node,
             f"window_size={_window(site)} needs a varlen kernel with sliding windows, and {kernel!r} has none",

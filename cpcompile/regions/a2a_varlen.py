@@ -3,18 +3,20 @@
 thd shards the packed buffer rank-major, so after the heads<->tokens exchange every rank holds all T tokens
 in GLOBAL order for its heads: the attention is that of cp=1, one varlen block over the whole buffer with
 the global cu_seqlens unchanged (causal, full or sliding-window), and no reorder. Packing, the exchange and
-GQA replication are the dense a2a region's (regions/a2a.py), on (T, H, D) tensors seen as (1, H, T, D).
+GQA replication are comm.heads' (shared with the dense a2a region), on (T, H, D) tensors seen as (1, H, T, D).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..comm import exchange_first
-from ..head_split import HeadSplit
+from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ..comm.collectives import exchange_first
+from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back
+from ..executor.blocks import encode_varlen
+from ..kernels.base import NO_WINDOW
+from ..layouts.heads import HeadSplit
 from ..layouts.thd import whole_sequence_blocks
-from ..varlen_executor import encode_blocks  # (importing it registers torch.ops.cpcompile.attend_varlen_blocks)
-from .a2a import heads_to_bshd, replicate_kv, send_heads, send_tokens_back
 
 
 def _as_bhsd(x: torch.Tensor) -> torch.Tensor:
@@ -40,7 +42,7 @@ def a2a_varlen_attention(
     group_name: str,
     rank: int,
     world: int,
-    window: tuple[int, int] = (-1, -1),
+    window: tuple[int, int] = NO_WINDOW,
     return_lse: bool = True,
     max_doc: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,7 +64,7 @@ def a2a_varlen_attention(
         [_as_thd(k_b, split.kv_per_rank)],
         [_as_thd(v_b, split.kv_per_rank)],
         [b.ranges for b in blocks],
-        encode_blocks(blocks),
+        encode_varlen(blocks),
         scale,
         kernel,
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm import all_gather_dim0, reduce_scatter_dim0, slots_tokens_first
-from ..layouts import get_layout
+from ..comm.collectives import all_gather_dim0, reduce_scatter_dim0, slots_tokens_first
+from ..executor.blocks import encode_dense
+from ..layouts import Block, get_layout
 
 
 def _pack(k: torch.Tensor, v: torch.Tensor, slots: int) -> torch.Tensor:
@@ -71,7 +72,12 @@ def all_gather_attention(
     tokens form one strided buffer, so a block's key range is always a slice of one buffer: no reorder
     copy. Causal squares read the local K/V, so they do not wait for the gather.
     """
-    lay = get_layout(layout)
-    slots = lay.chunks_per_rank
-    blocks = [i for b in lay.blocks(world, rank, q.shape[-2] // slots, causal) for i in b.as_ints()]
+    slots = get_layout(layout).chunks_per_rank
+    blocks = encode_dense(rank_blocks(layout, causal, rank, world, q.shape[-2]))
     return _PackedAllGatherAttention.apply(q, k, v, blocks, scale, kernel, slots, group_name)
+
+
+def rank_blocks(layout: str, causal: bool, rank: int, world: int, local_len: int) -> list[Block]:
+    """The blocks this rank runs over its local and gathered K/V (`local_len` tokens a rank)."""
+    lay = get_layout(layout)
+    return lay.blocks(world, rank, local_len // lay.chunks_per_rank, causal)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from ..comm import all_gather_dim0 as _gather
-from ..comm import grad_reduce_dtype
-from ..comm import reduce_scatter_dim0 as _reduce
-from ..layouts.thd import NO_WINDOW, get_packed_layout
-from ..varlen_executor import encode_blocks  # (importing it registers torch.ops.cpcompile.attend_varlen_blocks)
+from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ..comm.collectives import all_gather_dim0 as _gather
+from ..comm.collectives import reduce_scatter_dim0 as _reduce
+from ..executor.blocks import encode_varlen
+from ..kernels.base import NO_WINDOW
+from ..layouts.thd import get_packed_layout
+from ..precision import acc_dtype
 
 
 def read_keys(gathered: torch.Tensor, key_index: torch.Tensor | None) -> torch.Tensor:
@@ -27,7 +29,7 @@ def fold_key_grads(dk: torch.Tensor, dv: torch.Tensor, key_fold: torch.Tensor | 
     over each token's copies (layouts.thd.PackedLayout.key_buffer; a key held twice gets both parts, summed in
     fp32). In the region's backward graph Inductor fuses the stack, gather, sum and cast into one kernel."""
     dkeys = torch.stack((dk, dv), dim=1)
-    acc = grad_reduce_dtype(dk.dtype)
+    acc = acc_dtype(dk.dtype)
     if key_fold is None:
         return dkeys.to(acc)
     parts = dkeys[key_fold.clamp(min=0)].to(acc)  # (copies, T, 2, Hkv, D)
@@ -102,7 +104,7 @@ def all_gather_varlen_attention(
     local = q.shape[0]
     blocks = lay.blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
     key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)
-    spec, ranges = encode_blocks(blocks), [b.ranges for b in blocks]
+    spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
     out, lse = _GatherAttend.apply(q, k, v, key_index, key_fold, spec, scale, kernel, group_name, *ranges)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from torch.distributed.tensor import DTensor
 
+from ..comm.registry import get_comm
+
 
 def dtensor_region(q: DTensor, k: DTensor, v: DTensor, *, comm: str, **region_kwargs) -> DTensor:
-    """REGIONS[comm] on the local shards of q/k/v; the output is a DTensor on q's mesh with q's placements."""
-    from . import REGIONS
-
-    out = REGIONS[comm](q.to_local(), k.to_local(), v.to_local(), **region_kwargs)
+    """The comm's dense region on the local shards of q/k/v; the output is a DTensor on q's mesh, placed like q."""
+    out = get_comm(comm).region(q.to_local(), k.to_local(), v.to_local(), **region_kwargs)
     return DTensor.from_local(out, q.device_mesh, q.placements, run_check=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..executor.blocks import encode_dense
 from ..layouts import get_layout
 
 
@@ -19,5 +20,5 @@ def rank_inputs(layout: str, cp: int, rank: int, q, k, v, dout, causal: bool = T
         g = torch.cat([torch.arange(c * chunk, (c + 1) * chunk) for c in lay.source_chunks(slot, cp)])
         ks.append(k[:, :, g])
         vs.append(v[:, :, g])
-    blocks = [i for b in lay.blocks(cp, rank, chunk, causal) for i in b.as_ints()]
+    blocks = encode_dense(lay.blocks(cp, rank, chunk, causal))
     return idx, q[:, :, idx], ks, vs, dout[:, :, idx], blocks

@@ -1,8 +1,8 @@
 """The block executor: one custom op that runs a rank's attention blocks and merges them by log-sum-exp.
 
-`cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None)` runs every block (see
-layouts.Block, encoded as six ints each; sources are ks/vs, then the slots of packed_kv) with the kernel
-provider, same-shaped blocks batched into one call (block_calls), the calls spread over two CUDA streams
+`cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None)` runs every block (layouts.Block,
+six ints each by blocks.encode_dense; sources are ks/vs, then the slots of packed_kv) with the kernel
+provider, same-shaped blocks batched into one call (calls.py), the calls spread over two CUDA streams
 (streams), and merges partial outputs by LSE in fp32 registers (merge). Its registered backward calls each
 block's kernel backward with the FINAL output and LSE, which yields the exact partial gradients (the
 ring-attention identity), and sums them per row segment, rounding once; autograd never differentiates
@@ -15,26 +15,21 @@ from functools import lru_cache
 
 import torch
 
-from .block_calls import Call, batched_rows, plan_calls, segments
-from .kernels import get_kernel
-from .merge import acc_dtype, merge_outputs, sum_into
+from ..kernels import get_kernel
+from ..precision import acc_dtype
+from .blocks import decode_dense
+from .calls import Call, batched_rows, plan_calls, segments
+from .merge import merge_outputs, sum_into
 from .streams import assign, run_calls
-
-BLOCK_FIELDS = 6
-
-
-def _decode(blocks: list[int]) -> list[tuple[int, int, int, int, int, bool]]:
-    it = [blocks[i : i + BLOCK_FIELDS] for i in range(0, len(blocks), BLOCK_FIELDS)]
-    return [(a, b, c, d, e, bool(f)) for a, b, c, d, e, f in it]
 
 
 @lru_cache(maxsize=256)
-def _calls(blocks: tuple[int, ...], batch: int) -> tuple[list, list[Call], list[int]]:
+def planned_calls(blocks: tuple[int, ...], batch: int) -> tuple[list, list[Call], list[int]]:
     """Decoded blocks, their kernel calls and each call's stream (streams.assign), cached: the region runs the
     same block list every step."""
-    decoded = _decode(list(blocks))
+    decoded = decode_dense(blocks)
     calls = plan_calls(decoded, batch)
-    return decoded, calls, assign(_work(calls))
+    return decoded, calls, assign(call_work(calls))
 
 
 def _empty_like_layout(ref: torch.Tensor, last: int, dtype: torch.dtype) -> torch.Tensor:
@@ -48,7 +43,7 @@ def _empty_like_layout(ref: torch.Tensor, last: int, dtype: torch.dtype) -> torc
     return t.permute(inverse)
 
 
-def _work(calls: list[Call]) -> list[float]:
+def call_work(calls: list[Call]) -> list[float]:
     """Relative cost of each call (score entries it computes), for balancing calls over streams."""
     return [c.q_len * c.kv_len * len(c.members) * (0.5 if c.causal else 1.0) for c in calls]
 
@@ -110,7 +105,7 @@ def attend_blocks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_kernel(kernel)
     ks, vs = with_packed_sources(ks, vs, packed_kv)
-    decoded, calls, lanes = _calls(tuple(blocks), q.shape[0])
+    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0])
     outs: list[tuple[int, int, torch.Tensor]] = []
     lses: list[tuple[int, int, torch.Tensor]] = []
     for c, (o, lse) in zip(calls, run_calls(q.device, lanes, forward_thunks(impl, q, ks, vs, calls, scale))):
@@ -154,7 +149,7 @@ def attend_blocks_backward(
     impl = get_kernel(kernel)
     n_explicit = len(ks)
     ks, vs = with_packed_sources(ks, vs, packed_kv)
-    decoded, calls, lanes = _calls(tuple(blocks), q.shape[0])
+    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0])
     kernel_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse_k = lse.to(kernel_lse_dtype)
     dq_pieces: list[tuple[int, int, torch.Tensor]] = []

@@ -10,15 +10,6 @@ _all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_te
 _reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
 
 
-def grad_reduce_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Gradients of gathered tensors are summed across ranks in at least fp32.
-
-    Summing cp partial dK/dV in bf16 adds one rounding per rank on top of the kernel's; in fp32 the CP
-    gradient stays as accurate as the single-device one (ring-flash-attn does the same).
-    """
-    return torch.promote_types(dtype, torch.float32)
-
-
 def _waited(t: torch.Tensor) -> torch.Tensor:
     """Eager funcol returns an AsyncCollectiveTensor; traced funcol already inserted its wait."""
     return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
@@ -42,8 +33,8 @@ def slots_tokens_first(x: torch.Tensor, slots: int) -> torch.Tensor:
 
 class _ExchangeFirst(torch.autograd.Function):
     """all-to-all along dim 0 with equal splits; an equal-split all-to-all is its own inverse, so backward
-    sends the gradient the same way back. Written as a Function (like _GatherSeqFirst) so the traced graph is
-    the same on torch 2.11 and 2.13, whatever autograd funcol registers there."""
+    sends the gradient the same way back. Written as a Function (like the regions' gather + attend Functions) so
+    the traced graph is the same on torch 2.11 and 2.13, whatever autograd funcol registers there."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, group_name: str) -> torch.Tensor:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .comm import all_gather_dim0
-from .errors import CPCompileError
-from .groups import resolve_group
-from .layouts.thd import THD_LAYOUTS, get_packed_layout
+from ..comm.collectives import all_gather_dim0
+from ..errors import CPCompileError
+from ..layouts.thd import get_packed_layout
+from ..mesh import resolve_group
 
 
 def _need_cu(cu_seqlens, strategy: str, helper: str) -> torch.Tensor:
@@ -123,4 +123,4 @@ def pad_documents(
     return torch.cat(pieces, dim=dim), cu_seqlens.new_tensor(new_cu)
 
 
-__all__ = ["THD_LAYOUTS", "check_documents", "pad_cu_seqlens", "pad_documents", "shard_packed", "unshard_packed"]
+__all__ = ["check_documents", "pad_cu_seqlens", "pad_documents", "shard_packed", "unshard_packed"]

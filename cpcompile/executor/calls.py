@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-BlockTuple = tuple[int, int, int, int, int, bool]
+from .blocks import BlockTuple
 
 
 @dataclass(frozen=True)

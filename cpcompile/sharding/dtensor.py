@@ -12,20 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from .errors import CPCompileError
-from .groups import resolve_group
-
-
-def _cp_dim(mesh) -> int:
-    from .passes.dtensor import cp_mesh_dim
-
-    dim = cp_mesh_dim(mesh)
-    if dim is None:
-        raise CPCompileError(
-            f"the DeviceMesh has {mesh.ndim} dims named {mesh.mesh_dim_names}, none named 'cp'. "
-            "Fix: pass a 1-D mesh or name the context-parallel dim 'cp' (mesh_dim_names=(..., 'cp'))."
-        )
-    return dim
+from ..errors import CPCompileError
+from ..mesh import require_cp_mesh_dim, resolve_group
 
 
 def local_to_dtensor(local: torch.Tensor, seq_dim: int, mesh) -> DTensor:
@@ -35,7 +23,7 @@ def local_to_dtensor(local: torch.Tensor, seq_dim: int, mesh) -> DTensor:
     """
     if mesh is None:
         raise CPCompileError("as_dtensor=True needs the DeviceMesh to place the tokens on. Fix: pass mesh=.")
-    cp_dim = _cp_dim(mesh)
+    cp_dim = require_cp_mesh_dim(mesh)
     if mesh.ndim > 1 and seq_dim == 0:
         raise CPCompileError(
             "as_dtensor=True on a multi-dim mesh shards dim 0 (batch) over the non-CP dims, but seq_dim is 0. "
@@ -47,7 +35,7 @@ def local_to_dtensor(local: torch.Tensor, seq_dim: int, mesh) -> DTensor:
 
 def dtensor_local(x: DTensor, seq_dim: int | None, mesh=None, group=None) -> tuple[torch.Tensor, int, object]:
     """(local tokens, seq dim, mesh) of a DTensor sharded over a CP mesh dim; checks seq_dim/mesh/group agree."""
-    cp_dim = _cp_dim(x.device_mesh)
+    cp_dim = require_cp_mesh_dim(x.device_mesh)
     place = x.placements[cp_dim]
     if type(place) is not Shard:
         raise CPCompileError(

@@ -12,11 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
+from ..precision import acc_dtype
+
 MAX_FUSED = 4
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
 
 
 def _use_triton(out: torch.Tensor, parts: Sequence[torch.Tensor]) -> bool:

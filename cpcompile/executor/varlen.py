@@ -2,7 +2,7 @@
 
 `cpcompile::attend_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel)`: q (Tq, Hq, D) packed tokens,
 sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base) and eight ints per
-block (source, causal, max_q, max_k, window left, window right (-1 = unbounded), covers rows, covers keys).
+block (blocks.encode_varlen: source, causal, max_q, max_k, window, covers rows, covers keys).
 Block metadata lives in tensors computed on device, so documents can change every batch without recompiling
 or syncing. Rows a block does not cover are masked out of the merge (kernels may leave garbage there); rows no
 block covers get out = 0, lse = -inf. The registered backward calls each block's kernel backward with the FINAL
@@ -19,43 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import get_varlen_kernel
-from .kernels.base import range_ids
-from .merge import acc_dtype
-
-VARLEN_BLOCK_FIELDS = 8
-NO_WINDOW = (-1, -1)
-
-
-def encode_blocks(blocks) -> list[int]:
-    """The executor's int list for layouts.thd.VarlenBlock-like blocks."""
-    return [
-        i
-        for b in blocks
-        for i in (b.source, int(b.causal), b.max_q, b.max_k, *b.window, int(b.covers_rows), int(b.covers_keys))
-    ]
-
-
-def _fields(blocks: list[int]) -> list[list[int]]:
-    return [blocks[i : i + VARLEN_BLOCK_FIELDS] for i in range(0, len(blocks), VARLEN_BLOCK_FIELDS)]
-
-
-def _decode(blocks: list[int]) -> list[tuple[int, bool, int, int, dict]]:
-    """Per block: source, causal, max_q, max_k and the kernel's keyword arguments: `window` only with a window
-    (providers without sliding windows keep their plain signature), `tiled` only when the block covers every
-    row and every key (its ranges then tile both buffers: cu_seqlens without gap sequences)."""
-    out = []
-    for src, causal, mq, mk, left, right, rows, keys in _fields(blocks):
-        kwargs = {} if (left, right) == NO_WINDOW else {"window": (left, right)}
-        if rows and keys:
-            kwargs["tiled"] = True
-        out.append((src, bool(causal), mq, mk, kwargs))
-    return out
-
-
-def _covers(blocks: list[int]) -> list[tuple[bool, bool]]:
-    """Per block: (covers every q row, covers every key of its source)."""
-    return [(bool(f[6]), bool(f[7])) for f in _fields(blocks)]
+from ..kernels import get_varlen_kernel
+from ..kernels.base import range_ids
+from ..precision import acc_dtype
+from .blocks import decode_varlen
 
 
 def _grad_dtype(impl, dtype: torch.dtype, contributions: int) -> torch.dtype:
@@ -65,7 +32,7 @@ def _grad_dtype(impl, dtype: torch.dtype, contributions: int) -> torch.dtype:
 
 def _contributions(blocks: list[int], n_sources: int) -> tuple[int, list[int]]:
     """How many blocks write dq, and each source's dk/dv."""
-    srcs = [f[0] for f in _fields(blocks)]
+    srcs = [b.source for b in decode_varlen(blocks)]
     return len(srcs), [srcs.count(i) for i in range(n_sources)]
 
 
@@ -113,16 +80,16 @@ def attend_varlen_blocks(
     impl = get_varlen_kernel(kernel)
     acc_t = acc_dtype(q.dtype)
     if len(ranges) == 1:  # one kernel call: its out and lse are final, up to the rows it does not cover
-        (src, causal, max_q, max_k, kw), r = _decode(blocks)[0], ranges[0]
-        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **kw)
-        rows, _ = _masks(r, q.shape[0], ks[src].shape[0], (_covers(blocks)[0][0], True))  # keys: unused here
+        b, r = decode_varlen(blocks)[0], ranges[0]
+        o, l = impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs())
+        rows, _ = _masks(r, q.shape[0], ks[b.source].shape[0], (b.covers_rows, True))  # keys: unused here
         lse = _as_returned(l, acc_t, None) if rows is None else torch.where(rows, l.to(acc_t), float("-inf"))
         return _as_returned(o, q.dtype, rows), lse
     acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
-    for r, (src, causal, max_q, max_k, kw) in zip(ranges, _decode(blocks)):
-        o, l = impl.forward(q, ks[src], vs[src], r, max_q, max_k, causal, scale, **kw)
-        rows, _ = _covered(r, q.shape[0], ks[src].shape[0])
+    for r, b in zip(ranges, decode_varlen(blocks)):
+        o, l = impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs())
+        rows, _ = _covered(r, q.shape[0], ks[b.source].shape[0])
         l = torch.where(rows, l.to(acc_t), float("-inf"))
         merged = torch.logaddexp(lse, l)
         safe = torch.where(torch.isinf(merged), 0, merged)
@@ -165,11 +132,12 @@ def attend_varlen_blocks_backward(
             return _as_returned(part, _grad_dtype(impl, q.dtype, n), mask)
         return total.add_(part if mask is None else torch.where(mask[:, None, None], part, 0))  # fp32 (fp64) sum
 
-    for r, (src, causal, max_q, max_k, kw), covers in zip(ranges, _decode(blocks), _covers(blocks)):
+    for r, b in zip(ranges, decode_varlen(blocks)):
+        src = b.source
         dq_b, dk_b, dv_b = impl.backward(
-            dout, q, ks[src], vs[src], out, kernel_lse, r, max_q, max_k, causal, scale, **kw
+            dout, q, ks[src], vs[src], out, kernel_lse, r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs()
         )
-        rows, keys = _masks(r, q.shape[0], ks[src].shape[0], covers)
+        rows, keys = _masks(r, q.shape[0], ks[src].shape[0], (b.covers_rows, b.covers_keys))
         dq = add(dq, dq_b, rows, n_dq)
         dks[src] = add(dks[src], dk_b, keys, n_src[src])
         dvs[src] = add(dvs[src], dv_b, keys, n_src[src])

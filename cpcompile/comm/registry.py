@@ -1,0 +1,70 @@
+"""The comm registry: one entry per `comm=` name, naming its regions and the layouts it takes.
+
+A new comm is one region module (regions/) plus one entry here; the planner, the backend's argument check,
+the logs and the docs read everything else from the entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ..errors import CPCompileError
+from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen
+
+
+@dataclass(frozen=True)
+class Comm:
+    """How a comm runs attention, for SDPA sites (`region`) and varlen_attn sites (`varlen_region`)."""
+
+    name: str
+    region: Callable
+    """The dense region: (q, k, v, *, layout, causal, scale, kernel, group_name, rank, world) -> out."""
+    rank_blocks: Callable
+    """(layout, causal, rank, world, local_len) -> the dense blocks a rank runs (logs, explain)."""
+    varlen_region: Callable | None = None
+    """The packed-document region (q, k, v, cu_seqlens, *, ..., max_doc, window) -> varlen_attn's outputs."""
+    splits_heads: bool = False
+    """Whether the comm gives each rank a share of the heads (then the head counts must split over cp)."""
+    varlen_refusals: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Packed layouts this comm refuses, each with (rule broken, fix) for the planner's error."""
+    varlen_any_window: bool = False
+    """Whether the varlen region attends with cp=1's mask (after an exchange), so any flash-attn window works;
+    otherwise only causal (left, 0) windows, which every rank's q pieces keep exact by ending their key ranges."""
+    varlen_lse_on_demand: bool = False
+    """Whether the varlen region takes `return_lse` (the lse costs it a collective, sent only when read)."""
+
+
+COMMS: dict[str, Comm] = {
+    "all_gather": Comm(
+        name="all_gather",
+        region=all_gather.all_gather_attention,
+        rank_blocks=all_gather.rank_blocks,
+        varlen_region=all_gather_varlen.all_gather_varlen_attention,
+    ),
+    "a2a": Comm(
+        name="a2a",
+        region=a2a.a2a_attention,
+        rank_blocks=a2a.rank_blocks,
+        varlen_region=a2a_varlen.a2a_varlen_attention,
+        splits_heads=True,
+        varlen_any_window=True,
+        varlen_lse_on_demand=True,
+        varlen_refusals={
+            "thd_zigzag": (
+                "comm='a2a' runs the whole sequence on every rank (for H/cp of the heads), so causal work is "
+                "balanced with the contiguous layout already; strategy='thd_zigzag' (per-document zigzag) would "
+                "only add a reorder of q/k/v and the output after each exchange",
+                "use strategy='thd' with comm='a2a' (shard with cpcompile.shard(..., strategy='thd', cu_seqlens=...))",
+            )
+        },
+    ),
+}
+
+
+def get_comm(name: str) -> Comm:
+    """The registry entry of `name`, or a CPCompileError listing the comms."""
+    try:
+        return COMMS[name]
+    except KeyError:
+        raise CPCompileError(f"unknown comm {name!r}. Fix: use one of {list(COMMS)}.") from None

@@ -1,0 +1,35 @@
+"""The block executor: custom ops that run a rank's attention blocks on a kernel provider and merge them.
+
+Importing this package registers `torch.ops.cpcompile.attend_blocks(_backward)` (dense blocks, dense.py) and
+`torch.ops.cpcompile.attend_varlen_blocks(_backward)` (packed documents, varlen.py). The names below are the
+surface other code (regions, bench/, tests) uses; the modules' private helpers are not.
+"""
+
+from . import streams
+from .blocks import BlockTuple, VarlenSpec, decode_dense, decode_varlen, encode_dense, encode_varlen
+from .calls import Call, plan_calls
+from .dense import attend_blocks, attend_blocks_backward, backward_thunks, call_work, forward_thunks, planned_calls
+from .merge import merge_outputs, sum_into
+from .varlen import attend_varlen_blocks, attend_varlen_blocks_backward
+
+__all__ = [
+    "BlockTuple",
+    "Call",
+    "VarlenSpec",
+    "attend_blocks",
+    "attend_blocks_backward",
+    "attend_varlen_blocks",
+    "attend_varlen_blocks_backward",
+    "backward_thunks",
+    "call_work",
+    "decode_dense",
+    "decode_varlen",
+    "encode_dense",
+    "encode_varlen",
+    "forward_thunks",
+    "merge_outputs",
+    "plan_calls",
+    "planned_calls",
+    "streams",
+    "sum_into",
+]

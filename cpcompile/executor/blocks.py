@@ -1,0 +1,68 @@
+"""The executor ops' block encodings: layouts' blocks in, flat int lists out (custom ops take int lists), and back.
+
+Dense blocks (layouts.Block) travel as six ints each, varlen blocks (layouts.thd.VarlenBlock) as eight ints
+each plus one ranges tensor. Each encoder sits beside its decoder, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from ..kernels.base import NO_WINDOW
+
+BlockTuple = tuple[int, int, int, int, int, bool]
+"""A decoded dense block: (q_start, q_len, source, kv_start, kv_len, causal)."""
+
+DENSE_FIELDS = 6
+VARLEN_FIELDS = 8
+
+
+def encode_dense(blocks: Iterable) -> list[int]:
+    """Six ints per layouts.Block: q_start, q_len, source, kv_start, kv_len, causal."""
+    return [i for b in blocks for i in (b.q_start, b.q_len, b.source, b.kv_start, b.kv_len, int(b.causal))]
+
+
+def decode_dense(ints: Sequence[int]) -> list[BlockTuple]:
+    """Inverse of encode_dense."""
+    fields = [ints[i : i + DENSE_FIELDS] for i in range(0, len(ints), DENSE_FIELDS)]
+    return [(a, b, c, d, e, bool(f)) for a, b, c, d, e, f in fields]
+
+
+class VarlenSpec(NamedTuple):
+    """A decoded varlen block (its ranges travel separately, as a tensor)."""
+
+    source: int
+    causal: bool
+    max_q: int
+    max_k: int
+    window: tuple[int, int]
+    covers_rows: bool
+    covers_keys: bool
+
+    def kernel_kwargs(self) -> dict:
+        """The provider's keyword arguments: `window` only with a window (providers without sliding windows
+        keep their plain signature), `tiled` only when the block covers every row and every key (its ranges
+        then tile both buffers: cu_seqlens without gap sequences)."""
+        kwargs = {} if self.window == NO_WINDOW else {"window": self.window}
+        if self.covers_rows and self.covers_keys:
+            kwargs["tiled"] = True
+        return kwargs
+
+
+def encode_varlen(blocks: Iterable) -> list[int]:
+    """Eight ints per layouts.thd.VarlenBlock: source, causal, max_q, max_k, window left, window right (-1 =
+    unbounded), covers rows, covers keys."""
+    return [
+        i
+        for b in blocks
+        for i in (b.source, int(b.causal), b.max_q, b.max_k, *b.window, int(b.covers_rows), int(b.covers_keys))
+    ]
+
+
+def decode_varlen(ints: Sequence[int]) -> list[VarlenSpec]:
+    """Inverse of encode_varlen."""
+    fields = [ints[i : i + VARLEN_FIELDS] for i in range(0, len(ints), VARLEN_FIELDS)]
+    return [
+        VarlenSpec(s, bool(c), mq, mk, (left, right), bool(r), bool(k)) for s, c, mq, mk, left, right, r, k in fields
+    ]

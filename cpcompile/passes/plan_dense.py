@@ -1,0 +1,86 @@
+"""Plan an SDPA site (one unpacked sequence, chunk layouts): check every rule, failing with one clear error."""
+
+from __future__ import annotations
+
+import math
+
+from ..comm.registry import get_comm
+from ..errors import site_error
+from ..layouts import THD_LAYOUTS, get_layout
+from ..layouts.heads import head_split_problem
+from ..mesh import CPGroup
+from .checks import constant, is_static, site_kernel
+from .match import AttentionSite
+from .plans import CPConfig, CPPlan
+
+
+def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
+    """Validate an SDPA `site` against the rules of CP with this config and return its plan (or raise)."""
+    node = site.node
+    if config.strategy in THD_LAYOUTS:
+        raise site_error(
+            node,
+            f"strategy={config.strategy!r} lays out packed documents for varlen_attn, but this is "
+            "scaled_dot_product_attention over one unpacked sequence",
+            "use strategy='flat' or 'zigzag' for SDPA models, or call torch.nn.attention.varlen.varlen_attn",
+        )
+    if site.attn_mask is not None:
+        raise site_error(
+            node,
+            "an explicit attn_mask tensor cannot be sharded across CP ranks",
+            "use is_causal=True (or no mask) in scaled_dot_product_attention; for padded or packed "
+            "sequences use varlen attention with cu_seqlens",
+        )
+    dropout = constant(site, "dropout_p", site.dropout_p, (int, float))
+    if dropout != 0:
+        raise site_error(
+            node,
+            f"dropout_p={dropout}: attention dropout is not supported in a CP region",
+            "set attention dropout to 0 (e.g. attention_dropout=0.0 in the model config)",
+        )
+    causal = bool(constant(site, "is_causal", site.is_causal, (bool, int)))
+    for name, shape in (("query", site.q_shape), ("key", site.k_shape), ("value", site.v_shape)):
+        if len(shape) != 4:
+            raise site_error(
+                node,
+                f"its {name} has shape {shape}; cpcompile needs 4-D (batch, heads, seq, head_dim) inputs",
+                "call scaled_dot_product_attention with 4-D tensors",
+            )
+        if not is_static(shape):
+            raise site_error(
+                node,
+                f"its {name} has a dynamic shape {shape}; the CP blocks are planned for static lengths",
+                "compile with dynamic=False (pad batches to a fixed length with cpcompile.pad_to_multiple); "
+                "without it, Dynamo makes a length dynamic by itself once a second length is compiled",
+            )
+    (_, _, sq, d), (_, _, sk, _), (_, _, sv, _) = site.q_shape, site.k_shape, site.v_shape
+    if sq != sk or sk != sv:
+        raise site_error(
+            node,
+            f"q has {sq} local tokens but k/v have {sk}/{sv}; CP shards q, k and v along the same sequence",
+            "use CP only for self-attention whose q, k and v come from the same sharded tokens",
+        )
+    if site.v_shape[-1] != d or site.k_shape[-1] != d:
+        raise site_error(
+            node,
+            f"q/k head dim {d} and v head dim {site.v_shape[-1]} differ; the CP kernels take one head dim",
+            "use the same head dim for q, k and v (pad v's head dim and slice the output)",
+        )
+    if get_comm(config.comm).splits_heads and (
+        problem := head_split_problem(site.q_shape[1], site.k_shape[1], group.size)
+    ):
+        raise site_error(node, *problem)
+    layout = get_layout(config.strategy)
+    if sq % layout.chunks_per_rank != 0:
+        raise site_error(
+            node,
+            f"layout {layout.name!r} splits each rank's tokens into {layout.chunks_per_rank} equal chunks, "
+            f"but this rank has {sq} tokens",
+            f"pad the global sequence to a multiple of {layout.required_multiple(group.size)} tokens "
+            "(cpcompile.pad_to_multiple) before cpcompile.shard",
+        )
+    kernel = site_kernel(site, config.kernel, d)
+    scale = float(constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
+    return CPPlan(
+        site=site, layout=layout.name, comm=config.comm, kernel=kernel, causal=causal, scale=scale, group=group
+    )

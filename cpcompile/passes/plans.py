@@ -1,0 +1,86 @@
+"""What the planner produces: a CPPlan per attention site, everything its region call needs, as constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..comm.registry import get_comm
+from ..kernels.base import NO_WINDOW
+from ..mesh import CPGroup
+from .match import AttentionSite
+
+
+@dataclass(frozen=True)
+class CPConfig:
+    """What the user asked for in cpcompile.backend(...): layout, comm, kernel, and the CP group's mesh or
+    process group (neither: the default group)."""
+
+    strategy: str
+    comm: str
+    kernel: str
+    mesh: object = None
+    group: object = None
+
+
+@dataclass(frozen=True)
+class CPPlan:
+    """How one site becomes a CP region: everything the region call needs, as constants."""
+
+    site: AttentionSite
+    layout: str
+    comm: str
+    kernel: str
+    causal: bool
+    scale: float
+    group: CPGroup
+    dtensor: bool = False
+    """q/k/v are DTensors: the region runs on their local shards (regions.dtensor.dtensor_region)."""
+
+    def region_target(self):
+        return get_comm(self.comm).region
+
+    def region_args(self) -> tuple:
+        return (self.site.query, self.site.key, self.site.value)
+
+    def region_kwargs(self) -> dict:
+        return dict(
+            layout=self.layout,
+            causal=self.causal,
+            scale=self.scale,
+            kernel=self.kernel,
+            group_name=self.group.name,
+            rank=self.group.rank,
+            world=self.group.size,
+        )
+
+    def block_count(self) -> int:
+        """How many attention blocks this rank runs (what the logs report)."""
+        local = self.site.q_shape[-2]
+        return len(get_comm(self.comm).rank_blocks(self.layout, self.causal, self.group.rank, self.group.size, local))
+
+
+@dataclass(frozen=True)
+class VarlenPlan(CPPlan):
+    """A CPPlan for a varlen site: cu_seqlens is a region input, plus the window and whether lse is read."""
+
+    window: tuple[int, int] = NO_WINDOW
+    """Sliding-window limits on top of `causal` ((-1, -1): none; under all_gather only causal (left, 0))."""
+    return_lse: bool = True
+    """Whether the graph reads the lse output (a2a sends it back only then)."""
+    max_doc: int | None = None
+    """The call's max_q/max_k (static ints), a bound on every document's length: it bounds the kernels' grids."""
+
+    def region_target(self):
+        return get_comm(self.comm).varlen_region
+
+    def region_args(self) -> tuple:
+        return (*super().region_args(), self.site.cu_seqlens_q)
+
+    def region_kwargs(self) -> dict:
+        extra = dict(max_doc=self.max_doc, window=self.window)
+        if get_comm(self.comm).varlen_lse_on_demand:
+            extra["return_lse"] = self.return_lse
+        return {**super().region_kwargs(), **extra}
+
+    def block_count(self) -> int:
+        return 1  # every packed region runs one varlen block a rank (layouts.thd)

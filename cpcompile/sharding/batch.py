@@ -1,0 +1,70 @@
+"""shard_batch: shard every per-token entry of a batch dict, pass known metadata through, refuse the unknown."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from ..errors import CPCompileError
+from ..layouts import THD_LAYOUTS
+from .api import is_packed, shard
+
+SEQUENCE_KEYS = frozenset(
+    {
+        "input_ids",
+        "labels",
+        "position_ids",
+        "loss_mask",
+        "attention_mask",
+        "token_type_ids",
+        "inputs_embeds",
+        "target_ids",
+    }
+)
+"""Batch entries that carry the sequence dim and are sharded like the tokens."""
+
+METADATA_KEYS = frozenset({"num_items_in_batch", "cu_seqlens", "max_seqlen", "use_cache", "return_dict"})
+"""Tensor batch entries that are not per-token and pass through unchanged."""
+
+
+def shard_batch(
+    batch: Mapping[str, object],
+    *,
+    strategy: str,
+    mesh=None,
+    group=None,
+    seq_dim: int = 1,
+    seq_keys: Iterable[str] = (),
+    passthrough_keys: Iterable[str] = (),
+    cu_seqlens: torch.Tensor | None = None,
+) -> dict[str, object]:
+    """Shard every per-token tensor of a batch; pass metadata and non-tensors through; refuse the unknown.
+
+    Per-token keys: SEQUENCE_KEYS plus `seq_keys`. Passed through: METADATA_KEYS plus `passthrough_keys`,
+    0-dim tensors and non-tensors. Any other tensor raises, since guessing wrong silently corrupts training.
+    Packed documents ("thd", "thd_zigzag"): the layout follows cu_seqlens= or else batch["cu_seqlens"], which
+    stays in the batch unchanged (the model gets the GLOBAL offsets).
+    """
+    if strategy in THD_LAYOUTS and cu_seqlens is None:
+        cu_seqlens = batch.get("cu_seqlens")
+    is_packed(strategy, cu_seqlens, "shard_batch")
+    seq = SEQUENCE_KEYS | set(seq_keys)
+    meta = METADATA_KEYS | set(passthrough_keys)
+    out: dict[str, object] = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor) or key in meta or (value.dim() == 0 and key not in seq):
+            out[key] = value
+        elif key in seq:
+            if value.dim() <= seq_dim % max(value.dim(), 1):
+                raise CPCompileError(
+                    f"batch[{key!r}] has shape {tuple(value.shape)}, with no sequence dim {seq_dim}. "
+                    "Fix: pass seq_dim= to match the batch layout."
+                )
+            out[key] = shard(value, strategy=strategy, seq_dim=seq_dim, mesh=mesh, group=group, cu_seqlens=cu_seqlens)
+        else:
+            raise CPCompileError(
+                f"shard_batch does not know whether batch[{key!r}] (shape {tuple(value.shape)}) is per-token. "
+                f"Fix: name it in seq_keys=[{key!r}] to shard it or passthrough_keys=[{key!r}] to keep it whole."
+            )
+    return out
