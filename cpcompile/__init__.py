@@ -6,6 +6,7 @@ model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=m
 from .backend import CPBackend, backend
 from .errors import CPCompileError
 from .sharding import pad_cu_seqlens, pad_documents, pad_to_multiple, shard, shard_batch, unshard
+from .token_local import mark_token_local
 
 __version__ = "0.1.0"
 
@@ -13,6 +14,7 @@ __all__ = [
     "CPBackend",
     "CPCompileError",
     "backend",
+    "mark_token_local",
     "pad_cu_seqlens",
     "pad_documents",
     "pad_to_multiple",

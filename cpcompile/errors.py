@@ -18,17 +18,19 @@ class CPCompileError(ValueError):
     """
 
 
-def node_origin(node: torch.fx.Node) -> str:
+def node_origin(node: torch.fx.Node, what: str = "attention node") -> str:
     """Name an FX node for an error message: node name plus the user's source line when Dynamo recorded it."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
     user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]  # varlen_attn's own frame is torch's
     if frames:
         path, line, func, code = (user or frames)[-1]
-        return f"attention node '{node.name}' at {path}:{line} in {func}: `{code.strip()}`"
-    return f"attention node '{node.name}'"
+        return f"{what} '{node.name}' at {path}:{line} in {func}: `{code.strip()}`"
+    return f"{what} '{node.name}'"
 
 
-def site_error(node: torch.fx.Node, rule: str, fix: str) -> CPCompileError:
-    """Build the error for an attention site: which node, which rule, which fix."""
-    return CPCompileError(f"cpcompile cannot rewrite {node_origin(node)}: {rule}. Fix: {fix}")
+def site_error(
+    node: torch.fx.Node, rule: str, fix: str, *, what: str = "attention node", action: str = "rewrite"
+) -> CPCompileError:
+    """Build the error for a node: which node (`what` names its kind), which rule, which fix."""
+    return CPCompileError(f"cpcompile cannot {action} {node_origin(node, what)}: {rule}. Fix: {fix}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from ..log import log_plans
+from .guard_tokens import guard_tokens
 from .match import AttentionSite, find_attention_sites
 from .plan import plan_site
 from .plans import CPConfig, CPPlan, VarlenPlan
@@ -44,7 +45,13 @@ def rewrite(gm: torch.fx.GraphModule, state: PassState) -> None:
     log_plans(gm, state.plans)
 
 
-PASSES = (find, plan, rewrite)
+def guard(gm: torch.fx.GraphModule, state: PassState) -> None:
+    """Refuse any op left that mixes tokens along the CP-sharded dim, or a flex_attention node
+    (passes/guard_tokens.py): one CPCompileError at compile time, never a silently wrong result."""
+    guard_tokens(gm, state)
+
+
+PASSES = (find, plan, rewrite, guard)
 
 
 def run(gm: torch.fx.GraphModule, config: CPConfig) -> list[CPPlan]:

@@ -1,0 +1,328 @@
+"""The token guard: after the rewrite, refuse any op left in the graph that mixes tokens along the CP-sharded dim.
+
+Under CP each rank holds only its own tokens. Token-wise ops (linear, MLP, norms, RoPE with sharded position_ids)
+are exact on them; cpcompile rewrites attention; anything else that combines tokens (attention that is not SDPA or
+varlen_attn: nn.MultiheadAttention, HF eager, a hand-written softmax(q @ k^T) @ v; a cumsum or scan, a convolution
+or pooling over tokens, a sort along them, a mean over tokens used per token) would silently compute on this
+rank's tokens alone. The guard raises ONE CPCompileError naming the first such op, its node and source line, at
+compile time, before any collective.
+
+How it decides (derived, not a list of ops): token_flow.py runs the rewritten graph once on fake tensors with the
+sequence-carrying inputs placed `Shard(seq_dim)` on a fake mesh and asks DTensor's sharding propagator, op by op,
+what each op needs. DTensor's rules already encode, for every aten op, which placements it can compute on
+locally; cpcompile only reads them. The rule:
+
+1. An op is refused when the propagator has to move a sequence-carrying input off its placement: gather it
+   (`Shard(seq) -> Replicate`: a contraction, scan, convolution, sort or reorder along the tokens), re-shard it on
+   another dim, or sum a `Partial` across ranks.
+2. A reduction over tokens (sum, mean, max; cross_entropy with reduction="sum"/"mean") yields `Partial`: each rank
+   holds its share. That is fine as long as the share only flows to the graph's outputs through ops that keep it
+   a share (scaling, adding shares, views): the user sums it across ranks (README's loss recipe:
+   `loss_sum / global_count`, then the gradients are all-reduced). It is refused when anything else consumes it
+   before that sum: a nonlinearity (`exp`, `log`, `sqrt` of a share), or a per-token use such as
+   `x - x.mean(dim=seq)` (normalising over tokens) or mixing it into attention inputs.
+3. A higher-order op with a body (torch.utils.checkpoint, wrap, invoke_subgraph) is looked into, its body run with
+   the same placements; any other higher-order op fed a sequence-carrying value is refused (cannot be analysed).
+   A `flex_attention` node is refused outright: FlexAttention is not rewritten yet.
+4. An op without a DTensor sharding rule (a custom kernel) fed sequence-carrying values is refused: cpcompile
+   cannot tell. Code that is token-local but refused is exempted with `cpcompile.mark_token_local(fn_or_op)`.
+
+Which inputs carry the sequence, and on which dim: the rewritten sites give this rank's local length L (SDPA q
+(B, H, L, D): dim 2; varlen q (T_local, H, D): dim 0). Every graph input that is not model state (parameters and
+buffers: Dynamo marks them as static inputs) and has a dim of size L is placed `Shard` on that dim; inputs that
+feed only a varlen site's cu_seqlens are GLOBAL offsets and never placed. A dim of size L that is not the sequence
+(batch == L, hidden == L) is resolved by consistency: when the first assignment refuses something or leaves a
+site's q/k/v off their sequence dim, the other choices of dim for inputs with several size-L dims are tried, and
+the graph is accepted if one of them places every site's q/k/v on the sequence dim with nothing refused. An input
+is never dropped from the assignment to make a refusal go away (a token mask's cumsum into position ids must stay
+refused).
+
+Graphs with no rewritten site (a model whose attention is nn.MultiheadAttention or HF eager has none): the local
+length is unknown, so each distinct size of the inputs' dims is tried as the sequence length; a size is taken as
+the sequence when some op makes two values sharded on it meet along it (every token against every token:
+q @ k^T, SDPA inside nn.MultiheadAttention), and that run's first refusal is raised. A graph with no site and no
+such pairwise use (a lone cumsum or conv in a graph of its own) is not checked: its sequence dim cannot be told
+from its batch dim. Also skipped: DTensor graphs (DTensor's own propagation redistributes what an op needs, so a
+flat Shard stays correct; a zigzag Shard is a permuted sequence and is not checked), dynamic shapes, no process
+group or a CP group of one rank (nothing is sharded).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import torch
+import torch.fx
+from torch.distributed.tensor import DTensor
+
+from ..errors import CPCompileError, site_error
+from ..mesh import resolve_group
+from .match import is_sdpa, is_varlen
+from .token_flow import BODY_OPERANDS, Flag, Result, track
+
+log = logging.getLogger("cpcompile")
+
+MAX_ASSIGNMENTS = 16
+"""At most this many choices of sequence dims are tried for one graph (ambiguous dims are rare)."""
+MAX_SIZES = 6
+"""A graph with no site: at most this many candidate sequence lengths are tried."""
+
+_SDPA_FIX = (
+    "compute attention with torch.nn.functional.scaled_dot_product_attention or "
+    "torch.nn.attention.varlen.varlen_attn, which cpcompile rewrites into CP regions (Hugging Face: "
+    'attn_implementation="sdpa"; a dedicated attn_implementation="cpcompile" is planned)'
+)
+_MARK_FIX = (
+    "if the op is in fact token-local (each output token depends only on its own token), mark it or the "
+    "function around it: cpcompile.mark_token_local(fn_or_op)"
+)
+
+
+def _walk(gm: torch.fx.GraphModule):
+    """Every node of the graph and of the bodies its higher-order ops call (get_attr GraphModules)."""
+    for node in gm.graph.nodes:
+        yield node
+        if node.op == "get_attr":
+            sub = getattr(gm, str(node.target), None)
+            if isinstance(sub, torch.fx.GraphModule):
+                yield from _walk(sub)
+
+
+def refuse_flex_attention(gm: torch.fx.GraphModule) -> None:
+    """A flex_attention node anywhere is refused: cpcompile does not rewrite FlexAttention yet."""
+    flex = getattr(torch.ops.higher_order, "flex_attention", None)
+    for node in _walk(gm):
+        if node.op == "call_function" and flex is not None and node.target is flex:
+            raise site_error(
+                node,
+                "FlexAttention (torch.nn.attention.flex_attention) is not rewritten by cpcompile yet; under CP it "
+                "would attend over this rank's tokens only",
+                _SDPA_FIX + " (for document masks: varlen_attn with cu_seqlens)",
+                what="flex_attention node",
+            )
+
+
+def _value(node: torch.fx.Node):
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _is_state(node: torch.fx.Node, value: torch.Tensor) -> bool:
+    """Parameters and buffers (Dynamo marks both as static inputs) never carry the sequence."""
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    if "_dynamo_static_input_type" in (node.meta.get("tensor_dict") or {}):
+        return True
+    grapharg = node.meta.get("grapharg")
+    return isinstance(getattr(grapharg, "example", None), torch.nn.Parameter)
+
+
+def _data_inputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.Tensor]] | None:
+    """(placeholder, traced value) of every tensor input that is not model state; None: the graph is skipped."""
+    inputs = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = _value(node)
+        if isinstance(value, DTensor):
+            return None
+        if not isinstance(value, torch.Tensor) or _is_state(node, value):
+            continue
+        if not all(isinstance(s, int) for s in value.shape):
+            return None
+        inputs.append((node, value))
+    return inputs
+
+
+def _cu_only_inputs(gm: torch.fx.GraphModule) -> set[str]:
+    """Inputs that reach varlen regions' cu_seqlens but no q/k/v: global document offsets, never sharded."""
+    cu, qkv = set(), set()
+    for node in _walk(gm):
+        plan = node.meta.get("cpcompile_plan")
+        if plan is not None and node.op == "call_function":
+            qkv |= _top_inputs(gm, node.args[:3])
+            if plan.site.kind == "varlen":
+                cu |= _top_inputs(gm, node.args[3:4])
+    return cu - qkv
+
+
+def _top_inputs(gm: torch.fx.GraphModule, args) -> set[str]:
+    """Names of the top-level placeholders that `args` (nodes of gm, or of a body it calls) depend on."""
+    body_calls: dict[int, list[tuple[torch.fx.Node, int]]] = {}
+    for node in _walk(gm):
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            start = BODY_OPERANDS.get(node.target.name())
+            if start is not None and node.args and isinstance(node.args[0], torch.fx.Node):
+                body = getattr(node.graph.owning_module, str(node.args[0].target), None)
+                if body is not None:
+                    body_calls.setdefault(id(body.graph), []).append((node, start))
+    found, seen = set(), set()
+    stack = [a for a in args if isinstance(a, torch.fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op == "placeholder":
+            calls = body_calls.get(id(node.graph))
+            if calls is None:
+                found.add(node.name)
+                continue
+            index = [n for n in node.graph.nodes if n.op == "placeholder"].index(node)
+            for call, start in calls:
+                if start + index < len(call.args) and isinstance(call.args[start + index], torch.fx.Node):
+                    stack.append(call.args[start + index])
+            continue
+        stack.extend(node.all_input_nodes)
+    return found
+
+
+def _preferred(dims: list[int]) -> list[int]:
+    """Candidate dims, the likeliest first: dim 1 ((batch, seq, ...) inputs), then the rest in order."""
+    return sorted(dims, key=lambda d: (d != 1, d))
+
+
+def _assignments(inputs, lengths: set[int], skip: set[str]):
+    """Seeds {placeholder: seq dim}: the preferred dims first, then the other choices of ambiguous inputs."""
+    choices = []
+    for node, value in inputs:
+        dims = [d for d, n in enumerate(value.shape) if n in lengths]
+        if dims and node.name not in skip:
+            choices.append((node.name, _preferred(dims)))
+    names = [n for n, _ in choices]
+    for combo in itertools.islice(itertools.product(*(d for _, d in choices)), MAX_ASSIGNMENTS):
+        yield dict(zip(names, combo))
+
+
+def _cp_size(state) -> int:
+    if state.plans:
+        return state.plans[0].group.size
+    try:
+        return resolve_group(state.config.mesh, state.config.group).size
+    except CPCompileError:
+        return 1
+
+
+def _clean(result: Result) -> bool:
+    return not result.flags and not result.inconsistent
+
+
+def _track(gm: torch.fx.GraphModule, seeds: dict[str, int]) -> Result | None:
+    """token_flow.track, or None (with a warning) when the analysis itself fails: a bug or an op fake tensors
+    cannot run must not block a model; the graph is then not checked."""
+    try:
+        return track(gm, seeds)
+    except Exception as e:  # noqa: BLE001
+        log.warning(
+            "cpcompile token guard could not analyse this graph (%s: %s); it is not checked", type(e).__name__, e
+        )
+        return None
+
+
+def check_graph(gm: torch.fx.GraphModule, plans: list) -> Flag | None:
+    """The first op of `gm` that mixes tokens along the sharded dim (None: none, or the graph is skipped)."""
+    inputs = _data_inputs(gm)
+    if not inputs:
+        return None
+    if plans:
+        lengths = {p.site.q_shape[2] if p.site.kind == "sdpa" else p.site.q_shape[0] for p in plans}
+        results = []
+        for seeds in _assignments(inputs, lengths, _cu_only_inputs(gm)):
+            result = _track(gm, seeds)
+            if result is None:
+                return None
+            if _clean(result) or (not result.flags and not results):
+                return None  # consistent and clean, or the first choice refuses nothing
+            results.append(result)
+        flagged = [r for r in results if r.flags]
+        chosen = next((r for r in flagged if not r.inconsistent), flagged[0] if flagged else None)
+        if chosen is None:
+            log.debug("cpcompile token guard: no sequence assignment places every site's q/k/v; skipped")
+            return None
+        return chosen.flags[0]
+    sizes = sorted({n for _, v in inputs for n in v.shape if n > 1})
+    if len(sizes) > MAX_SIZES:
+        return None
+    for size in sizes:
+        for seeds in itertools.islice(_assignments(inputs, {size}, set()), 4):
+            result = _track(gm, seeds)
+            if result is None:
+                return None
+            if any(f.pairwise for f in result.flags):
+                return result.flags[0]
+    return None
+
+
+def _where(p) -> str:
+    if p.is_partial():
+        return f"a per-rank partial {getattr(p, 'reduce_op', 'sum')} over tokens"
+    return f"sharded on dim {p.dim}" if hasattr(p, "dim") else "whole"
+
+
+def _needed(before, after) -> str:
+    if before.is_partial():
+        return "summed across ranks first"
+    if after.is_partial():
+        return "made a partial sum"
+    return f"re-sharded on dim {after.dim}" if hasattr(after, "dim") else "gathered whole from every rank"
+
+
+def _moves(flag: Flag) -> str:
+    counts: dict[tuple, int] = {}
+    for move in flag.moves:
+        counts[move] = counts.get(move, 0) + 1
+    return "; ".join(
+        f"{'its input' if n == 1 else f'{n} inputs'} {_where(b)} would have to be {_needed(b, a)}"
+        for (b, a), n in counts.items()
+    )
+
+
+def refusal(flag: Flag) -> CPCompileError:
+    """The CPCompileError for a flagged op: which op and node, why it is wrong under CP, what to do."""
+    op, node = flag.op, flag.node
+    if is_sdpa(node) or is_varlen(node):
+        rule = (
+            "this attention call was not rewritten into a CP region (it sits inside a higher-order op the rewrite "
+            "does not enter), so it would attend over this rank's tokens only"
+        )
+        fix = "call it outside torch.utils.checkpoint / wrap / invoke_subgraph in the compiled graph"
+        return site_error(node, rule, fix)
+    if flag.kind == "partial":
+        rule = (
+            f"{op} uses a reduction over tokens before it is summed across ranks ({_moves(flag)}): each rank "
+            "reduces only its own tokens, so this use sees a partial value and its result would be silently wrong"
+        )
+        fix = (
+            "return reductions over tokens (a loss sum) from the compiled graph and combine them across ranks "
+            "afterwards (dist.all_reduce, README's loss recipe); normalise per token, not over tokens; " + _MARK_FIX
+        )
+    elif flag.kind == "unknown":
+        rule = (
+            f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens (DTensor's sharding "
+            f"propagation has no rule for it here: {flag.detail})"
+        )
+        fix = _MARK_FIX
+    elif flag.kind == "hop":
+        rule = f"the higher-order op {op} takes sequence-sharded values and cpcompile cannot look inside it"
+        fix = _SDPA_FIX + "; " + _MARK_FIX
+    else:
+        how = "it relates tokens to each other, as attention does" if flag.pairwise else "it needs other ranks' tokens"
+        rule = (
+            f"{op} mixes tokens along the sequence dim that CP shards ({_moves(flag)}: {how}), so on this rank's "
+            "tokens alone its result would be silently wrong"
+        )
+        fix = (
+            f"{_SDPA_FIX}; other token mixing (scans, convolutions or pooling over tokens, sorting them) has no CP "
+            f"rewrite: keep it out of the CP-compiled model; {_MARK_FIX}"
+        )
+    return site_error(node, rule, fix, what="node", action="run")
+
+
+def guard_tokens(gm: torch.fx.GraphModule, state) -> None:
+    """The pass step (after rewrite): raise one CPCompileError for the first token-mixing op left in `gm`."""
+    refuse_flex_attention(gm)
+    if _cp_size(state) < 2:
+        return
+    flag = check_graph(gm, state.plans)
+    if flag is not None:
+        raise refusal(flag)
