@@ -127,7 +127,7 @@ def exp_of_loss_share(x):
     [
         (multihead, "multi_head_attention_forward", "aten.bmm"),
         (multihead_seq_first, "multi_head_attention_forward", "aten.bmm"),
-        (encoder_layer, "multi_head_attention_forward", "aten._scaled_dot_product"),
+        (encoder_layer, "multi_head_attention_forward", "aten."),
         (hand_written, "matmul", "aten.bmm"),
         (hand_written_beside_sdpa, "matmul", "aten.bmm"),
         (cumsum, "cumsum", "aten.cumsum"),
@@ -238,6 +238,32 @@ def test_token_wise_checkpoint_body_compiles():
         return attend(x) + checkpoint(body_token_wise, x, use_reentrant=False)
 
     compile_cp(clean, torch.randn(B, L, D, requires_grad=True))
+
+
+@torch.compiler.nested_compile_region
+def region_cumsum(x):
+    return x.cumsum(dim=1) * 2
+
+
+@torch.compiler.nested_compile_region
+def region_token_wise(x):
+    return F.dropout(F.gelu(x), 0.1, training=True)
+
+
+def test_invoke_subgraph_and_wrap_bodies_are_looked_into(no_comm):
+    from torch._higher_order_ops.wrap import wrap
+
+    msg = refusal(lambda x: attend(x) + region_cumsum(x), torch.randn(B, L, D))
+    assert f"node 'cumsum' at {__file__}" in msg and "in region_cumsum" in msg, msg
+    msg = refusal(lambda x: attend(x) + wrap(body_cumsum, x), torch.randn(B, L, D))
+    assert f"node 'cumsum' at {__file__}" in msg and "in body_cumsum" in msg, msg
+
+
+def test_token_wise_subgraph_and_wrap_bodies_compile():
+    from torch._higher_order_ops.wrap import wrap
+
+    compile_cp(lambda x: attend(x) + region_token_wise(x) + region_token_wise(2 * x), torch.randn(B, L, D))
+    compile_cp(lambda x: attend(x) + wrap(body_token_wise, x), torch.randn(B, L, D))
 
 
 def test_attention_not_rewritten_in_a_body_is_refused(no_comm):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from ..log import log_plans
-from .guard_tokens import guard_tokens
+from .guard_tokens import refuse_token_mixing
 from .match import AttentionSite, find_attention_sites
 from .plan import plan_site
 from .plans import CPConfig, CPPlan, VarlenPlan
@@ -48,7 +48,7 @@ def rewrite(gm: torch.fx.GraphModule, state: PassState) -> None:
 def guard(gm: torch.fx.GraphModule, state: PassState) -> None:
     """Refuse any op left that mixes tokens along the CP-sharded dim, or a flex_attention node
     (passes/guard_tokens.py): one CPCompileError at compile time, never a silently wrong result."""
-    guard_tokens(gm, state)
+    refuse_token_mixing(gm, state)
 
 
 PASSES = (find, plan, rewrite, guard)

@@ -318,7 +318,7 @@ def refusal(flag: Flag) -> CPCompileError:
     return site_error(node, rule, fix, what="node", action="run")
 
 
-def guard_tokens(gm: torch.fx.GraphModule, state) -> None:
+def refuse_token_mixing(gm: torch.fx.GraphModule, state) -> None:
     """The pass step (after rewrite): raise one CPCompileError for the first token-mixing op left in `gm`."""
     refuse_flex_attention(gm)
     if _cp_size(state) < 2:

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -78,6 +77,23 @@ def _tensors(args, kwargs):
             yield from (b for b in a if isinstance(b, torch.Tensor))
 
 
+META = torch.device("meta")
+MAX_DECISIONS = 65536
+_DECISIONS: dict = {}
+"""The propagator's answer per (op, argument placements/shapes/strides/dtypes, other arguments): layers repeat,
+and so do recompiles."""
+
+
+@functools.cache
+def _makes_tensors(func) -> bool:
+    """Ops with a `device` argument (factories, *_like): their tensors are made on the meta device."""
+    return any(a.name == "device" for a in func._schema.arguments)
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return t if t.device == META else t.to(META)
+
+
 def _dim(p) -> int | None:
     return p.dim if hasattr(p, "dim") and not p.is_partial() else None
 
@@ -123,6 +139,10 @@ class Tracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _makes_tensors(func) and kwargs.get("device") != META:
+            kwargs = {**kwargs, "device": META}
+        if any(t.device != META for t in _tensors(args, kwargs)):  # constants of the graph, real parameters
+            args, kwargs = pytree.tree_map_only(torch.Tensor, _meta, (args, kwargs))
         out = func(*args, **kwargs)
         if self.suspended or not any(id(t) in self.placed for t in _tensors(args, kwargs)):
             return out
@@ -136,38 +156,60 @@ class Tracker(TorchDispatchMode):
         return out
 
     def _propagate(self, func, args, kwargs, out) -> None:
+        key = (func, self.mesh.device_type, self._key(args), self._key(kwargs))
+        try:
+            decision = _DECISIONS.get(key)
+        except TypeError:  # an unhashable argument: decide without the cache
+            key, decision = None, None
+        if decision is None:
+            decision = self._decide(func, args, kwargs)
+            if key is not None and len(_DECISIONS) < MAX_DECISIONS:
+                _DECISIONS[key] = decision
+        kind, pairwise, moves, detail, placements = decision
+        if kind is not None:
+            self.flag(func, kind, pairwise, moves, detail)
+        outs = pytree.tree_leaves(out, is_leaf=lambda x: x is None)
+        for i, t in enumerate(outs):
+            if isinstance(t, torch.Tensor):
+                self.place(t, placements[i] if placements is not None and i < len(placements) else None)
+
+    def _key(self, value):
+        """What the propagator's answer depends on: placements, shapes, strides, dtypes and the other arguments."""
+        if isinstance(value, torch.Tensor):
+            return (self.placement(value), tuple(value.shape), value.stride(), value.dtype)
+        if isinstance(value, (list, tuple)):
+            return tuple(self._key(v) for v in value)
+        if isinstance(value, dict):
+            return tuple((k, self._key(v)) for k, v in value.items())
+        return value
+
+    def _decide(self, func, args, kwargs) -> tuple:
+        """(flag kind or None, pairwise, moves, detail, output placements or None) from DTensor's propagator."""
         sargs, skwargs = pytree.tree_map_only(torch.Tensor, self._spec, (args, kwargs))
         schema = OpSchema(func, sargs, skwargs, schema_info=self.propagator.op_to_schema_info.get(func))
         try:
             sharding = self.propagator.propagate_op_sharding(schema)
         except Exception as e:  # no strategy for this op (or it failed): cannot tell whether it mixes tokens
-            self.flag(func, "unknown", detail=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            for t in pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    self.place(t, None)
-            return
+            return "unknown", False, (), f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", None
+        kind, pairwise, moves = None, False, ()
         if sharding.redistribute_schema is not None:
-            self._check_moves(func, schema, sharding.redistribute_schema)
+            kind, pairwise, moves = _moves(schema, sharding.redistribute_schema)
         specs = sharding.output_spec
-        outs = pytree.tree_leaves(out, is_leaf=lambda x: x is None)
         specs = [specs] if isinstance(specs, DTensorSpec) or specs is None else list(specs)
-        if len(specs) != len(outs):  # e.g. a list output with one spec: nothing to pair; carry none
-            specs = [None] * len(outs)
-        for t, s in zip(outs, specs):
-            if isinstance(t, torch.Tensor):
-                self.place(t, s.placements[0] if isinstance(s, DTensorSpec) else None)
+        return kind, pairwise, moves, "", tuple(s.placements[0] if isinstance(s, DTensorSpec) else None for s in specs)
 
-    def _check_moves(self, func, schema: OpSchema, wanted: OpSchema) -> None:
-        """Flag the op when the strategy moves a sequence-carrying input off its placement."""
-        before, after = _specs(schema), _specs(wanted)
-        moved = [(b.placements[0], a.placements[0]) for b, a in zip(before, after) if b.placements != a.placements]
-        moved = [(b, a) for b, a in moved if not isinstance(b, Replicate)]
-        if not moved:
-            return
-        placed = [s.placements[0] for s in before]
-        sharded = [p for p in placed if _dim(p) is not None]
-        kind = "partial" if any(p.is_partial() for p in placed) else "gather"
-        self.flag(func, kind, pairwise=kind == "gather" and len(sharded) >= 2, moves=tuple(moved))
+
+def _moves(schema: OpSchema, wanted: OpSchema) -> tuple:
+    """(kind, pairwise, moves) when the strategy moves a sequence-carrying input off its placement, else Nones."""
+    before, after = _specs(schema), _specs(wanted)
+    moved = [(b.placements[0], a.placements[0]) for b, a in zip(before, after) if b.placements != a.placements]
+    moved = [(b, a) for b, a in moved if not isinstance(b, Replicate)]
+    if not moved:
+        return None, False, ()
+    placed = [s.placements[0] for s in before]
+    sharded = [p for p in placed if _dim(p) is not None]
+    kind = "partial" if any(p.is_partial() for p in placed) else "gather"
+    return kind, kind == "gather" and len(sharded) >= 2, tuple(moved)
 
 
 def _specs(schema: OpSchema) -> list[DTensorSpec]:
@@ -176,9 +218,9 @@ def _specs(schema: OpSchema) -> list[DTensorSpec]:
 
 
 def _fresh(value):
-    """A new fake tensor like a traced value (the traced ones belong to Dynamo's fake mode)."""
+    """A new meta tensor like a traced value (the traced ones are Dynamo's fake tensors)."""
     if isinstance(value, torch.Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=META)
     if isinstance(value, (list, tuple)):
         return type(value)(_fresh(v) for v in value)
     return value
@@ -257,7 +299,7 @@ def track(gm: torch.fx.GraphModule, seeds: dict[str, int]) -> Result:
     values = [_traced(n) for n in placeholders]
     device = next((v.device.type for v in values if isinstance(v, torch.Tensor)), "cpu")
     tracker = Tracker(_mesh(device))
-    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+    with torch.no_grad():
         inputs = [_fresh(v) for v in values]
         for n, t in zip(placeholders, inputs):
             if n.name in seeds:
