@@ -122,6 +122,10 @@ def exp_of_loss_share(x):
     return attend(x).sum().exp()
 
 
+def mean_into_attention(x):
+    return attend(x.mean(dim=1, keepdim=True).expand_as(x).contiguous())
+
+
 @pytest.mark.parametrize(
     "fn,node,op",
     [
@@ -137,6 +141,7 @@ def exp_of_loss_share(x):
         (pool_tokens, "avg_pool1d", "aten.avg_pool2d"),
         (shift_tokens, "getitem", "aten.slice"),
         (exp_of_loss_share, "exp", "aten.exp"),
+        (mean_into_attention, "contiguous", "aten.clone"),
     ],
 )
 def test_token_mixing_is_refused(no_comm, fn, node, op):
@@ -205,6 +210,31 @@ def test_token_wise_and_reductions_at_the_end_compile(fn, extra):
     """A reduction over tokens whose per-rank share only reaches the outputs is fine (the user sums it)."""
     be = compile_cp(fn, torch.randn(B, L, D), *extra)
     assert len(be.plans) == 1
+
+
+def test_cu_seqlens_is_global():
+    """cu_seqlens (here with as many entries as this rank has tokens) is never taken as sharded: slicing it is
+    fine."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    def packed(q, cu):
+        return varlen_attn(q, q, q, cu, cu, 16, 16, window_size=(-1, 0)), cu[1:] - cu[:-1]
+
+    cu = torch.tensor([0, 1, 2, 3, 4, 5, 9, 16], dtype=torch.int32)
+    assert len(compile_cp(packed, torch.randn(8, 2, 4), cu, strategy="thd").plans) == 1
+
+
+def test_analysis_failure_warns_and_compiles(monkeypatch, caplog):
+    """A failure of the checker itself (a bug, an op meta tensors cannot run) must not block a model."""
+    from cpcompile.passes import guard_tokens
+
+    def broken(gm, seeds):
+        raise RuntimeError("meta kernel missing")
+
+    monkeypatch.setattr(guard_tokens, "track", broken)
+    with caplog.at_level("WARNING", logger="cpcompile"):
+        compile_cp(cumsum, torch.randn(B, L, D))
+    assert "could not analyse this graph (RuntimeError: meta kernel missing)" in caplog.text
 
 
 def test_ambiguous_sizes_are_resolved():

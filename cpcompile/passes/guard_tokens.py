@@ -7,10 +7,14 @@ or pooling over tokens, a sort along them, a mean over tokens used per token) wo
 rank's tokens alone. The guard raises ONE CPCompileError naming the first such op, its node and source line, at
 compile time, before any collective.
 
-How it decides (derived, not a list of ops): token_flow.py runs the rewritten graph once on fake tensors with the
+How it decides (derived, not a list of ops): token_flow.py runs the rewritten graph once on meta tensors with the
 sequence-carrying inputs placed `Shard(seq_dim)` on a fake mesh and asks DTensor's sharding propagator, op by op,
-what each op needs. DTensor's rules already encode, for every aten op, which placements it can compute on
-locally; cpcompile only reads them. The rule:
+what each op needs. Why DTensor's rules: they are the code PyTorch itself uses to decide when a sharded tensor
+must be communicated, they cover the aten ops a graph decomposes into (views and flattens with the batch
+included, as `_StridedShard`), and they exist already; cpcompile only reads them. Shape propagation alone (a
+symbolic local length) cannot tell a cumsum from a pointwise op (same shapes) without a list of ops, and running
+real DTensors would need global shapes where the graph holds this rank's (its view sizes are constants). The
+rule:
 
 1. An op is refused when the propagator has to move a sequence-carrying input off its placement: gather it
    (`Shard(seq) -> Replicate`: a contraction, scan, convolution, sort or reorder along the tokens), re-shard it on
@@ -44,7 +48,8 @@ q @ k^T, SDPA inside nn.MultiheadAttention), and that run's first refusal is rai
 such pairwise use (a lone cumsum or conv in a graph of its own) is not checked: its sequence dim cannot be told
 from its batch dim. Also skipped: DTensor graphs (DTensor's own propagation redistributes what an op needs, so a
 flat Shard stays correct; a zigzag Shard is a permuted sequence and is not checked), dynamic shapes, no process
-group or a CP group of one rank (nothing is sharded).
+group or a CP group of one rank (nothing is sharded), and any graph the analysis itself fails on (an op meta
+tensors cannot run, a bug): a warning says so; a failure of the checker must not block a model.
 """
 
 from __future__ import annotations
@@ -261,7 +266,7 @@ def _where(p) -> str:
 
 def _needed(before, after) -> str:
     if before.is_partial():
-        return "summed across ranks first"
+        return "combined across ranks first"
     if after.is_partial():
         return "made a partial sum"
     return f"re-sharded on dim {after.dim}" if hasattr(after, "dim") else "gathered whole from every rank"
