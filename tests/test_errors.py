@@ -70,13 +70,6 @@ def three_d(q, k, v):
         (three_d, qkv(), {}, "4-D", "4-D tensors"),
         (causal, qkv(sk=4), {}, "q has 8 local tokens but k/v have 4/4", "self-attention"),
         (causal, qkv(s=7), {"strategy": "zigzag"}, "2 equal chunks", "multiple of 4 tokens"),
-        (
-            causal,
-            (torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 8)),
-            {},
-            "v head dim 8",
-            "same head dim",
-        ),
         (causal, qkv(), {"dynamic": True}, "dynamic shape", "dynamic=False"),
     ],
 )

@@ -65,11 +65,12 @@ def test_sdpa_refuses_thd_strategies():
     _refused(fn, q, strategy="thd_zigzag", match="packed documents for varlen_attn")
 
 
-def test_value_head_dim_must_match():
-    q, k, _ = _qkv()
-    v = torch.randn(8, 2, 8)
+def test_key_head_dim_must_match_the_query_s():
+    """v's head dim may differ (MLA: tests/test_mla.py); q's and k's cannot."""
+    q, _, v = _qkv()
+    k = torch.randn(8, 2, 8)
     fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-1, 0))  # noqa: E731
-    _refused(fn, q, k, v, CU, match=r"q head dim 4, k head dim 4 and v head dim 8 differ.*Fix: use the same head dim")
+    _refused(fn, q, k, v, CU, match=r"q head dim 4 and k head dim 8 differ.*Fix: give q and k the same head dim")
 
 
 def test_two_sided_window_under_all_gather_points_to_a2a():

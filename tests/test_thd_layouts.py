@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpcompile.kernels.base import range_ids
-from cpcompile.kernels.flash_varlen import adjacent_cu_seqlens, tiled_cu_seqlens
+from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens, tiled_cu_seqlens
 from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
 
 
@@ -84,11 +84,11 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
             pairs = _block_pairs(b.ranges, local, keys.numel(), b.causal, left)
             if b.covers_rows:  # the executor then skips the row masks: every row must see a key
                 assert bool((pairs.sum(1) > 0).all()), "a block that covers its rows left a row without keys"
-            if b.covers_keys:  # ... and the key masks: every key must lie in a range
+            if b.covers_keys:  # ... and the key masks: every key must lie in a range that has q rows
                 in_range = torch.zeros(keys.numel(), dtype=torch.bool)
-                for a, z in zip(ks.tolist(), ke.tolist()):
-                    in_range[a:z] = True
-                assert bool(in_range.all()), "a block that covers its keys left a key outside every range"
+                for a, z, rows in zip(ks.tolist(), ke.tolist(), (qe - qs).tolist()):
+                    in_range[a:z] = rows > 0
+                assert bool(in_range.all()), "a block that covers its keys left a key outside every range with rows"
             if b.covers_rows and b.covers_keys:  # the executor passes tiled=True: cu_seqlens without gaps
                 cu_q, cu_k = tiled_cu_seqlens(b.ranges)
                 assert torch.equal(torch.stack((cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])).long(), b.ranges)

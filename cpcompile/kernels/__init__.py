@@ -38,28 +38,40 @@ VARLEN_AUTO_ORDER = ("flash_varlen", "cpu_varlen_ref")
 
 
 def unsupported_reason(
-    name: str, device: torch.device, dtype: torch.dtype, head_dim: int | None, varlen: bool = False
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int | None,
+    varlen: bool = False,
+    v_head_dim: int | None = None,
 ) -> str | None:
-    """None when provider `name` can run blocks of this device, dtype and head dim, else why not."""
+    """None when provider `name` can run blocks of this device, dtype and head dims, else why not."""
     provider = (VARLEN_PROVIDERS if varlen else PROVIDERS)[name]
     reason = provider.supports(device, dtype)
     if reason is None and head_dim is not None:
-        reason = provider.supports_head_dim(head_dim)
+        reason = provider.supports_head_dim(head_dim, v_head_dim)
     return reason
 
 
 def resolve_kernel(
-    name: str, device: torch.device, dtype: torch.dtype, head_dim: int | None = None, *, varlen: bool = False
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int | None = None,
+    *,
+    varlen: bool = False,
+    v_head_dim: int | None = None,
 ) -> str:
     """The provider name to use for `name` ("auto" or a provider) on this device/dtype, or a clear error.
 
     varlen=True picks among the varlen providers (for varlen_attn sites), else among the dense ones.
+    `v_head_dim` (None: `head_dim`) is v's head dim, which MLA models make differ from q/k's.
     """
     providers = VARLEN_PROVIDERS if varlen else PROVIDERS
     kind = "varlen " if varlen else ""
     if name == "auto":
         order = VARLEN_AUTO_ORDER if varlen else AUTO_ORDER
-        reasons = {p: unsupported_reason(p, device, dtype, head_dim, varlen) for p in order}
+        reasons = {p: unsupported_reason(p, device, dtype, head_dim, varlen, v_head_dim) for p in order}
         candidates = [p for p, r in reasons.items() if r is None]
         if not candidates:
             why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
@@ -72,7 +84,7 @@ def resolve_kernel(
         raise CPCompileError(
             f"unknown {kind}kernel {name!r}. Fix: use 'auto' or one of the {kind}providers {sorted(providers)}."
         )
-    reason = unsupported_reason(name, device, dtype, head_dim, varlen)
+    reason = unsupported_reason(name, device, dtype, head_dim, varlen, v_head_dim)
     if reason is not None:
         raise CPCompileError(f"kernel {name!r} cannot run here: {reason}. Fix: use kernel='auto'.")
     return name

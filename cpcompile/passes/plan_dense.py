@@ -60,11 +60,11 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             f"q has {sq} local tokens but k/v have {sk}/{sv}; CP shards q, k and v along the same sequence",
             "use CP only for self-attention whose q, k and v come from the same sharded tokens",
         )
-    if site.v_shape[-1] != d or site.k_shape[-1] != d:
+    if site.k_shape[-1] != d:
         raise site_error(
             node,
-            f"q/k head dim {d} and v head dim {site.v_shape[-1]} differ; the CP kernels take one head dim",
-            "use the same head dim for q, k and v (pad v's head dim and slice the output)",
+            f"q head dim {d} and k head dim {site.k_shape[-1]} differ; attention scores need one q/k head dim",
+            "give q and k the same head dim (v's may differ, as in MLA)",
         )
     if get_comm(config.comm).splits_heads and (
         problem := head_split_problem(site.q_shape[1], site.k_shape[1], group.size)
