@@ -144,7 +144,9 @@ def _thd_mixes(world: int, gen: torch.Generator) -> dict[str, list[list[int]]]:
 def _thd_cp(q, k, v, dout, cu, *, strategy, causal, comm="all_gather", window=None):
     shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=0, cu_seqlens=cu).to("cuda", torch.bfloat16)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
-    be = cpcompile.backend(strategy=strategy, comm=comm, kernel="auto", inner="aot_eager")
+    # FA2 varlen by name: kernel="auto" takes cudnn_varlen where cudnn-frontend is installed (its own tests:
+    # tests/test_gpu_cudnn_varlen.py)
+    be = cpcompile.backend(strategy=strategy, comm=comm, kernel="flash_varlen", inner="aot_eager")
     torch._dynamo.reset()
     longest = int((cu[1:] - cu[:-1]).max())
     out = torch.compile(_varlen_fn(causal, window), backend=be, fullgraph=True)(*leaves, cu.to("cuda"), longest)
