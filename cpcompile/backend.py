@@ -17,10 +17,12 @@ from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
 from .passes import CPConfig, CPPlan
 from .passes.dtensor_rules import register_cpu_sdpa_rules
+from .passes.varlen_fake import fix_varlen_fake
 
 INNER = ("inductor", "aot_eager", "eager")
 
 register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
+fix_varlen_fake()  # at import: Dynamo traces varlen_attn with MLA head dims before any backend is called
 
 
 def _inner_compiler(name: str | Callable) -> Callable:

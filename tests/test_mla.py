@@ -81,6 +81,32 @@ def test_mla_parity_on_cpu_kernels(world):
     _assert_reports(run_ranks(_sweep, world, timeout=600))
 
 
+def test_varlen_attn_traces_with_v_head_dim():
+    """torch's varlen_attn fake gives the output q's head dim; cpcompile's wrapper gives it v's, so a model's
+    ops after the call (flatten to H * Dv, the output projection) trace with MLA head dims."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    import cpcompile.backend  # noqa: F401  (wraps the fake at import)
+
+    w, shapes = torch.randn(4 * 8, 16), []
+    q, k, v = torch.randn(16, 4, 16), torch.randn(16, 2, 16), torch.randn(16, 2, 8)
+    cu = torch.tensor([0, 5, 16], dtype=torch.int32)
+
+    def model(q, k, v, cu):
+        return varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-1, 0), enable_gqa=True).flatten(1) @ w
+
+    def record(gm, example_inputs):  # the attention output's traced shape; never runs the (CUDA-only) op
+        for n in gm.graph.nodes:
+            value = n.meta.get("example_value")
+            if n.op == "call_function" and "varlen" in str(n.target) and isinstance(value, tuple):
+                shapes.append(tuple(value[0].shape))
+        return lambda *args: (torch.zeros(16, 16),)
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=record, fullgraph=True)(q, k, v, cu)
+    assert shapes == [(16, 4, 8)], shapes
+
+
 @pytest.mark.parametrize("dim", [1, 2])
 def test_pack_kv_stacks_equal_head_dims_and_lays_mla_side_by_side(dim):
     k, v = torch.randn(5, 3, 2, 4), torch.randn(5, 3, 2, 4)
