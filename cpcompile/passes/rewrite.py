@@ -1,30 +1,59 @@
-"""Replace each planned attention node by a call of its CP region (one call_function node per site)."""
+"""Replace each planned attention node by a call of its CP region (one call_function node per site), in
+whichever graph it lives (the top-level graph or a higher-order-op body), and guard torch.cond conditions
+around rewritten sites (regions/guards.py: every rank must take the same branch)."""
 
 from __future__ import annotations
 
 import torch.fx
 
 from ..regions.dtensor import dtensor_region
+from ..regions.guards import agree_condition
 from .dtensor import region_example_value
 from .plans import CPPlan
 
 
+def _replace(plan: CPPlan) -> None:
+    """Swap the plan's node for its region call in place; the new node keeps the old node's metadata."""
+    node = plan.site.node
+    graph = node.graph
+    target, kwargs = plan.region_target(), plan.region_kwargs()
+    if plan.dtensor:  # DTensor q/k/v: the region runs on their local shards
+        target, kwargs = dtensor_region, dict(comm=plan.comm, **kwargs)
+    with graph.inserting_before(node):
+        region = graph.call_function(target, args=plan.region_args(), kwargs=kwargs)
+    region.meta = dict(node.meta)
+    region.meta["cpcompile_plan"] = plan
+    if plan.dtensor:
+        region.meta["example_value"] = region_example_value(plan.site)
+    node.replace_all_uses_with(region)
+    graph.erase_node(node)
+
+
+def _agree_branch(cond: torch.fx.Node, plan: CPPlan) -> None:
+    """Make the torch.cond `cond` take its condition through agree_condition (tensor conditions only: a Python
+    or shape condition is the same on every rank already)."""
+    pred = cond.args[0]
+    if not isinstance(pred, torch.fx.Node) or (pred.op == "call_function" and pred.target is agree_condition):
+        return
+    with cond.graph.inserting_before(cond):
+        agreed = cond.graph.call_function(
+            agree_condition, (pred,), dict(group_name=plan.group.name, world=plan.group.size)
+        )
+    agreed.meta = dict(pred.meta)
+    cond.replace_input_with(pred, agreed)
+
+
 def rewrite_graph(gm: torch.fx.GraphModule, plans: list[CPPlan]) -> torch.fx.GraphModule:
-    """Swap every planned node for its region call in place; the new node keeps the old node's metadata."""
-    graph = gm.graph
+    """Rewrite every planned site in place (in its own graph), then lint and recompile each changed module."""
+    changed = {id(gm): gm}
     for plan in plans:
-        node = plan.site.node
-        target, kwargs = plan.region_target(), plan.region_kwargs()
-        if plan.dtensor:  # DTensor q/k/v: the region runs on their local shards
-            target, kwargs = dtensor_region, dict(comm=plan.comm, **kwargs)
-        with graph.inserting_before(node):
-            region = graph.call_function(target, args=plan.region_args(), kwargs=kwargs)
-        region.meta = dict(node.meta)
-        region.meta["cpcompile_plan"] = plan
-        if plan.dtensor:
-            region.meta["example_value"] = region_example_value(plan.site)
-        node.replace_all_uses_with(region)
-        graph.erase_node(node)
-    graph.lint()
-    gm.recompile()
+        body = plan.site.body
+        _replace(plan)
+        if body is not None:
+            for cond in body.branches:
+                _agree_branch(cond, plan)
+            changed.update((id(m), m) for m in (body.module, *(h.graph.owning_module for h in body.hops)))
+    for module in changed.values():
+        module.graph.lint()
+        module.recompile()
     return gm
