@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 
 import torch
-from common import DTYPE, HKV, HQ, D
 
+from bench.common import DTYPE, HKV, HQ, D
 from cpcompile.executor import decode_varlen, encode_varlen  # (registers torch.ops.cpcompile.*)
 from cpcompile.kernels import get_varlen_kernel
-from cpcompile.layouts.thd import get_packed_layout
+from cpcompile.layouts import get_packed_layout
 from cpcompile.regions.all_gather_varlen import attend_gathered, fold_key_grads
 
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
