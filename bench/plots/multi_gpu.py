@@ -1,6 +1,9 @@
 """Plot bench/results/multi_gpu.json into docs/multi_gpu.png (efficiency vs ideal and speedup vs PyTorch's
 context_parallel per layout x comm) and print the markdown tables used in docs/benchmarks.md. Runs on a CPU
-machine (matplotlib)."""
+machine (matplotlib), from the repository root:
+
+    python -m bench.plots.multi_gpu
+"""
 
 from __future__ import annotations
 

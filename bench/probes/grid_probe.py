@@ -3,22 +3,20 @@
 FA2 sizes its grid by max_q (forward: q tiles) and max_k (backward: key tiles) x sequences x heads; tiles past a
 sequence's real length exit at once but are still scheduled. If doubling the bounds adds X ms, the bounds the
 layouts pass cost about X ms too. One case per --cases entry (layout:mix:S:cp:rank), kernels alone, fwd and bwd
-timed separately. Prints one line a bound; nothing is written.
+timed separately. Prints one line a bound; nothing is written. Log: bench/results/logs/grid_probe_h200.txt.
+
+    python -m bench.probes.grid_probe [--cases thd_zigzag:docs-median-1K:32768:8:0,...]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import thd_cases  # noqa: E402
-from common import time_many_ms  # noqa: E402
-
-from cpcompile.executor import decode_varlen  # noqa: E402
-from cpcompile.kernels import get_varlen_kernel  # noqa: E402
-from cpcompile.regions.all_gather_varlen import read_keys  # noqa: E402
+from bench import thd_cases
+from bench.common import time_many_ms
+from cpcompile.executor import decode_varlen
+from cpcompile.kernels import get_varlen_kernel
+from cpcompile.regions.all_gather_varlen import read_keys
 
 
 def main() -> None:

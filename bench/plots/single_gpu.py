@@ -1,6 +1,9 @@
 """Plot bench/results/single_gpu.json (efficiency of the slowest rank vs ideal) into docs/single_gpu.png (dense)
 and docs/single_gpu_thd.png (packed documents), and print the markdown tables used in docs/benchmarks.md.
-Runs on a CPU machine (matplotlib)."""
+Runs on a CPU machine (matplotlib), from the repository root:
+
+    python -m bench.plots.single_gpu [bench/results/single_gpu.json] [docs/single_gpu.png]
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """GPU probe: op schemas, LSE shapes, GQA and strided-input support of each CUDA provider, Triton merge check.
 
 Prints facts used by the providers (run on the GPU machine; every check compares with an fp32 reference).
+
+    python -m bench.probes.gpu_probe          # schemas, LSE shapes, provider checks, merge check and timing
+    python -m bench.probes.gpu_probe merge    # the Triton merge tile sweep alone
 """
 
 from __future__ import annotations
@@ -11,12 +14,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import time_ms  # noqa: E402
-
-from cpcompile.executor import merge_outputs  # noqa: E402
-from cpcompile.kernels import get_kernel  # noqa: E402
-from cpcompile.kernels.cudnn import CuDNNKernel  # noqa: E402
+from bench.common import time_ms
+from cpcompile.executor import merge_outputs
+from cpcompile.kernels import get_kernel
+from cpcompile.kernels.cudnn import CuDNNKernel
 
 aten = torch.ops.aten
 
@@ -54,8 +55,7 @@ def check(name, impl, q, k, v, dout, causal):
 
 def merge_sweep():
     """Time the fused merge/add at a zigzag rank's size for a few tile configs (and the torch fallback)."""
-    from cpcompile import merge_triton
-    from cpcompile.executor import sum_into
+    from cpcompile.executor import merge_triton, sum_into
 
     g = torch.Generator(device="cuda").manual_seed(1)
     big = [torch.randn(1, 8192, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)

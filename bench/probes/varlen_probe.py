@@ -1,16 +1,19 @@
 """Varlen probe (GPU): aten varlen op schemas, FA2 varlen vs cuDNN ragged (`_cudnn_attention_forward` with
-cu_seqlens) fwd+bwd on one packed document mix, and whether their outputs agree. Decides the varlen provider."""
+cu_seqlens) fwd+bwd on one packed document mix, and whether their outputs agree. Decides the varlen provider.
+
+    python -m bench.probes.varlen_probe [S=32768] [mix=docs-median-1K]
+
+Log: bench/results/logs/varlen_probe_h200.txt.
+"""
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import thd_cases  # noqa: E402
-from common import HKV, HQ, time_ms  # noqa: E402
+from bench import thd_cases
+from bench.common import HKV, HQ, time_ms
 
 aten = torch.ops.aten
 

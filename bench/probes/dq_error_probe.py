@@ -3,6 +3,8 @@
 Rank `--rank` of cp=`--cp` over the GPU test's gqa-b2 shape and seed: per local chunk (early, late), the max
 |dq - fp64| of cpcompile's blocks on cuDNN against single-GPU bf16 SDPA (the bf16 rule's baseline) and the
 rule's allowed error. Prints one line a chunk; nothing is written. Log: bench/results/logs/dq_error_probe_h200.txt.
+
+    python -m bench.probes.dq_error_probe [--cp 4] [--rank 1] [--shape 2,4,2,384,128] [--seed 7]
 """
 
 from __future__ import annotations

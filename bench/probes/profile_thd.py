@@ -1,6 +1,6 @@
-"""Where a THD rank's time goes: torch.profiler over the region's work between collectives (bench/thd_cases).
+"""Where a THD rank's time goes: torch.profiler over the region's work between collectives (bench/thd_cases.py).
 
-    python bench/profile_thd.py [--cases thd:docs-median-1K:32768:2:1,thd_zigzag:docs-median-1K:32768:8:0]
+    python -m bench.probes.profile_thd [--cases thd:docs-median-1K:32768:2:1,thd_zigzag:docs-median-1K:32768:8:0]
 
 Prints, per case, the CUDA kernels by total time over 5 runs (fwd+bwd, after warm-up).
 """
@@ -8,13 +8,10 @@ Prints, per case, the CUDA kernels by total time over 5 runs (fwd+bwd, after war
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import thd_cases  # noqa: E402
+from bench import thd_cases
 
 
 def main() -> None:
