@@ -126,7 +126,8 @@ class GraphModule(torch.nn.Module):
         l_k_ = L_k_
         l_v_ = L_v_
         l_cu_ = L_cu_
-        a2a_varlen_attention = cpcompile_regions_a2a_varlen_a2a_varlen_attention(l_q_, l_k_, l_v_, l_cu_, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 32, window = (4, -1), return_lse = True)
+        check_packed_metadata: "i32[4]" = cpcompile_regions_guards_check_packed_metadata(l_cu_, total = 32, max_doc = 32, doc_multiple_per_cp = 0, group_name = '0', world = 4)
+        a2a_varlen_attention = cpcompile_regions_a2a_varlen_a2a_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 32, window = (4, -1), return_lse = True)
         out: "f32[8, 4, 4]" = a2a_varlen_attention[0]
         lse: "f32[4, 8]" = a2a_varlen_attention[1]
         return (out, lse)
@@ -136,12 +137,14 @@ class GraphModule(torch.nn.Module):
 
 @pytest.mark.parametrize("fn,lse", [(causal, False), (sliding_with_lse, True)])
 def test_collectives_per_step(fn, lse):
-    """Forward: one q/k/v all-to-all, one for the output (+ one for the lse only when the graph reads it);
-    backward: the mirror image of the first two. The forward moves this rank's q heads, the kv heads they read
-    (GQA 4 q / 2 kv heads at cp=4: each kv head to 2 ranks), the output and the lse."""
+    """Forward: the cu_seqlens check's all-gather of 2 int64 a rank (regions/guards.py), one q/k/v all-to-all,
+    one for the output (+ one for the lse only when the graph reads it); backward: the mirror image of the two
+    all-to-alls. The forward moves this rank's q heads, the kv heads they read (GQA 4 q / 2 kv heads at cp=4:
+    each kv head to 2 ranks), the output and the lse."""
     hq, hkv, d = 4, 2, 4
     graphs = _capture(fn, (hq, hkv))
-    fw, bw = _collectives(graphs["fw"]), _collectives(graphs["bw"])
+    (check, *fw), bw = _collectives(graphs["fw"]), _collectives(graphs["bw"])
+    assert check.target == _c10d.all_gather_into_tensor.default and check.args[0].meta["val"].numel() == 2
     assert [n.target for n in fw] == [_c10d.all_to_all_single.default] * (3 if lse else 2)
     assert [n.target for n in bw] == [_c10d.all_to_all_single.default] * 2
     moved = sum(n.args[0].meta["val"].numel() for n in fw)
@@ -162,8 +165,8 @@ def test_executor_reads_exchanged_buffer_in_place():
 
 
 def test_inductor_kernels():
-    """Under Inductor (sliding window, GQA replicated): forward = the q/k/v pack (replication fused in) and
-    the block ranges, backward = the dout pack, the dq/dk/dv pack and one unpack with the replica sum; the
+    """Under Inductor (sliding window, GQA replicated): forward = the cu_seqlens check, the q/k/v pack
+    (replication fused in) and the block ranges, backward = the dout pack, the dq/dk/dv pack and one unpack with the replica sum; the
     executor reads the all-to-all buffer directly (no reorder kernel anywhere)."""
     from test_a2a_graph import _kernel_calls
     from torch._inductor.utils import run_and_get_code
@@ -178,7 +181,7 @@ def test_inductor_kernels():
         be = cpcompile.backend(strategy="thd", comm="a2a", inner="inductor")
         compiled = torch.compile(fn, backend=be, fullgraph=True)
         _, (fw, bw) = run_and_get_code(lambda: compiled(q, k, v, cu).sum().backward())
-    assert len(_kernel_calls(fw)) == 2, _kernel_calls(fw)
+    assert len(_kernel_calls(fw)) == 3, _kernel_calls(fw)
     assert len(_kernel_calls(bw)) == 3, _kernel_calls(bw)
     (line,) = [ln for ln in fw.splitlines() if "cpcompile.attend_varlen_blocks.default(" in ln]
     tensors = re.findall(r"reinterpret_tensor\((buf\d+)", line.split("attend_varlen_blocks.default(", 1)[1])

@@ -120,9 +120,6 @@ class PackedLayout:
         length (varlen_attn's max_q/max_k) and so the blocks' max_q/max_k (smaller kernel grids)."""
         raise NotImplementedError
 
-    def device_check(self, cu_seqlens: torch.Tensor, cp: int) -> None:
-        """Data-dependent rules asserted on device inside the region (no host sync); none by default."""
-
 
 def _bound(n: int, max_doc: int | None) -> int:
     return n if max_doc is None else min(n, max_doc)
@@ -217,14 +214,6 @@ class ThdZigzagLayout(PackedLayout):
         q0, q1 = _interleave(start, mid), _interleave(mid, end)
         k0, k1 = _interleave(at, front_keys), _interleave(front_keys, front_keys + segments[1] * chunk)
         return [VarlenBlock(0, True, _ranges(q0, q1, k0, k1), one, segments[1] * one, window, **full)]
-
-    def device_check(self, cu_seqlens: torch.Tensor, cp: int) -> None:
-        """Assert on device (no host sync) that every document length is a multiple of 2*cp."""
-        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-        torch._assert_async(
-            (lengths % (2 * cp) == 0).all(),
-            f"cpcompile thd_zigzag: every document length must be a multiple of 2*cp={2 * cp}",
-        )
 
 
 def whole_sequence_blocks(
