@@ -28,13 +28,18 @@ _graphs: dict[str, int] = defaultdict(int)
 """Per CP group: how many graphs this process has compiled with a cpcompile backend (the store key's index)."""
 
 
+def _shape(shape: tuple) -> tuple:
+    """A shape with its symbolic dims (a dynamic batch) written as "dyn": symbol names are per process."""
+    return tuple(d if isinstance(d, int) else "dyn" for d in shape)
+
+
 def plan_summary(plan: CPPlan) -> str:
     """Everything about a plan that must be the same on every rank (not the rank itself)."""
     s = plan.site
     fields = [
-        s.kind, plan.layout, plan.comm, plan.kernel, plan.causal, plan.scale, plan.dtensor, s.q_shape, s.k_shape,
-        s.v_shape, str(s.dtype), s.device.type, plan.group.size, getattr(plan, "window", None),
-        getattr(plan, "max_doc", None),
+        s.kind, plan.layout, plan.comm, plan.kernel, plan.causal, plan.scale, plan.dtensor, _shape(s.q_shape),
+        _shape(s.k_shape), _shape(s.v_shape), str(s.dtype), s.device.type, plan.group.size,
+        getattr(plan, "window", None), getattr(plan, "max_doc", None),
     ]  # fmt: skip
     return repr(tuple(fields))
 
