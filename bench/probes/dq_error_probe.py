@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--cp", type=int, default=4)
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--shape", default="2,4,2,384,128")
-    ap.add_argument("--seed", type=int, default=7, help="tests/test_gpu.py's seed")
+    ap.add_argument("--seed", type=int, default=7, help="tests/gpu/test_gpu.py's seed")
     args = ap.parse_args()
     b, hq, hkv, s, d = (int(x) for x in args.shape.split(","))
     g = torch.Generator().manual_seed(args.seed)

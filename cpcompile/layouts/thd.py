@@ -34,7 +34,7 @@ class VarlenBlock:
     tokens of its key range); `window` (left, right) further limits key j of q row t to t-left <= j <= t+right
     (-1: unbounded). `covers_rows`: every q row lies in a range and sees at least one key; `covers_keys`: every
     key of the source lies in a range. What a layout vouches for here the executor does not mask (checked by
-    tests/test_thd_layouts.py for every layout)."""
+    tests/unit/test_thd_layouts.py for every layout)."""
 
     source: int
     causal: bool

@@ -5,10 +5,10 @@ from __future__ import annotations
 import expecttest
 import torch
 import torch.nn.functional as F
-from fake_pg import aot_graphs, count_ops, fake_group, rewritten_graph
 
 import cpcompile
 from cpcompile.testing.model import TinyConfig, TinyLlama
+from tests.support.fake_pg import aot_graphs, count_ops, fake_group, rewritten_graph
 
 
 def gqa_attention(q, k, v):

@@ -1,10 +1,8 @@
-"""A small transformer trained a few steps with CP matches the single-process run (losses and weights)."""
+"""The small-model training run the parity tests share: its config, its batches, and the check that CP training
+matches the single-process run (losses and weights)."""
 
 from __future__ import annotations
 
-import pytest
-
-from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.model import TinyConfig
 from cpcompile.testing.training import make_batches, train
 
@@ -14,10 +12,6 @@ CFG = TinyConfig(layers=2, heads=4, kv_heads=2)
 def _batches():
     """One batch seen three times: the loss must fall, so a broken backward cannot pass unnoticed."""
     return make_batches(CFG, steps=1, batch=2, seq=48, seed=1) * 3
-
-
-def _cp_train(rank, world, strategy, inner):
-    return train(CFG, _batches(), strategy=strategy, inner=inner)
 
 
 def _assert_matches(results, inner):
@@ -31,12 +25,3 @@ def _assert_matches(results, inner):
             assert err <= 2e-5, f"rank {rank} {name} after {len(res.losses)} steps: max error {err}"
     # the loss must actually move, or this test could not tell a broken backward from a working one
     assert ref.losses[-1] < ref.losses[0]
-
-
-@pytest.mark.parametrize("strategy,world", [("flat", 3), ("zigzag", 2), ("zigzag", 4)])
-def test_training_parity_aot_eager(strategy, world):
-    _assert_matches(run_ranks(_cp_train, world, strategy, "aot_eager", timeout=400), "aot_eager")
-
-
-def test_training_parity_inductor():
-    _assert_matches(run_ranks(_cp_train, 2, "zigzag", "inductor", timeout=600), "inductor")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
-from fake_pg import fake_group
 
 import cpcompile
 from cpcompile import CPCompileError
 from cpcompile.kernels import resolve_kernel
+from tests.support.fake_pg import fake_group
 
 
 def _cp_error(excinfo) -> CPCompileError:
@@ -139,3 +140,41 @@ def test_shard_batch_refuses_unknown_tensors():
             cpcompile.shard_batch(batch, strategy="flat")
         out = cpcompile.shard_batch(batch, strategy="flat", seq_keys=["doc_weights"])
         assert out["doc_weights"].shape == (1, 4)
+
+
+# ---- comm="a2a": the head rules, as rank 1 of 4 ----
+
+WORLD, RANK = 4, 1
+
+
+def _attention(causal):
+    def attn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    return attn
+
+
+@pytest.fixture
+def no_a2a(monkeypatch):
+    """Fail the test if an all-to-all is issued: errors must come before communication."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a collective ran before the error was raised")
+
+    monkeypatch.setattr(funcol, "all_to_all_single", boom)
+
+
+@pytest.mark.parametrize(
+    "hq,hkv,rule",
+    [
+        (6, 2, "each of the 4 ranks q_heads/cp heads, but there are 6 q heads"),
+        (12, 6, "each of the 4 ranks kv_heads/cp k/v heads, but there are 6 kv heads"),
+        (12, 3, "with 3 kv heads < cp=4, comm='a2a' replicates each kv head to cp/kv_heads ranks"),
+    ],
+)
+def test_head_errors(no_a2a, hq, hkv, rule):
+    q, k, v = (torch.randn(1, h, 8, 8) for h in (hq, hkv, hkv))
+    msg = _compile_error(_attention(True), q, k, v, comm="a2a", rank=RANK, world=WORLD)
+    assert f"attention node 'scaled_dot_product_attention' at {__file__}" in msg, msg
+    rule_part, fix_part = msg.split("Fix:")
+    assert rule in rule_part and "comm='all_gather'" in fix_part, msg

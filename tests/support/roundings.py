@@ -1,4 +1,4 @@
-"""How many times CP rounds an output or gradient element to bf16, for the bf16 rule of tests/parity.py.
+"""How many times CP rounds an output or gradient element to bf16, for the bf16 rule of tests/support/parity.py.
 
 A GPU kernel hands back its output and gradients in the input dtype, rounded once (it accumulates in fp32).
 One device runs one kernel call per element: one rounding. CP runs several calls whose results meet in one

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from parity import bf16_rule, max_err
 from torch.nn.attention.varlen import varlen_attn
 
 import cpcompile
+from tests.support.parity import bf16_rule, max_err
 
 
 def random_lengths(gen: torch.Generator, total: int, unit: int = 1) -> list[int]:

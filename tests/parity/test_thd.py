@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_parity import _assert_reports
-from thd_parity import compare_packed, random_lengths
 
 from cpcompile.testing.distributed import run_ranks
+from tests.support.parity import _assert_reports
+from tests.support.thd_parity import compare_packed, random_lengths
 
 
 def _mixes(world: int, gen: torch.Generator) -> dict[str, list[list[int]]]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from parity import max_err, reference, sdpa_case
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.experimental import implicit_replication
@@ -14,34 +12,8 @@ from torch.distributed.tensor.experimental import implicit_replication
 import cpcompile
 from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.model import TinyLlama, token_loss_sum
-
-SHAPE = (2, 4, 2, 32, 8)  # batch, q heads, kv heads (GQA), global seq, head dim
-TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
-
-
-def _attention(a, b, c, causal):
-    return F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=True)
-
-
-def _dtensor_attention_errors(mesh, strategy, causal, dtype, *, dp_slice=slice(None), comm="all_gather") -> dict:
-    """Max error of out/dq/dk/dv of the compiled CP region on DTensor inputs vs single-process SDPA."""
-    q, k, v, dout = (t[dp_slice] for t in sdpa_case(0, *SHAPE))
-    ref = reference(q, k, v, dout, causal, torch.float64)
-
-    def place(t):
-        return cpcompile.shard(t.to(dtype), strategy=strategy, seq_dim=2, mesh=mesh, as_dtensor=True)
-
-    leaves = [place(t).detach().requires_grad_() for t in (q, k, v)]
-    be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager")  # mesh, seq dim: from the placements
-    torch._dynamo.reset()
-    out = torch.compile(_attention, backend=be, fullgraph=True)(*leaves, causal)
-    assert isinstance(out, DTensor) and out.placements == leaves[0].placements, out
-    out.backward(place(dout))
-    assert len(be.plans) == 1
-    got = [out] + [t.grad for t in leaves]
-    assert all(g.placements == leaves[0].placements for g in got[1:])
-    full = [cpcompile.unshard(g, strategy=strategy).to(torch.float64) for g in got]  # undoes zigzag's permutation
-    return {name: max_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), full, ref)}
+from tests.support.dtensor import TOL, _dtensor_attention_errors
+from tests.support.parity import max_err
 
 
 def _helpers_errors(mesh) -> dict:

@@ -14,7 +14,7 @@ def bf16_rule(cp_err: float, ref_err: float, dtype: torch.dtype, roundings: int 
     """Allowed error: fp64/fp32 tight; low precision (1 + sqrt(roundings)) x the single-device error + floor.
 
     One device rounds an element to the low precision once. CP rounds it `roundings` times where a kernel
-    returns partial results already rounded (tests/roundings.py counts them; 1 = the plain 2x rule), and
+    returns partial results already rounded (tests/support/roundings.py counts them; 1 = the plain 2x rule), and
     independent rounding errors add like a random walk, so the allowance grows with the square root."""
     if dtype in (torch.float64, torch.float32):
         return FLOORS[dtype] * 50 if dtype == torch.float32 else FLOORS[dtype]
@@ -76,3 +76,13 @@ def compare_sdpa(
         allowed = bf16_rule(err, max_err(shard(lo), shard(e)), dtype)
         report[name] = (err, allowed)
     return report
+
+
+def _assert_reports(per_rank):
+    failures = []
+    for rank, results in enumerate(per_rank):
+        for case, report in results.items():
+            for tensor, (err, allowed) in report.items():
+                if not err <= allowed:
+                    failures.append(f"rank {rank} {case} {tensor}: error {err:.3g} > allowed {allowed:.3g}")
+    assert not failures, "\n".join(failures)

@@ -1,19 +1,17 @@
-"""DTensor placements the pass refuses (one CPCompileError each, at compile time), and the graph it produces for
-a DTensor site. One process on a fake process group: tracing and rewriting need no peers."""
+"""DTensor placements the pass refuses (one CPCompileError each, at compile time). One process on a fake
+process group: tracing and rewriting need no peers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from expecttest import assert_expected_inline
-from fake_pg import normalize_gm
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import cpcompile
+from tests.support.dtensor import _captured_graph, _qkv
 
 WORLD, RANK = 4, 1
 
@@ -23,33 +21,6 @@ def fake_group():
     dist.init_process_group("fake", store=FakeStore(), rank=RANK, world_size=WORLD)
     yield
     dist.destroy_process_group()
-
-
-def _qkv(mesh, placements, seq=16, k_placements=None):
-    """Local q/k/v shards wrapped as DTensors (from_local: no collective), global shape (2, 4, seq, 8)."""
-
-    def make(pl):
-        local_shape = [2, 4, seq, 8]
-        for size, p in zip(mesh.shape, pl):
-            if isinstance(p, Shard):
-                local_shape[p.dim] //= size
-        return DTensor.from_local(torch.randn(local_shape), mesh, pl, run_check=False)
-
-    return make(placements), make(k_placements or placements), make(placements)
-
-
-def _captured_graph(q, k, v) -> torch.fx.GraphModule:
-    """The Dynamo graph of causal SDPA on (q, k, v), before any pass."""
-    graphs = []
-
-    def capture(gm, _):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    attention = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True)  # noqa: E731
-    torch.compile(attention, backend=capture, fullgraph=True)(q, k, v)
-    return graphs[0]
 
 
 def _refusal(q, k, v, **backend_kwargs) -> str:
@@ -109,25 +80,3 @@ def test_helper_errors():
         cpcompile.unshard(dt, strategy="flat", seq_dim=2)
     with pytest.raises(cpcompile.CPCompileError, match="needs seq_dim="):
         cpcompile.unshard(x, strategy="flat")
-
-
-def test_dtensor_site_graph():
-    """A DTensor site becomes one dtensor_region call: mesh and group read from the placements (2-D mesh)."""
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
-    gm = _captured_graph(*_qkv(mesh, [Shard(0), Shard(2)]))
-    be = cpcompile.backend(strategy="zigzag", inner="eager")
-    be.transform(gm)
-    assert be.plans[0].group.size == 2 and be.plans[0].group.rank == 1
-    group = be.plans[0].group.name
-    assert_expected_inline(
-        normalize_gm(gm.print_readable(False)).replace(repr(group), "'<cp group>'"),
-        """\
-class GraphModule(torch.nn.Module):
-    def forward(self, L_a_: "DTensor(f32[2, 4, 16, 8], S(0)S(2))", L_b_: "DTensor(f32[2, 4, 16, 8], S(0)S(2))", L_c_: "DTensor(f32[2, 4, 16, 8], S(0)S(2))"):
-        l_a_ = L_a_
-        l_b_ = L_b_
-        l_c_ = L_c_
-        dtensor_region: "DTensor(f32[2, 4, 16, 8], S(0)S(2))" = cpcompile_regions_dtensor_dtensor_region(l_a_, l_b_, l_c_, comm = 'all_gather', layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '<cp group>', rank = 1, world = 2)
-        return (dtensor_region,)
-""",
-    )

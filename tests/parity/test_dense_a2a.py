@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parity import compare_sdpa
-from test_dtensor import TOL, _dtensor_attention_errors
-from test_parity import _assert_reports
-from test_training import CFG, _assert_matches, _batches
 from torch.distributed.device_mesh import init_device_mesh
 
 from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.training import train
+from tests.support.dtensor import TOL, _dtensor_attention_errors
+from tests.support.parity import _assert_reports, compare_sdpa
+from tests.support.training import CFG, _assert_matches, _batches
 
 # (batch, q heads, kv heads, global seq, head dim). With cp=2 and cp=4: "gqa" has kv heads >= cp (2 each) and
 # kv heads < cp (each kv head replicated to 2 ranks); "kv1" replicates its one kv head to every rank.

@@ -1,4 +1,4 @@
-"""Kernel registry, block batching/segmenting and the LSE merge (CPU; the CUDA side is tests/test_gpu.py)."""
+"""Kernel registry, block batching/segmenting and the LSE merge (CPU; the CUDA side is tests/gpu/test_gpu.py)."""
 
 from __future__ import annotations
 

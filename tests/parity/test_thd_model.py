@@ -7,13 +7,13 @@ import copy
 
 import torch
 import torch.distributed as dist
-from parity import max_err
-from thd_parity import compare_packed, cu_of, random_lengths
 
 import cpcompile
 from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.model import TinyConfig, token_loss_sum
 from cpcompile.testing.varlen_model import VarlenTinyLlama, document_position_ids
+from tests.support.parity import max_err
+from tests.support.thd_parity import compare_packed, cu_of, random_lengths
 
 CFG = TinyConfig(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, hidden=64)
 CU_ENTRIES = 12
@@ -73,7 +73,7 @@ def _dynamic_cu_length(rank, world):
     """cu_seqlens whose length changes every batch, marked dynamic: one compile for all batches."""
     gen = torch.Generator().manual_seed(9)
     be = cpcompile.backend(strategy="thd", inner="aot_eager")
-    from thd_parity import causal_attn, doc_reference, packed_case
+    from tests.support.thd_parity import causal_attn, doc_reference, packed_case
 
     torch._dynamo.reset()
     fn = torch.compile(causal_attn, backend=be, fullgraph=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import expecttest
 import torch
-from fake_pg import aot_graphs, count_ops, fake_group, rewritten_graph
 from torch.nn.attention.varlen import AuxRequest, varlen_attn
+
+from tests.support.fake_pg import aot_graphs, count_ops, fake_group, rewritten_graph
 
 
 def causal_with_lse(q, k, v, cu):

@@ -1,6 +1,6 @@
-"""The bf16 rounding counts of tests/roundings.py, checked against counts derived by hand."""
+"""The bf16 rounding counts of tests/support/roundings.py, checked against counts derived by hand."""
 
-from roundings import dense_partials, packed_partials, roundings
+from tests.support.roundings import dense_partials, packed_partials, roundings
 
 
 def test_zigzag_all_gather_counts():

@@ -11,10 +11,10 @@ import dataclasses
 
 import pytest
 import torch
-from thd_parity import cu_of
 
 from cpcompile.executor.blocks import encode_varlen
 from cpcompile.layouts.thd import THD_LAYOUTS
+from tests.support.thd_parity import cu_of
 
 OPS = torch.ops.cpcompile
 SCALE = 0.3

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parity import compare_sdpa
 
 from cpcompile.testing.distributed import run_ranks
+from tests.support.parity import _assert_reports, compare_sdpa
 
 # (batch, q heads, kv heads, global seq, head dim): GQA with Hkv < Hq and plain MHA.
 SHAPES = {"gqa": (2, 4, 2, 48, 16), "mha": (1, 2, 2, 48, 8)}
@@ -22,16 +22,6 @@ def _sweep(rank, world, strategy):
     scaled = compare_sdpa(strategy, True, torch.float32, SHAPES["gqa"], scale=0.37)
     results[("gqa-scale", True, "fp32")] = scaled
     return results
-
-
-def _assert_reports(per_rank):
-    failures = []
-    for rank, results in enumerate(per_rank):
-        for case, report in results.items():
-            for tensor, (err, allowed) in report.items():
-                if not err <= allowed:
-                    failures.append(f"rank {rank} {case} {tensor}: error {err:.3g} > allowed {allowed:.3g}")
-    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize(

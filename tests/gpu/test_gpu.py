@@ -4,8 +4,8 @@ NCCL refuses two ranks on one device, so the ranks talk over gloo, and funcol's 
 (SIGSEGV, torch 2.11, seen on the H200) on CUDA tensors: the collectives hop through host memory in these tests only
 (`_host_hop_collectives`). Right for kernel correctness (comm correctness is the CPU tests' job), meaningless
 for comm timing. Each rank compares its output and
-q/k/v gradients with single-GPU SDPA over the full sequence, with the bf16 rule of tests/parity.py, counting the
-bf16 partials that the kernels return and CP sums into one element (tests/roundings.py).
+q/k/v gradients with single-GPU SDPA over the full sequence, with the bf16 rule of tests/support/parity.py,
+counting the bf16 partials that the kernels return and CP sums into one element (tests/support/roundings.py).
 Skipped where CUDA is absent.
 """
 
@@ -14,14 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from parity import bf16_rule, max_err, sdpa_case
-from roundings import dense_partials, packed_partials, roundings
-from thd_parity import cu_of, doc_reference, packed_case, random_lengths
 
 import cpcompile
 from cpcompile.comm.registry import COMMS
 from cpcompile.layouts import LAYOUTS
 from cpcompile.testing.distributed import run_ranks
+from tests.support.parity import bf16_rule, max_err, sdpa_case
+from tests.support.roundings import dense_partials, packed_partials, roundings
+from tests.support.thd_parity import cu_of, doc_reference, packed_case, random_lengths
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -100,6 +100,7 @@ def _sweep(rank, world, cases):
     return failures, worst
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world", [2, 4])
 def test_gpu_parity(world):
     per_rank = run_ranks(_sweep, world, CASES, timeout=600)
@@ -197,6 +198,7 @@ def _thd_sweep(rank, world, cases):
     return failures, worst
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("cases", [THD_CASES, THD_A2A_CASES], ids=["all_gather", "a2a"])
 def test_gpu_thd_parity(world, cases):

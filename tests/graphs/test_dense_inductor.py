@@ -11,11 +11,11 @@ import re
 
 import pytest
 import torch
-from fake_pg import fake_group
 from torch._inductor.utils import run_and_get_code
 
 import cpcompile
 from cpcompile.testing.model import TinyConfig, TinyLlama
+from tests.support.fake_pg import fake_group
 
 KERNEL_CALL = re.compile(r"^\s*(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+)\((.*)\)", re.M)
 

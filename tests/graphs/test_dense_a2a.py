@@ -6,24 +6,15 @@ import re
 
 import pytest
 import torch
-import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from expecttest import assert_expected_inline
-from fake_pg import capture_graphs, fake_group, normalize_gm
-from test_errors import _compile_error
 
 import cpcompile
+from tests.support.fake_pg import capture_graphs, fake_group, normalize_gm
+from tests.support.graphs import VIEW_OPS, _collectives, _kernel_calls
 
 WORLD, RANK = 4, 1
 _c10d = torch.ops._c10d_functional
-# Ops that only reinterpret memory: what may sit between an all-to-all and the block executor.
-VIEW_OPS = {
-    torch.ops.aten.view.default,
-    torch.ops.aten.permute.default,
-    torch.ops.aten.split_with_sizes.default,
-    torch.ops.aten.slice.Tensor,
-    _c10d.wait_tensor.default,
-}
 
 
 @pytest.fixture
@@ -131,15 +122,6 @@ def _calls(gm, target):
     return [n for n in gm.graph.nodes if n.op == "call_function" and n.target == target]
 
 
-def _collectives(gm):
-    """Every collective launched (waits excluded)."""
-    return [n for n in _calls_any(gm) if "c10d" in str(n.target) and "wait_tensor" not in str(n.target)]
-
-
-def _calls_any(gm):
-    return [n for n in gm.graph.nodes if n.op == "call_function"]
-
-
 @pytest.mark.parametrize(
     "strategy,causal,exchanges",
     [("flat", True, 1), ("flat", False, 1), ("zigzag", True, 2), ("zigzag", False, 1)],
@@ -177,12 +159,6 @@ def test_executor_reads_exchanged_buffers_in_place(fake_pg, strategy):
             assert _view_source(t).target == _c10d.all_to_all_single.default, (call, t)
 
 
-def _kernel_calls(code: str) -> list[str]:
-    """Names of the generated C++ kernels a compiled graph's `call` launches, in order."""
-    body = code[code.index("def call(") :]
-    return re.findall(r"^\s+(cpp_fused_\w+)\(", body, flags=re.M)
-
-
 def test_inductor_fuses_every_copy(fake_pg):
     """Zigzag causal under Inductor: the only kernels are one pack per all-to-all input (the copy the
     collective needs anyway, q/k/v in one buffer, GQA replication fused in) and one kernel that writes the
@@ -208,29 +184,3 @@ def test_inductor_fuses_every_copy(fake_pg):
             tensors = re.findall(r"reinterpret_tensor\((buf\d+)", args)
             sources = {m for m in re.findall(r"(buf\d+) = torch\.ops\._c10d_functional\.all_to_all_single", fw)}
             assert tensors and set(tensors) <= sources, line
-
-
-@pytest.fixture
-def no_a2a(monkeypatch):
-    """Fail the test if an all-to-all is issued: errors must come before communication."""
-
-    def boom(*args, **kwargs):
-        raise AssertionError("a collective ran before the error was raised")
-
-    monkeypatch.setattr(funcol, "all_to_all_single", boom)
-
-
-@pytest.mark.parametrize(
-    "hq,hkv,rule",
-    [
-        (6, 2, "each of the 4 ranks q_heads/cp heads, but there are 6 q heads"),
-        (12, 6, "each of the 4 ranks kv_heads/cp k/v heads, but there are 6 kv heads"),
-        (12, 3, "with 3 kv heads < cp=4, comm='a2a' replicates each kv head to cp/kv_heads ranks"),
-    ],
-)
-def test_head_errors(no_a2a, hq, hkv, rule):
-    q, k, v = (torch.randn(1, h, 8, 8) for h in (hq, hkv, hkv))
-    msg = _compile_error(_attention(True), q, k, v, comm="a2a", rank=RANK, world=WORLD)
-    assert f"attention node 'scaled_dot_product_attention' at {__file__}" in msg, msg
-    rule_part, fix_part = msg.split("Fix:")
-    assert rule in rule_part and "comm='all_gather'" in fix_part, msg
