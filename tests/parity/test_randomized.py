@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from parity import max_err
-from thd_parity import cu_of, doc_reference
 from torch.nn.attention.varlen import varlen_attn
 
 import cpcompile
 from cpcompile.layouts.heads import head_split_problem
 from cpcompile.testing.distributed import run_ranks
+from tests.support.parity import max_err
+from tests.support.thd_parity import cu_of, doc_reference
 
 CASES_PER_WORLD = 8
 

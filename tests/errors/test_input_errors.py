@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from fake_pg import fake_group
-from test_errors import _compile_error
 from torch.nn.attention.varlen import varlen_attn
 
 import cpcompile
 from cpcompile import CPCompileError
+from tests.errors.test_dense_errors import _compile_error
+from tests.support.fake_pg import fake_group
 
 
 def _sdpa(q, k, v):

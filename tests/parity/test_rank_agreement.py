@@ -8,12 +8,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from parity import max_err
 from torch.nn.attention.varlen import varlen_attn
 
 import cpcompile
 from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.model import TinyConfig, TinyLlama
+from tests.support.parity import max_err
 
 
 def _sdpa(q, k, v):

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from parity import max_err
-from thd_parity import cu_of
 
 import cpcompile
 from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.model import TinyConfig, TinyLlama, token_loss_sum
 from cpcompile.testing.varlen_model import VarlenTinyLlama, document_position_ids
+from tests.support.parity import max_err
+from tests.support.thd_parity import cu_of
 
 CFG = TinyConfig(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, hidden=64)
 SEQ = 16
@@ -163,36 +162,3 @@ def test_cond_that_differs_between_ranks_fails_on_every_rank():
     """Ranks that would take different branches get one clear error each, not a hang or a wrong answer."""
     for r in run_ranks(_cond, 2, False, timeout=300):
         assert "condition of a torch.cond around attention differs between CP ranks" in r.get("error", ""), r
-
-
-class _UserFunction(torch.autograd.Function):
-    """Attention inside a user's autograd.Function: its backward is the user's, not the region's."""
-
-    @staticmethod
-    def forward(ctx, q):
-        return _attn(q, q, q)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
-def _user_function_model(q):
-    return _UserFunction.apply(q) + 1
-
-
-def test_attention_inside_other_bodies_is_refused():
-    """A body the pass cannot rewrite (a user autograd.Function, whose backward is its own) is refused with
-    one CPCompileError naming the higher-order op, not passed through."""
-    from fake_pg import fake_group
-
-    q = torch.randn(1, 2, 8, 8, requires_grad=True)
-    with fake_group(0, 2):
-        be = cpcompile.backend(strategy="flat", inner="eager")
-        with pytest.raises(Exception) as excinfo:
-            torch.compile(_user_function_model, backend=be, fullgraph=True)(q)
-    err = excinfo.value
-    while err is not None and not isinstance(err, cpcompile.CPCompileError):
-        err = err.__cause__ or err.__context__
-    assert err is not None, excinfo.value
-    assert "torch.ops.higher_order.autograd_function_apply" in str(err) and "Fix: move the attention" in str(err)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from fake_pg import fake_group
 from torch.nn.attention.varlen import varlen_attn
 
 import cpcompile
+from tests.support.fake_pg import fake_group
 
 EAGER = r"ran eagerly \(outside a rewritten CP region\)"
 
