@@ -6,7 +6,7 @@ slowest rank. It also times the same kernel calls alone, so the merge/copy overh
 guessed. Llama3-8B attention (Hq=32, Hkv=8, D=128) and MHA (--heads gqa,mha: Hq=Hkv=32), bf16, causal, batch 1.
 CUDA events, warm-up, median.
 
-    python bench/single_gpu.py --out bench/results/single_gpu.json [--seqs 32768,65536] [--cps 2,4,8] [--quick]
+    python -m bench.single_gpu --out bench/results/single_gpu.json [--seqs 32768,65536] [--cps 2,4,8] [--quick]
 
 Packed documents (--layouts thd,thd_zigzag; bench/thd_cases.py): the varlen executor ops on each rank's
 packed inputs for realistic document-length mixes (--mixes), on --thd-kernels ("auto": cudnn_varlen where
@@ -21,19 +21,27 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import thd_cases  # noqa: E402
-from common import DTYPE, HKV, HQ, D, bshd, causal_flops, gathered_sources, sdpa_full_fwd_bwd, time_many_ms, time_ms  # noqa: E402
-
-from cpcompile import executor  # noqa: E402  (registers torch.ops.cpcompile.*)
-from cpcompile.executor import streams  # noqa: E402
-from cpcompile.kernels import get_kernel, resolve_kernel  # noqa: E402
-from cpcompile.layouts import get_layout  # noqa: E402
+from bench import thd_cases
+from bench.common import (
+    DTYPE,
+    HKV,
+    HQ,
+    D,
+    bshd,
+    causal_flops,
+    gathered_sources,
+    sdpa_full_fwd_bwd,
+    time_many_ms,
+    time_ms,
+)
+from cpcompile import executor  # (registers torch.ops.cpcompile.*)
+from cpcompile.executor import streams
+from cpcompile.kernels import get_kernel, resolve_kernel
+from cpcompile.layouts import get_layout
 
 SCALE = 1 / math.sqrt(D)
 HEADS = {"gqa": (HQ, HKV), "mha": (HQ, HQ)}

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 
 import torch
-from common import DTYPE, HKV, HQ, D
 
+from bench.common import DTYPE, HKV, HQ, D
 from cpcompile.executor import decode_varlen, encode_varlen  # (registers torch.ops.cpcompile.*)
 from cpcompile.kernels import get_varlen_kernel
-from cpcompile.layouts.thd import get_packed_layout
+from cpcompile.layouts import get_packed_layout
 from cpcompile.regions.all_gather_varlen import attend_gathered, fold_key_grads
 
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
@@ -166,7 +166,8 @@ def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str, compiled: bool = Fals
     from cpcompile.comm import heads
     from cpcompile.regions import a2a_varlen
 
-    heads.exchange_first = a2a_varlen.exchange_first = _identity_exchange  # where the region's exchanges live
+    # every all-to-all of the region: the q/k/v and output exchanges (comm.heads) and the lse one (a2a_varlen)
+    heads.exchange_first = a2a_varlen.exchange_first = _identity_exchange
     longest = int((cu[1:] - cu[:-1]).max())  # varlen_attn's max_q/max_k, which the planner hands the region
 
     def region(q, k, v, cu):

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from . import passes
+from . import eager_guard, passes
 from .comm.registry import COMMS
 from .errors import CPCompileError
 from .kernels import KERNEL_NAMES
@@ -50,6 +50,9 @@ class CPBackend:
     config: CPConfig
     inner: str | Callable = "inductor"
     plans: list[CPPlan] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        eager_guard.install()  # attention that Dynamo runs eagerly inside a compiled call raises (eager_guard.py)
 
     @property
     def mesh(self):

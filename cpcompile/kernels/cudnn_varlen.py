@@ -15,7 +15,7 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
   takes it PADDED (sequences, Hq, max_q, 1): `padded_lse` scatters the final lse there per range.
 - graphs: the op caches one graph per shape (sequence count, max lengths, strides; backward also the packed
   totals rounded to 64). All are static per block (the ranges' length, the block's bounds), so new documents
-  never build a graph (checked on the GPU by tests/test_gpu_cudnn_varlen.py).
+  never build a graph (checked on the GPU by tests/gpu/test_cudnn_varlen.py).
 - unseen keys: the contract wants dK/dV = 0 for keys of a range that no row sees. Without a left window every
   key of a range with rows is seen (bottom-right: the last row sees them all); with one, the leading keys of a
   range may be out of reach, and they are zeroed here rather than trusting cuDNN to write key tiles it skips.

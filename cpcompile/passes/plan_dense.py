@@ -46,14 +46,20 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
                 f"its {name} has shape {shape}; cpcompile needs 4-D (batch, heads, seq, head_dim) inputs",
                 "call scaled_dot_product_attention with 4-D tensors",
             )
-        if not is_static(shape):
+        if not is_static(shape[1:]):  # the batch may change (the last batch of an epoch): it is no CP dim
             raise site_error(
                 node,
-                f"its {name} has a dynamic shape {shape}; the CP blocks are planned for static lengths",
+                f"its {name} has a dynamic shape {shape}; the CP blocks are planned for static lengths and heads",
                 "compile with dynamic=False (pad batches to a fixed length with cpcompile.pad_to_multiple); "
                 "without it, Dynamo makes a length dynamic by itself once a second length is compiled",
             )
     (_, _, sq, d), (_, _, sk, _), (_, _, sv, _) = site.q_shape, site.k_shape, site.v_shape
+    if sq == 0:
+        raise site_error(
+            node,
+            "its query has 0 local tokens (an empty sequence); the CPU and GPU attention kernels cannot run on it",
+            "feed every rank a non-empty shard (a global sequence of at least one chunk per rank)",
+        )
     if sq != sk or sk != sv:
         raise site_error(
             node,

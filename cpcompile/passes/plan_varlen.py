@@ -123,6 +123,12 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
                 "(cpcompile.pad_cu_seqlens adds a padding document)",
             )
     (tq, hq, d), (tk, hkv, dk), (tv, hv, _) = site.q_shape, site.k_shape, site.v_shape
+    if tq == 0:
+        raise site_error(
+            node,
+            "its query has 0 local packed tokens; the attention kernels cannot run on an empty buffer",
+            "pack at least one token per rank (cpcompile.pad_to_multiple + pad_cu_seqlens)",
+        )
     if dk != d:
         raise site_error(
             node,

@@ -103,7 +103,6 @@ def all_gather_varlen_attention(
     torch_attn._varlen_attn returns: (out, lse (Hq, T_local) fp32, rng_state), so the node's users are unchanged.
     """
     lay = get_packed_layout(layout)
-    lay.device_check(cu_seqlens, world)
     local = q.shape[0]
     blocks = lay.blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
     key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention.varlen import varlen_attn
 
-from .model import TinyConfig, rope
+from .model import TinyConfig, rope, run_block
 
 
 class VarlenAttention(nn.Module):
@@ -87,7 +87,7 @@ class VarlenTinyLlama(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
         for block in self.blocks:
-            x = block(x, position_ids, cu_seqlens)
+            x = run_block(self.cfg, block, x, position_ids, cu_seqlens)
         return self.head(self.norm(x))
 
 

@@ -1,0 +1,77 @@
+"""Run-time guards the pass inserts next to the regions: checks every rank makes together, so a bad input is
+an error on every rank (never a hang on one rank waiting for another, never a silently wrong answer).
+
+Each guard gathers a few int64 values from every rank of the CP group (one small collective) and asserts on
+device (`torch._assert_async`: no host sync; on CPU it raises at once, on CUDA it fails the stream) that
+they agree, before the region's own collectives run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..comm.collectives import all_gather_dim0
+
+
+def _agreed(values: torch.Tensor, group_name: str, message: str) -> torch.Tensor:
+    """All-gather the int64 vector `values` (same length on every rank) and assert every rank sent the same."""
+    gathered = all_gather_dim0(values.reshape(1, -1), group_name)
+    torch._assert_async((gathered == gathered[:1]).all(), message)
+    return gathered
+
+
+def agree_condition(pred: torch.Tensor, *, group_name: str, world: int) -> torch.Tensor:
+    """`pred` of a torch.cond whose branches hold CP regions, once every rank has the same value: ranks taking
+    different branches would issue different collectives."""
+    del world
+    message = (
+        "cpcompile: the condition of a torch.cond around attention differs between CP ranks; make it the same "
+        "on every rank (e.g. a Python bool)"
+    )
+    _agreed(pred.reshape(()).to(torch.int64), group_name, message)
+    return pred
+
+
+def _checksum(cu: torch.Tensor) -> torch.Tensor:
+    """An int64 fingerprint of cu_seqlens (position-weighted, wrapping): equal on every rank iff, for practical
+    purposes, cu is; cheap next to any attention."""
+    weights = torch.arange(1, cu.numel() + 1, device=cu.device, dtype=torch.int64) * 2654435761 + 97
+    return (cu.long() * weights).sum() + cu.numel()
+
+
+def check_packed_metadata(
+    cu_seqlens: torch.Tensor, *, total: int, max_doc: int | None, doc_multiple_per_cp: int, group_name: str, world: int
+) -> torch.Tensor:
+    """cu_seqlens, once every rank has checked that it is the same on every CP rank and that it describes
+    documents tiling the packed buffer: starts at 0, never decreases, ends at `total` (the global packed
+    length), no document longer than `max_doc` (varlen_attn's max_q/max_k: the kernels size their grids by
+    it), every length a multiple of `doc_multiple_per_cp` * cp when the layout asks (thd_zigzag: 2*cp).
+
+    Returned through a where() on the verdict, so the regions depend on the check (it runs before them) and,
+    should a CUDA assert be late, see empty documents rather than out-of-range offsets."""
+    doc_multiple = doc_multiple_per_cp * world
+    cu = cu_seqlens.long()
+    lengths = cu[1:] - cu[:-1]
+    ok = (cu[0] == 0) & (cu[-1] == total) & (lengths >= 0).all()
+    if max_doc is not None:
+        ok &= (lengths <= max_doc).all()
+    if doc_multiple > 1:
+        ok &= (lengths % doc_multiple == 0).all()
+    gathered = all_gather_dim0(torch.stack((_checksum(cu), ok.long())).reshape(1, 2), group_name)
+    same = (gathered[:, 0] == gathered[0, 0]).all()
+    differs = (
+        "cpcompile: cu_seqlens differs between CP ranks; pass the same GLOBAL cu_seqlens (an unsharded model "
+        "input) to every rank (cpcompile.shard_batch keeps it whole)"
+    )
+    torch._assert_async(same, differs)
+    valid = same & (gathered[:, 1] == 1).all()
+    rule = f"end at the global packed length {total}"
+    rule += f", have no document longer than max_q/max_k={max_doc}" if max_doc is not None else ""
+    if doc_multiple > 1:
+        rule += f", and have every document a multiple of {doc_multiple_per_cp}*cp={doc_multiple} tokens"
+    bad = (
+        f"cpcompile: bad cu_seqlens: it must start at 0, never decrease, {rule} (pad with "
+        "cpcompile.pad_cu_seqlens / pad_documents; cpcompile.shard checks the same on the host)"
+    )
+    torch._assert_async(valid, bad)
+    return torch.where(valid, cu_seqlens, torch.zeros_like(cu_seqlens))
