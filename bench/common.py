@@ -17,9 +17,9 @@ def bshd(b: int, s: int, h: int, d: int = D, device="cuda") -> torch.Tensor:
     return torch.randn(b, s, h, d, device=device, dtype=DTYPE).transpose(1, 2)
 
 
-def gathered_sources(cp: int, chunk: int, slots: int, device="cuda") -> tuple[list, list]:
+def gathered_sources(cp: int, chunk: int, slots: int, device="cuda", hkv: int = HKV) -> tuple[list, list]:
     """K/V per local slot laid out exactly as comm.gather_kv delivers them: (cp*C, slots, 2, B, H, D) storage."""
-    g = torch.randn(cp * chunk, slots, 2, 1, HKV, D, device=device, dtype=DTYPE)
+    g = torch.randn(cp * chunk, slots, 2, 1, hkv, D, device=device, dtype=DTYPE)
     ks = [g[:, i, 0].permute(1, 2, 0, 3) for i in range(slots)]
     vs = [g[:, i, 1].permute(1, 2, 0, 3) for i in range(slots)]
     return ks, vs
@@ -54,12 +54,12 @@ def time_ms(fn: Callable[[], object], iters: int, warmup: int) -> float:
     return time_many_ms([fn], iters, warmup)[0]
 
 
-def sdpa_full_fwd_bwd(seq: int, backend) -> Callable[[], object]:
+def sdpa_full_fwd_bwd(seq: int, backend, hq: int = HQ, hkv: int = HKV) -> Callable[[], object]:
     """fwd+bwd of single-GPU SDPA over the full causal sequence on one SDPA backend."""
     from torch.nn.attention import sdpa_kernel
 
-    q, k, v = (bshd(1, seq, h).requires_grad_() for h in (HQ, HKV, HKV))
-    dout = bshd(1, seq, HQ)
+    q, k, v = (bshd(1, seq, h).requires_grad_() for h in (hq, hkv, hkv))
+    dout = bshd(1, seq, hq)
 
     def run():
         with sdpa_kernel([backend]):
@@ -70,6 +70,6 @@ def sdpa_full_fwd_bwd(seq: int, backend) -> Callable[[], object]:
     return run
 
 
-def causal_flops(seq: int) -> float:
+def causal_flops(seq: int, hq: int = HQ) -> float:
     """fwd+bwd FLOPs of causal attention at the Llama3-8B shape (fwd 2 matmuls, bwd 5, half the square)."""
-    return 7 * 2 * seq * seq * HQ * D / 2
+    return 7 * 2 * seq * seq * hq * D / 2

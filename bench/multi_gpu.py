@@ -1,6 +1,6 @@
 """Multi-GPU benchmark (issue 8): cpcompile vs the ideal and vs PyTorch's own context_parallel, on NCCL.
 
-    torchrun --nproc-per-node=N bench/multi_gpu.py --out bench/results/multi_gpu.json [--tokens 8192,32768]
+    torchrun --nproc-per-node=N -m bench.multi_gpu --out bench/results/multi_gpu.json [--tokens 8192,32768]
 
 Per layout x comm x tokens-per-GPU: fwd+bwd latency of one attention layer at the Llama3-8B attention shape
 (compiled with cpcompile, Inductor), the slowest rank's median over CUDA-event-timed iterations after a
@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 import traceback
 
@@ -24,12 +23,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import HKV, HQ, sdpa_full_fwd_bwd, time_ms  # noqa: E402
-
-import cpcompile  # noqa: E402
-from cpcompile.comm.registry import COMMS  # noqa: E402
-from cpcompile.layouts import LAYOUTS  # noqa: E402
+import cpcompile
+from bench.common import HKV, HQ, sdpa_full_fwd_bwd, time_ms
+from cpcompile.comm.registry import COMMS
+from cpcompile.layouts import LAYOUTS
 
 DEVICE = "cuda"  # --device cpu runs a gloo smoke test of the script on a CPU machine (cpu_flash kernel)
 

@@ -3,13 +3,16 @@
 For every layout x kernel x S x cp it runs the block executor ops (forward and backward, merges and copies
 included, no communication) on each rank's inputs, shaped as the all-gather delivers them, and takes the
 slowest rank. It also times the same kernel calls alone, so the merge/copy overhead is measured, not
-guessed. Llama3-8B attention (Hq=32, Hkv=8, D=128), bf16, causal, batch 1. CUDA events, warm-up, median.
+guessed. Llama3-8B attention (Hq=32, Hkv=8, D=128) and MHA (--heads gqa,mha: Hq=Hkv=32), bf16, causal, batch 1.
+CUDA events, warm-up, median.
 
-    python bench/single_gpu.py --out bench/results/single_gpu.json [--seqs 32768,65536] [--cps 2,4,8]
+    python -m bench.single_gpu --out bench/results/single_gpu.json [--seqs 32768,65536] [--cps 2,4,8] [--quick]
 
 Packed documents (--layouts thd,thd_zigzag; bench/thd_cases.py): the varlen executor ops on each rank's
-packed inputs for realistic document-length mixes (--mixes), against the ideal = single-GPU FA2 varlen fwd+bwd
-of every document in full over the whole packed sequence, / cp.
+packed inputs for realistic document-length mixes (--mixes), on --thd-kernels ("auto": cudnn_varlen where
+cudnn-frontend is installed, else flash_varlen), against the ideal = the fastest single-GPU kernel's fwd+bwd of
+every document in full over the whole packed sequence (cuDNN THD or FA2 varlen, `ideal_source`; the FA2 ideal
+is kept as `ideal_fa2_full_ms`), / cp. all_gather rows also record the balance ceiling (mean / max rank work).
 """
 
 from __future__ import annotations
@@ -18,29 +21,44 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import thd_cases  # noqa: E402
-from common import DTYPE, HKV, HQ, D, bshd, causal_flops, gathered_sources, sdpa_full_fwd_bwd, time_many_ms, time_ms  # noqa: E402
-
-from cpcompile import executor  # noqa: E402  (registers torch.ops.cpcompile.*)
-from cpcompile.executor import streams  # noqa: E402
-from cpcompile.kernels import get_kernel  # noqa: E402
-from cpcompile.layouts import get_layout  # noqa: E402
+from bench import thd_cases
+from bench.common import (
+    DTYPE,
+    HKV,
+    HQ,
+    D,
+    bshd,
+    causal_flops,
+    gathered_sources,
+    sdpa_full_fwd_bwd,
+    time_many_ms,
+    time_ms,
+)
+from cpcompile import executor  # (registers torch.ops.cpcompile.*)
+from cpcompile.executor import streams
+from cpcompile.kernels import get_kernel, resolve_kernel
+from cpcompile.layouts import get_layout
 
 SCALE = 1 / math.sqrt(D)
+HEADS = {"gqa": (HQ, HKV), "mha": (HQ, HQ)}
+"""--heads: (q heads, kv heads) at D=128: Llama3-8B GQA and MHA."""
+RUNS = {
+    "full": {"seqs": "32768,65536,131072", "cps": "2,4,8", "iters": 7},
+    "quick": {"seqs": "32768,131072", "cps": "2,8", "iters": 5},
+}
+"""Defaults of --seqs/--cps/--iters, and with --quick (a subset for a short GPU run)."""
 
 
-def rank_case(layout: str, seq: int, cp: int, rank: int):
+def rank_case(layout: str, seq: int, cp: int, rank: int, hq: int = HQ, hkv: int = HKV):
     lay = get_layout(layout)
     local = seq // cp
     chunk = local // lay.chunks_per_rank
-    q, k, v, dout = bshd(1, local, HQ), bshd(1, local, HKV), bshd(1, local, HKV), bshd(1, local, HQ)
-    gks, gvs = gathered_sources(cp, chunk, lay.chunks_per_rank)
+    q, k, v, dout = bshd(1, local, hq), bshd(1, local, hkv), bshd(1, local, hkv), bshd(1, local, hq)
+    gks, gvs = gathered_sources(cp, chunk, lay.chunks_per_rank, hkv=hkv)
     blocks = executor.encode_dense(lay.blocks(cp, rank, chunk, True))
     return q, [k, *gks], [v, *gvs], dout, blocks
 
@@ -84,49 +102,55 @@ def without_streams(fn):
     return run
 
 
-def ideal_ms(seq: int, iters: int, warmup: int) -> tuple[float, str]:
+def ideal_ms(seq: int, iters: int, warmup: int, hq: int = HQ, hkv: int = HKV) -> tuple[float, str]:
     from torch.nn.attention import SDPBackend
 
     try:
-        return time_ms(sdpa_full_fwd_bwd(seq, SDPBackend.CUDNN_ATTENTION), iters, warmup), "sdpa_cudnn"
+        return time_ms(sdpa_full_fwd_bwd(seq, SDPBackend.CUDNN_ATTENTION, hq, hkv), iters, warmup), "sdpa_cudnn"
     except RuntimeError as e:  # cuDNN SDPA refused the shape: say so in the record
         print(f"  cuDNN SDPA refused S={seq}: {str(e)[:200]}", flush=True)
-        return time_ms(sdpa_full_fwd_bwd(seq, SDPBackend.FLASH_ATTENTION), iters, warmup), "sdpa_flash"
+        return time_ms(sdpa_full_fwd_bwd(seq, SDPBackend.FLASH_ATTENTION, hq, hkv), iters, warmup), "sdpa_flash"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seqs", default="32768,65536,131072")
-    ap.add_argument("--cps", default="2,4,8")
+    ap.add_argument("--seqs", help=f"default {RUNS['full']['seqs']} (--quick: {RUNS['quick']['seqs']})")
+    ap.add_argument("--cps", help=f"default {RUNS['full']['cps']} (--quick: {RUNS['quick']['cps']})")
+    ap.add_argument("--quick", action="store_true", help="fewer S, cp and iterations (see RUNS)")
+    ap.add_argument("--heads", default="gqa", help="dense head configs: gqa (32/8), mha (32/32)")
     ap.add_argument("--layouts", default="zigzag,flat,thd,thd_zigzag")
     ap.add_argument("--mixes", default=",".join(thd_cases.MIXES))
-    ap.add_argument("--thd-kernels", default="flash_varlen")
+    ap.add_argument("--thd-kernels", default="auto", help="varlen providers; auto = what kernel='auto' picks")
     ap.add_argument("--thd-comms", default="all_gather,a2a", help="a2a: thd only (thd_zigzag+a2a is refused)")
     ap.add_argument("--kernels", default="cudnn,flash")
-    ap.add_argument("--iters", type=int, default=7)
+    ap.add_argument("--iters", type=int)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--overhead-kernels", default="cudnn", help="kernels whose kernels-only time is measured")
     ap.add_argument("--out", default="bench/results/single_gpu.json")
     ap.add_argument("--streams-ab", action="store_true", help="also time the executor with one stream (A/B)")
     args = ap.parse_args()
+    for name, value in RUNS["quick" if args.quick else "full"].items():
+        setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
     device = torch.cuda.get_device_name()
     records = json.load(open(args.out)) if os.path.exists(args.out) else []
     layouts = args.layouts.split(",")
     dense = [lay for lay in layouts if not lay.startswith("thd")]
     if len(dense) < len(layouts):
         records = thd_sweep(args, [lay for lay in layouts if lay.startswith("thd")], records, device)
-    for seq in [int(s) for s in args.seqs.split(",")] if dense else []:
+    cases = [(h, int(s)) for h in args.heads.split(",") for s in args.seqs.split(",")] if dense else []
+    for heads, seq in cases:
+        hq, hkv = HEADS[heads]
         iters = args.iters if seq < 131072 else max(3, args.iters - 2)
-        ideal_full, ideal_src = ideal_ms(seq, iters, args.warmup)
-        tflops = causal_flops(seq) / ideal_full / 1e9
-        print(f"S={seq}: single-GPU {ideal_src} fwd+bwd {ideal_full:.2f} ms ({tflops:.0f} TFLOP/s)", flush=True)
+        ideal_full, ideal_src = ideal_ms(seq, iters, args.warmup, hq, hkv)
+        tflops = causal_flops(seq, hq) / ideal_full / 1e9
+        print(f"{heads} S={seq}: single-GPU {ideal_src} fwd+bwd {ideal_full:.2f} ms ({tflops:.0f} TFLOP/s)", flush=True)
         for cp in [int(c) for c in args.cps.split(",")]:
             for layout in dense:
                 for kernel in args.kernels.split(","):
                     t0 = time.time()
                     per_rank, kernels_only, one_stream = [], [], []
                     for rank in range(cp):
-                        case = rank_case(layout, seq, cp, rank)
+                        case = rank_case(layout, seq, cp, rank, hq, hkv)
                         fns = [region_fn(*case, kernel)]
                         if args.streams_ab:
                             fns.append(without_streams(fns[0]))
@@ -145,7 +169,7 @@ def main() -> None:
                         slowest_rank=slow, slowest_rank_ms=per_rank[slow], ideal_ms=ideal,
                         efficiency=ideal / per_rank[slow], per_rank_ms=per_rank,
                         ideal_full_ms=ideal_full, ideal_source=ideal_src,
-                        hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=iters,
+                        hq=hq, hkv=hkv, head_dim=D, dtype=str(DTYPE), batch=1, iters=iters,
                         merge=os.environ.get("CPCOMPILE_MERGE", "auto"), device=device,
                         torch=torch.__version__, measured_at=_now(),
                     )  # fmt: skip
@@ -161,65 +185,105 @@ def main() -> None:
                     extra = f" overhead {100 * rec['overhead_frac']:.2f}%" if kernels_only else ""
                     extra += f" one-stream eff {rec['one_stream_efficiency']:.3f}" if one_stream else ""
                     print(
-                        f"  {layout:7s} {kernel:6s} cp={cp} slowest rank {slow}: {per_rank[slow]:8.2f} ms, "
+                        f"  {heads} {layout:7s} {kernel:6s} cp={cp} slowest rank {slow}: {per_rank[slow]:8.2f} ms, "
                         f"ideal {ideal:8.2f} ms, eff {rec['efficiency']:.3f}{extra} [{time.time() - t0:.0f}s]",
                         flush=True,
                     )
                     torch.cuda.empty_cache()
 
 
+def thd_ideal(lengths: list[int], args, with_cudnn: bool) -> dict:
+    """Single-GPU fwd+bwd over the whole packed sequence: FA2 varlen always, cuDNN THD where it runs; the ideal
+    is the faster of the two (`ideal_source`), the FA2 one kept as a second column."""
+    fa2 = time_ms(thd_cases.full_fn(lengths), args.iters, args.warmup)
+    cudnn = None
+    if with_cudnn:
+        cudnn = time_ms(thd_cases.provider_full_fn(lengths, "cudnn_varlen"), args.iters, args.warmup)
+    best, source = (cudnn, "cudnn_varlen") if cudnn is not None and cudnn < fa2 else (fa2, "flash_varlen")
+    return dict(ideal_full_ms=best, ideal_source=f"{source} per-document, full packed sequence",
+                ideal_fa2_full_ms=fa2, ideal_cudnn_full_ms=cudnn)  # fmt: skip
+
+
+def _varlen_kernels(names: str) -> list[str]:
+    """The varlen providers named ("auto": the one kernel='auto' picks here) that can run on this GPU."""
+    cuda, out = torch.device("cuda"), []
+    for name in names.split(","):
+        try:
+            out.append(resolve_kernel(name, cuda, DTYPE, D, varlen=True))
+        except Exception as e:  # CPCompileError: the provider cannot run here (e.g. cudnn-frontend absent)
+            print(f"  skipping varlen kernel {name}: {e}", flush=True)
+    return list(dict.fromkeys(out))
+
+
+def _thd_rank_times(layout: str, comm: str, lengths: list[int], cp: int, kernel: str, args) -> dict:
+    """Per rank: the region's time, its kernel calls alone, its rank work (all_gather), a2a's eager region."""
+    per_rank, kernels_only, eager, work = [], [], [], []
+    for rank in range(cp if comm == "all_gather" else 1):  # a2a: every rank the same
+        if comm == "a2a":  # region compiled by Inductor (as in a model), kernel alone, eager
+            case = thd_cases.a2a_rank_case(lengths, cp)
+            fns = [thd_cases.a2a_region_fn(*case, cp, kernel, compiled=True)]
+            fns.append(thd_cases.a2a_kernels_only_fn(*case, cp, kernel))
+            fns.append(thd_cases.a2a_region_fn(*case, cp, kernel))
+        else:
+            case = thd_cases.rank_case(layout, lengths, cp, rank)
+            fns = [thd_cases.region_fn(*case, kernel), thd_cases.kernels_only_fn(*case, kernel)]
+            work.append(thd_cases.rank_work(case[4]))
+        region, bare, *eager_ms = time_many_ms(fns, args.iters, args.warmup)
+        per_rank.append(region)
+        kernels_only.append(bare)
+        eager.extend(eager_ms)
+        del case, fns
+    return dict(per_rank=per_rank, kernels_only=kernels_only, eager=eager, work=work)
+
+
 def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> list[dict]:
     """THD records: per mix x S, the single-GPU ideal once, then every cp x layout x varlen kernel."""
+    kernels, with_cudnn = _varlen_kernels(args.thd_kernels), _varlen_kernels("cudnn_varlen") == ["cudnn_varlen"]
+    comms = args.thd_comms.split(",")
     for mix in args.mixes.split(","):
         for seq in [int(s) for s in args.seqs.split(",")]:
             lengths = thd_cases.doc_lengths(seq, mix)
-            ideal_full = time_ms(thd_cases.full_fn(lengths), args.iters, args.warmup)
-            tflops = thd_cases.doc_flops(lengths) / ideal_full / 1e9
-            print(f"{mix} S={seq}: {len(lengths)} docs (longest {max(lengths)}), single-GPU flash varlen fwd+bwd "
-                  f"{ideal_full:.2f} ms ({tflops:.0f} TFLOP/s)", flush=True)  # fmt: skip
+            ideal = thd_ideal(lengths, args, with_cudnn)
+            tflops = thd_cases.doc_flops(lengths) / ideal["ideal_full_ms"] / 1e9
+            cudnn = ideal["ideal_cudnn_full_ms"]
+            print(f"{mix} S={seq}: {len(lengths)} docs (longest {max(lengths)}), single-GPU fwd+bwd: FA2 varlen "
+                  f"{ideal['ideal_fa2_full_ms']:.2f} ms, cuDNN THD {'-' if cudnn is None else f'{cudnn:.2f}'} ms; "
+                  f"ideal {ideal['ideal_source'].split()[0]} ({tflops:.0f} TFLOP/s)", flush=True)  # fmt: skip
             for cp in [int(c) for c in args.cps.split(",")]:
-                runs = [(lay, "all_gather") for lay in layouts if "all_gather" in args.thd_comms.split(",")]
-                runs += [("thd", "a2a")] if "thd" in layouts and "a2a" in args.thd_comms.split(",") else []
-                for layout, comm in runs:
-                    for kernel in args.thd_kernels.split(","):
-                        per_rank, kernels_only, eager = [], [], []
-                        for rank in range(cp if comm == "all_gather" else 1):  # a2a: every rank the same
-                            if comm == "a2a":  # region compiled by Inductor (as in a model), kernel alone, eager
-                                case = thd_cases.a2a_rank_case(lengths, cp)
-                                fns = [thd_cases.a2a_region_fn(*case, cp, kernel, compiled=True)]
-                                fns.append(thd_cases.a2a_kernels_only_fn(*case, cp, kernel))
-                                fns.append(thd_cases.a2a_region_fn(*case, cp, kernel))
-                            else:
-                                case = thd_cases.rank_case(layout, lengths, cp, rank)
-                                fns = [thd_cases.region_fn(*case, kernel), thd_cases.kernels_only_fn(*case, kernel)]
-                            region, bare, *eager_ms = time_many_ms(fns, args.iters, args.warmup)
-                            per_rank.append(region)
-                            kernels_only.append(bare)
-                            eager.extend(eager_ms)
-                            del case, fns
-                        slow = max(range(len(per_rank)), key=lambda r: per_rank[r])
-                        ideal = ideal_full / cp
-                        rec = dict(
-                            layout=layout, comm=comm, kernel=kernel, S=seq, cp=cp, mix=mix,
-                            slowest_rank=slow, slowest_rank_ms=per_rank[slow], ideal_ms=ideal,
-                            efficiency=ideal / per_rank[slow], per_rank_ms=per_rank, kernels_only_ms=kernels_only,
-                            overhead_frac=(per_rank[slow] - kernels_only[slow]) / per_rank[slow],
-                            ideal_full_ms=ideal_full, ideal_source="flash_varlen per-document, full packed sequence",
-                            n_docs=len(lengths), longest_doc=max(lengths), doc_tflops_ideal=tflops,
-                            hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=args.iters,
-                            device=device, torch=torch.__version__, measured_at=_now(),
-                        )  # fmt: skip
-                        if eager:  # the same a2a region run eagerly: every pack/unpack its own copy
-                            rec["eager_region_ms"] = eager[slow]
-                        records = [r for r in records if _key(r) != _key(rec)] + [rec]
-                        with open(args.out, "w") as f:
-                            json.dump(records, f, indent=1)
-                        what = f"{layout:10s} {comm:10s} {kernel} cp={cp} slowest rank {slow}"
-                        eff, over = rec["efficiency"], 100 * rec["overhead_frac"]
-                        times = f"{per_rank[slow]:8.2f} ms, ideal {ideal:8.2f} ms"
-                        more = f", eager region {eager[slow]:.2f} ms" if eager else ""
-                        print(f"  {what}: {times}, eff {eff:.3f} overhead {over:.1f}%{more}", flush=True)
-                        torch.cuda.empty_cache()
+                runs = [(lay, "all_gather") for lay in layouts if "all_gather" in comms]
+                runs += [("thd", "a2a")] if "thd" in layouts and "a2a" in comms else []
+                for (layout, comm), kernel in [(run, k) for run in runs for k in kernels]:
+                    t0 = time.time()
+                    t = _thd_rank_times(layout, comm, lengths, cp, kernel, args)
+                    per_rank, bare = t["per_rank"], t["kernels_only"]
+                    slow = max(range(len(per_rank)), key=lambda r: per_rank[r])
+                    rec = dict(
+                        layout=layout, comm=comm, kernel=kernel, S=seq, cp=cp, mix=mix,
+                        slowest_rank=slow, slowest_rank_ms=per_rank[slow], ideal_ms=ideal["ideal_full_ms"] / cp,
+                        efficiency=ideal["ideal_full_ms"] / cp / per_rank[slow],
+                        efficiency_vs_fa2=ideal["ideal_fa2_full_ms"] / cp / per_rank[slow],
+                        per_rank_ms=per_rank, kernels_only_ms=bare,
+                        overhead_frac=(per_rank[slow] - bare[slow]) / per_rank[slow], **ideal,
+                        n_docs=len(lengths), longest_doc=max(lengths), doc_tflops_ideal=tflops,
+                        hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=args.iters,
+                        device=device, torch=torch.__version__, measured_at=_now(),
+                    )  # fmt: skip
+                    if t["work"]:  # all_gather: ranks do unequal work; time follows work at best
+                        rec["rank_work"] = t["work"]
+                        rec["balance_ceiling"] = sum(t["work"]) / len(t["work"]) / max(t["work"])
+                    if t["eager"]:  # the same a2a region run eagerly: every pack/unpack its own copy
+                        rec["eager_region_ms"] = t["eager"][slow]
+                    records = [r for r in records if _key(r) != _key(rec)] + [rec]
+                    with open(args.out, "w") as f:
+                        json.dump(records, f, indent=1)
+                    what = f"{layout:10s} {comm:10s} {kernel} cp={cp} slowest rank {slow}"
+                    eff, over = rec["efficiency"], 100 * rec["overhead_frac"]
+                    times = f"{per_rank[slow]:8.2f} ms, ideal {rec['ideal_ms']:8.2f} ms"
+                    more = f", ceiling {rec['balance_ceiling']:.3f}" if "balance_ceiling" in rec else ""
+                    more += f", eager region {t['eager'][slow]:.2f} ms" if t["eager"] else ""
+                    more += f", eff vs FA2 ideal {rec['efficiency_vs_fa2']:.3f} [{time.time() - t0:.0f}s]"
+                    print(f"  {what}: {times}, eff {eff:.3f} overhead {over:.1f}%{more}", flush=True)
+                    torch.cuda.empty_cache()
     return records
 
 
@@ -228,7 +292,8 @@ def _now() -> str:
 
 
 def _key(r: dict) -> tuple:
-    return (r["layout"], r["comm"], r["kernel"], r["S"], r["cp"], r.get("merge", "auto"), r.get("mix"))
+    heads = (r.get("hq", HQ), r.get("hkv", HKV), r.get("head_dim", D))
+    return (r["layout"], r["comm"], r["kernel"], r["S"], r["cp"], r.get("merge", "auto"), r.get("mix"), heads)
 
 
 if __name__ == "__main__":

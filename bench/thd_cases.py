@@ -2,8 +2,9 @@
 
 A mix draws document lengths from a log-normal (long tail: many short documents, a few of tens of thousands of
 tokens), rounded to multiples of 16 so one mix is valid for thd_zigzag at every cp <= 8, the last document cut
-to fill S exactly. The ideal is the same FA2 varlen kernel run once over the whole packed sequence (every
-document in full) on one GPU, divided by cp.
+to fill S exactly. The ideal is the fastest single-GPU kernel run once over the whole packed sequence (every
+document in full), divided by cp: cuDNN THD where cudnn-frontend is installed (`provider_full_fn`), else FA2
+varlen (`full_fn`, always timed as a second column).
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import math
 
 import torch
-from common import DTYPE, HKV, HQ, D
 
+from bench.common import DTYPE, HKV, HQ, D
 from cpcompile.executor import decode_varlen, encode_varlen  # (registers torch.ops.cpcompile.*)
 from cpcompile.kernels import get_varlen_kernel
-from cpcompile.layouts.thd import get_packed_layout
+from cpcompile.layouts import get_packed_layout
 from cpcompile.regions.all_gather_varlen import attend_gathered, fold_key_grads
 
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
@@ -118,6 +119,33 @@ def full_fn(lengths: list[int]):
     return run
 
 
+def provider_full_fn(lengths: list[int], kernel: str):
+    """Single-GPU fwd+bwd over the whole packed sequence on a varlen provider: one call each way over the cp=1
+    block (every document against itself, tiled, bounded by the longest document), as varlen_attn on one GPU."""
+    from cpcompile.layouts.thd import whole_sequence_blocks
+
+    impl, total = get_varlen_kernel(kernel), sum(lengths)
+    q, k, v, dout = packed(total, HQ), packed(total, HKV), packed(total, HKV), packed(total, HQ)
+    (block,) = whole_sequence_blocks(cu_seqlens(lengths), total, True, max_doc=max(lengths))
+    args = (block.ranges, block.max_q, block.max_k, True, SCALE)
+
+    def run():
+        out, lse = impl.forward(q, k, v, *args, tiled=True)
+        impl.backward(dout, q, k, v, out, lse, *args, tiled=True)
+
+    return run
+
+
+def rank_work(ranges: list[torch.Tensor], causal: bool = True) -> int:
+    """Score entries a rank's blocks compute (per head): per sequence q_len * k_len, less the masked triangle
+    when causal (bottom-right: q rows are the last of their key range). The balance ceiling is mean / max."""
+    work = 0
+    for r in ranges:
+        qn, kn = (r[1] - r[0]).tolist(), (r[3] - r[2]).tolist()
+        work += sum(a * b - (a * (a - 1) // 2 if causal else 0) for a, b in zip(qn, kn))
+    return work
+
+
 def _identity_exchange(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return x  # one GPU: the all-to-all delivers buffers of the same shape; timing excludes communication
 
@@ -135,9 +163,11 @@ def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str, compiled: bool = Fals
     packed sequence with Hq/cp heads, the output unpack, and their backward), with the all-to-alls replaced by
     identity: what a rank does besides communicating. Eager (compiled=False) runs every pack as its own copy,
     an upper bound; compiled=True runs the region under Inductor."""
-    from cpcompile.regions import a2a, a2a_varlen
+    from cpcompile.comm import heads
+    from cpcompile.regions import a2a_varlen
 
-    a2a.exchange_first = a2a_varlen.exchange_first = _identity_exchange
+    # every all-to-all of the region: the q/k/v and output exchanges (comm.heads) and the lse one (a2a_varlen)
+    heads.exchange_first = a2a_varlen.exchange_first = _identity_exchange
     longest = int((cu[1:] - cu[:-1]).max())  # varlen_attn's max_q/max_k, which the planner hands the region
 
     def region(q, k, v, cu):

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from . import passes
+from . import eager_guard, passes
 from .comm.registry import COMMS
 from .errors import CPCompileError
 from .kernels import KERNEL_NAMES
@@ -17,10 +17,12 @@ from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
 from .passes import CPConfig, CPPlan
 from .passes.dtensor_rules import register_cpu_sdpa_rules
+from .passes.varlen_fake import fix_varlen_fake
 
 INNER = ("inductor", "aot_eager", "eager")
 
 register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
+fix_varlen_fake()  # at import: Dynamo traces varlen_attn with MLA head dims before any backend is called
 
 
 def _inner_compiler(name: str | Callable) -> Callable:
@@ -48,6 +50,9 @@ class CPBackend:
     config: CPConfig
     inner: str | Callable = "inductor"
     plans: list[CPPlan] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        eager_guard.install()  # attention that Dynamo runs eagerly inside a compiled call raises (eager_guard.py)
 
     @property
     def mesh(self):

@@ -9,6 +9,7 @@ import torch
 import torch.fx
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class CPCompileError(ValueError):
@@ -22,7 +23,8 @@ def node_origin(node: torch.fx.Node, what: str = "attention node") -> str:
     """Name an FX node for an error message: node name plus the user's source line when Dynamo recorded it."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
-    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]  # varlen_attn's own frame is torch's
+    # torch's frames (varlen_attn's own) and cpcompile's (the eager guard's SDPA wrapper) are not the user's
+    user = [f for f in frames if not f[0].startswith((_TORCH_DIR, _OWN_DIR))]
     if frames:
         path, line, func, code = (user or frames)[-1]
         return f"{what} '{node.name}' at {path}:{line} in {func}: `{code.strip()}`"

@@ -59,7 +59,13 @@ def require_cp_mesh_dim(mesh) -> int:
 
 
 def group_of(pg: dist.ProcessGroup) -> CPGroup:
-    """CPGroup of a process group this rank belongs to."""
+    """CPGroup of a process group this rank belongs to (a CPCompileError when it is not a member)."""
+    if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER or dist.get_rank(pg) < 0:
+        raise CPCompileError(
+            f"this process (global rank {dist.get_rank()}) is not a member of the CP group it was given, so it has "
+            "no tokens of that group's sequences. Fix: compile the CP model only on the group's ranks, or pass "
+            "the group (or mesh) this rank belongs to."
+        )
     return CPGroup(group=pg, name=pg.group_name, rank=dist.get_rank(pg), size=dist.get_world_size(pg))
 
 

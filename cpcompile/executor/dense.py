@@ -20,6 +20,7 @@ from ..precision import acc_dtype
 from .blocks import decode_dense
 from .calls import Call, batched_rows, plan_calls, segments
 from .merge import merge_outputs, sum_into
+from .packed_kv import unpack_kv
 from .streams import assign, run_calls
 
 
@@ -104,7 +105,7 @@ def attend_blocks(
     packed_kv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_kernel(kernel)
-    ks, vs = with_packed_sources(ks, vs, packed_kv)
+    ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
     decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0])
     outs: list[tuple[int, int, torch.Tensor]] = []
     lses: list[tuple[int, int, torch.Tensor]] = []
@@ -128,7 +129,7 @@ def attend_blocks(
 
 @attend_blocks.register_fake
 def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None):
-    vs = with_packed_sources(ks, vs, packed_kv)[1]
+    vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])[1]
     out = _empty_like_layout(q, vs[0].shape[-1], q.dtype)
     return out, q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
 
@@ -148,7 +149,7 @@ def attend_blocks_backward(
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     impl = get_kernel(kernel)
     n_explicit = len(ks)
-    ks, vs = with_packed_sources(ks, vs, packed_kv)
+    ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
     decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0])
     kernel_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse_k = lse.to(kernel_lse_dtype)
@@ -166,7 +167,7 @@ def attend_blocks_backward(
     _assemble(dq, dq_pieces, -2, sum_into)
     # explicit sources get gradients in their dtype; packed sources straight into the packed layout, in fp32
     dpacked = _packed_grad_like(packed_kv, q)
-    packed_dks, packed_dvs = with_packed_sources([], [], dpacked if packed_kv is not None else None)
+    packed_dks, packed_dvs = with_packed_sources([], [], dpacked if packed_kv is not None else None, q.shape[-1])
     dks = [torch.empty_like(k) for k in ks[:n_explicit]] + packed_dks
     dvs = [torch.empty_like(v) for v in vs[:n_explicit]] + packed_dvs
     for src in range(len(ks)):
@@ -192,20 +193,21 @@ def _packed_grad_like(packed_kv: torch.Tensor | None, q: torch.Tensor) -> torch.
 
 
 def with_packed_sources(
-    ks: list[torch.Tensor], vs: list[torch.Tensor], packed_kv: torch.Tensor | None
+    ks: list[torch.Tensor], vs: list[torch.Tensor], packed_kv: torch.Tensor | None, qk_dim: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Append the sources held in a packed all-gather buffer (T, slots, 2, B, H, D) to ks/vs.
 
-    Slot i's K is packed_kv[:, i, 0] and V is packed_kv[:, i, 1], viewed as (B, H, T, D) with no copy. The
-    executor takes the packed buffer itself so its backward can write the gradient of every gathered source
-    directly in the layout the reduce-scatter sends, in fp32: no pack kernel, no rounding before the sum.
+    Slot i's K is packed_kv[:, i, 0] and V is packed_kv[:, i, 1] (MLA: (T, slots, B, H, D + Dv), K and V side
+    by side, executor.packed_kv), viewed as (B, H, T, D) with no copy. The executor takes the packed buffer
+    itself so its backward can write the gradient of every gathered source directly in the layout the
+    reduce-scatter sends, in fp32: no pack kernel, no rounding before the sum.
     """
     if packed_kv is None:
         return list(ks), list(vs)
-    slots = range(packed_kv.shape[1])
+    pairs = [unpack_kv(packed_kv[:, i], 1, qk_dim) for i in range(packed_kv.shape[1])]
     return (
-        [*ks, *(packed_kv[:, i, 0].permute(1, 2, 0, 3) for i in slots)],
-        [*vs, *(packed_kv[:, i, 1].permute(1, 2, 0, 3) for i in slots)],
+        [*ks, *(k.permute(1, 2, 0, 3) for k, _ in pairs)],
+        [*vs, *(v.permute(1, 2, 0, 3) for _, v in pairs)],
     )
 
 

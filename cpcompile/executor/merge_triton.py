@@ -80,7 +80,7 @@ if triton is not None:
 
 
 CONFIG = {"rows_x_dim": 8192, "num_warps": 4}
-"""Tile size (rows * padded head dim) and warps of one program; see bench/gpu_probe.py for the sweep."""
+"""Tile size (rows * padded head dim) and warps of one program; see bench/probes/gpu_probe.py for the sweep."""
 
 
 def merge(out: torch.Tensor, lse: torch.Tensor, outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> None:

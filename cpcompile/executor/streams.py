@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 ENABLED = True
-"""Module switch for A/B measurements (bench/single_gpu.py --streams-ab); off, the calls run in order."""
+"""Module switch for A/B measurements (python -m bench.single_gpu --streams-ab); off, the calls run in order."""
 
 _side: dict[int, torch.cuda.Stream] = {}
 

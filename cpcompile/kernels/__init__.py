@@ -13,6 +13,7 @@ from .base import AttentionKernel, VarlenAttentionKernel
 from .cpu_flash import CPUFlashKernel
 from .cpu_varlen_ref import CPUVarlenReference
 from .cudnn import CuDNNKernel
+from .cudnn_varlen import CuDNNVarlenKernel
 from .flash import FlashKernel
 from .flash_attn import FlashAttnPackageKernel
 from .flash_varlen import FlashVarlenKernel
@@ -26,6 +27,7 @@ PROVIDERS: dict[str, AttentionKernel] = {
     "te": TransformerEngineKernel(),
 }
 VARLEN_PROVIDERS: dict[str, VarlenAttentionKernel] = {
+    "cudnn_varlen": CuDNNVarlenKernel(),
     "flash_varlen": FlashVarlenKernel(),
     "cpu_varlen_ref": CPUVarlenReference(),
 }
@@ -33,33 +35,46 @@ KERNEL_NAMES = ("auto", *PROVIDERS, *VARLEN_PROVIDERS)
 AUTO_ORDER = ("cudnn", "flash", "cpu_flash")
 """What kernel="auto" tries for dense blocks, fastest first: cuDNN on CUDA (flash when cuDNN cannot take the
 dtype or head dim), the CPU flash kernel on CPU. Optional-package providers are only used when named."""
-VARLEN_AUTO_ORDER = ("flash_varlen", "cpu_varlen_ref")
-"""What kernel="auto" tries for varlen blocks: FA2 varlen on CUDA, the CPU reference on CPU."""
+VARLEN_AUTO_ORDER = ("cudnn_varlen", "flash_varlen", "cpu_varlen_ref")
+"""What kernel="auto" tries for varlen blocks, fastest first: cuDNN THD on CUDA when cudnn-frontend's torch ops
+import (1.5-1.6x FA2 on the H200), else FA2 varlen; the CPU reference on CPU."""
 
 
 def unsupported_reason(
-    name: str, device: torch.device, dtype: torch.dtype, head_dim: int | None, varlen: bool = False
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int | None,
+    varlen: bool = False,
+    v_head_dim: int | None = None,
 ) -> str | None:
-    """None when provider `name` can run blocks of this device, dtype and head dim, else why not."""
+    """None when provider `name` can run blocks of this device, dtype and head dims, else why not."""
     provider = (VARLEN_PROVIDERS if varlen else PROVIDERS)[name]
     reason = provider.supports(device, dtype)
     if reason is None and head_dim is not None:
-        reason = provider.supports_head_dim(head_dim)
+        reason = provider.supports_head_dim(head_dim, v_head_dim)
     return reason
 
 
 def resolve_kernel(
-    name: str, device: torch.device, dtype: torch.dtype, head_dim: int | None = None, *, varlen: bool = False
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int | None = None,
+    *,
+    varlen: bool = False,
+    v_head_dim: int | None = None,
 ) -> str:
     """The provider name to use for `name` ("auto" or a provider) on this device/dtype, or a clear error.
 
     varlen=True picks among the varlen providers (for varlen_attn sites), else among the dense ones.
+    `v_head_dim` (None: `head_dim`) is v's head dim, which MLA models make differ from q/k's.
     """
     providers = VARLEN_PROVIDERS if varlen else PROVIDERS
     kind = "varlen " if varlen else ""
     if name == "auto":
         order = VARLEN_AUTO_ORDER if varlen else AUTO_ORDER
-        reasons = {p: unsupported_reason(p, device, dtype, head_dim, varlen) for p in order}
+        reasons = {p: unsupported_reason(p, device, dtype, head_dim, varlen, v_head_dim) for p in order}
         candidates = [p for p, r in reasons.items() if r is None]
         if not candidates:
             why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
@@ -72,7 +87,7 @@ def resolve_kernel(
         raise CPCompileError(
             f"unknown {kind}kernel {name!r}. Fix: use 'auto' or one of the {kind}providers {sorted(providers)}."
         )
-    reason = unsupported_reason(name, device, dtype, head_dim, varlen)
+    reason = unsupported_reason(name, device, dtype, head_dim, varlen, v_head_dim)
     if reason is not None:
         raise CPCompileError(f"kernel {name!r} cannot run here: {reason}. Fix: use kernel='auto'.")
     return name

@@ -1,6 +1,6 @@
 """The one interface every attention kernel provider implements.
 
-A provider runs one block: q (B, Hq, Sq, D) against k, v (B, Hkv, Sk, D[v]), either a causal square
+A provider runs one block: q (B, Hq, Sq, D) against k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv), either a causal square
 (Sq == Sk, top-left aligned) or unmasked. It returns the output and the log-sum-exp of the scaled scores
 (B, Hq, Sq) in at least fp32, and its backward takes the FINAL merged output and LSE (ring-attention identity).
 """
@@ -21,8 +21,8 @@ class AttentionKernel(Protocol):
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """None when this provider can run on `device`/`dtype`, else the reason it cannot."""
 
-    def supports_head_dim(self, head_dim: int) -> str | None:
-        """None when this provider takes q/k/v of this head dim, else the reason it cannot."""
+    def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
+        """None when this provider takes q/k of `head_dim` and v of `v_head_dim` (None: the same), else why not."""
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
@@ -44,7 +44,7 @@ class AttentionKernel(Protocol):
 
 
 class VarlenAttentionKernel(Protocol):
-    """One varlen block: packed q (Tq, Hq, D) against packed k, v (Tk, Hkv, D[v]), tokens on dim 0.
+    """One varlen block: packed q (Tq, Hq, D) against packed k (Tk, Hkv, D), v (Tk, Hkv, Dv), tokens on dim 0.
 
     Which q rows see which keys is given by `ranges`, an int64 tensor (4, B) on the q device whose columns are
     sequences i: q rows [ranges[0, i], ranges[1, i]) attend keys [ranges[2, i], ranges[3, i]). Ranges are
@@ -72,9 +72,10 @@ class VarlenAttentionKernel(Protocol):
     head h // (Hq // Hkv).
 
     backward gets the FINAL merged out and lse of every q row (ring-attention identity) and returns (dq, dk,
-    dv) shaped like q, k, v, in `grad_dtype` (the executor sums several blocks in fp32). Every key inside a
-    sequence's key range gets a written gradient, 0 where no row sees it (window, causal); rows/keys outside
-    every range may hold anything (the executor masks them unless the block vouches that there are none).
+    dv) shaped like q, k, v, in `grad_dtype` (the executor sums several blocks in fp32). Every key in the key
+    range of a sequence WITH q rows gets a written gradient, 0 where no row sees it (window, causal); keys of a
+    sequence without q rows, and rows/keys outside every range, may hold anything: the executor masks them
+    unless the block vouches that there are none (`covers_keys`: every key lies in a range with q rows).
     """
 
     name: str
@@ -83,8 +84,8 @@ class VarlenAttentionKernel(Protocol):
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """None when this provider can run on `device`/`dtype`, else the reason it cannot."""
 
-    def supports_head_dim(self, head_dim: int) -> str | None:
-        """None when this provider takes q/k/v of this head dim, else the reason it cannot."""
+    def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
+        """None when this provider takes q/k of `head_dim` and v of `v_head_dim` (None: the same), else why not."""
 
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype backward returns dq/dk/dv in for inputs of `dtype` (static: graphs are traced with it)."""
@@ -134,7 +135,7 @@ def range_ids(starts: torch.Tensor, ends: torch.Tensor, length: int) -> torch.Te
     return delta.cumsum(0)[:length] - 1
 
 
-def any_head_dim(head_dim: int) -> str | None:
+def any_head_dim(head_dim: int, v_head_dim: int | None = None) -> str | None:
     """supports_head_dim of a provider that takes every head dim (the CPU kernels)."""
     return None
 

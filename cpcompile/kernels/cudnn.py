@@ -2,7 +2,8 @@
 
 The fastest dense kernel on Hopper (about 1.7x torch's FlashAttention-2 at the Llama3-8B shape). It takes
 any strides with a unit last dim, so batched views of causal squares and token-major gathered K/V need no
-copy. It only does top-left causal masks, which is exactly what a causal-square block is.
+copy. It only does top-left causal masks, which is exactly what a causal-square block is. v's head dim may
+differ from q/k's (MLA): aten's cuDNN graph has separate d_qk and d_v.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class CuDNNKernel:
             reason = f"cuDNN {torch.backends.cudnn.version()} is older than 9.0"
         return reason
 
-    def supports_head_dim(self, head_dim: int) -> str | None:
-        return head_dim_reason(head_dim, "cuDNN attention")
+    def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
+        return head_dim_reason(head_dim, "cuDNN attention", v_head_dim, distinct_v=True)  # cuDNN takes d_qk != d_v
 
     def forward(self, q, k, v, causal, scale):
         if self.expand_kv:

@@ -20,8 +20,8 @@ class FlashKernel:
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return cuda_half_reason(device, dtype, "FlashAttention-2")
 
-    def supports_head_dim(self, head_dim: int) -> str | None:
-        return head_dim_reason(head_dim, "FlashAttention-2")
+    def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
+        return head_dim_reason(head_dim, "FlashAttention-2", v_head_dim)
 
     def forward(self, q, k, v, causal, scale):
         out, lse, *_ = _aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)

@@ -23,8 +23,8 @@ class FlashAttnPackageKernel:
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return missing_package("flash_attn", "flash-attn") or cuda_half_reason(device, dtype, "flash-attn")
 
-    def supports_head_dim(self, head_dim: int) -> str | None:
-        return head_dim_reason(head_dim, "flash-attn")
+    def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
+        return head_dim_reason(head_dim, "flash-attn", v_head_dim)
 
     def forward(self, q, k, v, causal, scale):
         # flash-attn takes (B, S, H, D) with a unit last stride: our (B, H, S, D) views transposed.

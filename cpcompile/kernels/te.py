@@ -32,8 +32,8 @@ class TransformerEngineKernel:
             device, dtype, "TransformerEngine fused attention"
         )
 
-    def supports_head_dim(self, head_dim: int) -> str | None:
-        return head_dim_reason(head_dim, "TransformerEngine fused attention")
+    def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
+        return head_dim_reason(head_dim, "TransformerEngine fused attention", v_head_dim)
 
     def _common(self, q, k, causal, scale):
         fa, tex = _te()

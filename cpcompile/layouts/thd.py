@@ -33,8 +33,8 @@ class VarlenBlock:
     of the q and k ranges statically; `causal` is bottom-right causal per sequence (a q range is the last
     tokens of its key range); `window` (left, right) further limits key j of q row t to t-left <= j <= t+right
     (-1: unbounded). `covers_rows`: every q row lies in a range and sees at least one key; `covers_keys`: every
-    key of the source lies in a range. What a layout vouches for here the executor does not mask (checked by
-    tests/test_thd_layouts.py for every layout)."""
+    key of the source lies in a range that has q rows. What a layout vouches for here the executor does not
+    mask (checked by tests/unit/test_thd_layouts.py for every layout)."""
 
     source: int
     causal: bool
@@ -119,9 +119,6 @@ class PackedLayout:
         given: only (left, 0) causal windows) exactly once. `max_doc`, when given, bounds every document's
         length (varlen_attn's max_q/max_k) and so the blocks' max_q/max_k (smaller kernel grids)."""
         raise NotImplementedError
-
-    def device_check(self, cu_seqlens: torch.Tensor, cp: int) -> None:
-        """Data-dependent rules asserted on device inside the region (no host sync); none by default."""
 
 
 def _bound(n: int, max_doc: int | None) -> int:
@@ -217,14 +214,6 @@ class ThdZigzagLayout(PackedLayout):
         q0, q1 = _interleave(start, mid), _interleave(mid, end)
         k0, k1 = _interleave(at, front_keys), _interleave(front_keys, front_keys + segments[1] * chunk)
         return [VarlenBlock(0, True, _ranges(q0, q1, k0, k1), one, segments[1] * one, window, **full)]
-
-    def device_check(self, cu_seqlens: torch.Tensor, cp: int) -> None:
-        """Assert on device (no host sync) that every document length is a multiple of 2*cp."""
-        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-        torch._assert_async(
-            (lengths % (2 * cp) == 0).all(),
-            f"cpcompile thd_zigzag: every document length must be a multiple of 2*cp={2 * cp}",
-        )
 
 
 def whole_sequence_blocks(

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
+from ..errors import CPCompileError
 from ..log import log_plans
+from ..mesh import CPGroup, resolve_group
+from .agree import agree, summarize
 from .guard_tokens import refuse_token_mixing
 from .match import AttentionSite, find_attention_sites
 from .plan import plan_site
@@ -34,8 +37,24 @@ def find(gm: torch.fx.GraphModule, state: PassState) -> None:
 
 
 def plan(gm: torch.fx.GraphModule, state: PassState) -> None:
-    """A CPPlan per site, or the first site's CPCompileError (passes/plan.py)."""
-    state.plans = [plan_site(site, state.config) for site in state.sites]
+    """A CPPlan per site, or the first site's CPCompileError (passes/plan.py), which the other CP ranks are
+    told about (passes/agree.py) so that they stop too instead of waiting for this rank."""
+    try:
+        state.plans = [plan_site(site, state.config) for site in state.sites]
+    except CPCompileError as e:
+        group = _config_group(state.config)
+        if group is not None:
+            agree(group.group, group.name, group.rank, f"error:{e}")
+        raise
+
+
+def agree_ranks(gm: torch.fx.GraphModule, state: PassState) -> None:
+    """Every CP rank planned this graph the same way, or one CPCompileError on each (passes/agree.py)."""
+    groups = {p.group.name: p.group for p in state.plans}
+    if not groups and (group := _config_group(state.config)) is not None:
+        groups = {group.name: group}
+    for name, group in groups.items():
+        agree(group.group, name, group.rank, summarize([p for p in state.plans if p.group.name == name]))
 
 
 def rewrite(gm: torch.fx.GraphModule, state: PassState) -> None:
@@ -51,7 +70,7 @@ def guard(gm: torch.fx.GraphModule, state: PassState) -> None:
     refuse_token_mixing(gm, state)
 
 
-PASSES = (find, plan, rewrite, guard)
+PASSES = (find, plan, agree_ranks, rewrite, guard)
 
 
 def run(gm: torch.fx.GraphModule, config: CPConfig) -> list[CPPlan]:
@@ -60,6 +79,18 @@ def run(gm: torch.fx.GraphModule, config: CPConfig) -> list[CPPlan]:
     for step in PASSES:
         step(gm, state)
     return state.plans
+
+
+def _config_group(config: CPConfig) -> CPGroup | None:
+    """The CP group the backend was given (None without torch.distributed: nothing to agree with)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        return resolve_group(config.mesh, config.group)
+    except CPCompileError:
+        return None
 
 
 __all__ = ["PASSES", "AttentionSite", "CPConfig", "CPPlan", "PassState", "VarlenPlan", "find_attention_sites", "run"]

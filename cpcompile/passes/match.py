@@ -9,6 +9,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from .bodies import Body, bodies
+
 SDPA_TARGETS = frozenset(
     {
         torch._C._nn.scaled_dot_product_attention,
@@ -94,6 +96,8 @@ class AttentionSite:
     inference_args: tuple = ()
     max_seqlen: Any = None
     """varlen: the (max_q, max_k) the call passes (the longest document), as given."""
+    body: Body | None = None
+    """The graph the node lives in: the top-level graph, or a higher-order op's body (passes/bodies.py)."""
 
 
 def _example(node: Any) -> torch.Tensor | None:
@@ -112,7 +116,7 @@ def is_varlen(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in VARLEN_TARGETS
 
 
-def varlen_site(node: torch.fx.Node) -> AttentionSite:
+def varlen_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
     """Normalise a torch_attn._varlen_attn node (the op behind torch.nn.attention.varlen.varlen_attn)."""
     a = _varlen_signature(node)
     q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
@@ -137,37 +141,42 @@ def varlen_site(node: torch.fx.Node) -> AttentionSite:
         window=a["window_size"],
         inference_args=tuple(n for n in VARLEN_INFERENCE_ARGS if a.get(n) is not None),
         max_seqlen=(a.get("max_q"), a.get("max_k")),
+        body=body,
+    )
+
+
+def sdpa_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
+    """Normalise a scaled_dot_product_attention node, whichever form Dynamo recorded it in."""
+    a = _sdpa_signature(*node.args, **node.kwargs)
+    q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
+    return AttentionSite(
+        node=node,
+        kind="sdpa",
+        query=a["query"],
+        key=a["key"],
+        value=a["value"],
+        attn_mask=a["attn_mask"],
+        dropout_p=a["dropout_p"],
+        is_causal=a["is_causal"],
+        scale=a["scale"],
+        enable_gqa=a["enable_gqa"],
+        q_shape=tuple(q.shape) if q is not None else (),
+        k_shape=tuple(k.shape) if k is not None else (),
+        v_shape=tuple(v.shape) if v is not None else (),
+        dtype=q.dtype if q is not None else torch.float32,
+        device=q.device if q is not None else torch.device("cpu"),
+        body=body,
     )
 
 
 def find_attention_sites(gm: torch.fx.GraphModule) -> list[AttentionSite]:
-    """Every SDPA and varlen_attn call in graph order, whichever form Dynamo recorded it in."""
+    """Every SDPA and varlen_attn call in graph order, whichever form Dynamo recorded it in, in the graph and
+    in every higher-order-op body reachable from it (activation checkpoint, cond, ...: passes/bodies.py)."""
     sites = []
-    for node in gm.graph.nodes:
-        if is_varlen(node):
-            sites.append(varlen_site(node))
-            continue
-        if not is_sdpa(node):
-            continue
-        a = _sdpa_signature(*node.args, **node.kwargs)
-        q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
-        sites.append(
-            AttentionSite(
-                node=node,
-                kind="sdpa",
-                query=a["query"],
-                key=a["key"],
-                value=a["value"],
-                attn_mask=a["attn_mask"],
-                dropout_p=a["dropout_p"],
-                is_causal=a["is_causal"],
-                scale=a["scale"],
-                enable_gqa=a["enable_gqa"],
-                q_shape=tuple(q.shape) if q is not None else (),
-                k_shape=tuple(k.shape) if k is not None else (),
-                v_shape=tuple(v.shape) if v is not None else (),
-                dtype=q.dtype if q is not None else torch.float32,
-                device=q.device if q is not None else torch.device("cpu"),
-            )
-        )
+    for body in bodies(gm):
+        for node in body.module.graph.nodes:
+            if is_varlen(node):
+                sites.append(varlen_site(node, body))
+            elif is_sdpa(node):
+                sites.append(sdpa_site(node, body))
     return sites

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..errors import site_error
 from ..mesh import resolve_group
 from .dtensor import is_dtensor_site, localize_dtensor_site
 from .match import AttentionSite
@@ -18,6 +19,15 @@ from .plans import CPConfig, CPPlan
 
 def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
     """Validate `site` against the rules of CP with this config and return its plan (or raise CPCompileError)."""
+    refused = site.body.refused_hop if site.body is not None else None
+    if refused is not None:
+        raise site_error(
+            site.node,
+            f"it runs inside the body of a torch.ops.higher_order.{refused} call, which may run it a data-dependent "
+            "number of times or differentiate it with its own backward; cpcompile rewrites attention in the graph, "
+            "in activation-checkpoint and other run-once bodies, and in torch.cond branches only",
+            f"move the attention call out of the {refused} body",
+        )
     dtensor = is_dtensor_site(site)
     if dtensor:  # mesh and seq dim come from the placements
         site, group = localize_dtensor_site(site, config.strategy, config.mesh, config.group)

@@ -46,25 +46,31 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
                 f"its {name} has shape {shape}; cpcompile needs 4-D (batch, heads, seq, head_dim) inputs",
                 "call scaled_dot_product_attention with 4-D tensors",
             )
-        if not is_static(shape):
+        if not is_static(shape[1:]):  # the batch may change (the last batch of an epoch): it is no CP dim
             raise site_error(
                 node,
-                f"its {name} has a dynamic shape {shape}; the CP blocks are planned for static lengths",
+                f"its {name} has a dynamic shape {shape}; the CP blocks are planned for static lengths and heads",
                 "compile with dynamic=False (pad batches to a fixed length with cpcompile.pad_to_multiple); "
                 "without it, Dynamo makes a length dynamic by itself once a second length is compiled",
             )
     (_, _, sq, d), (_, _, sk, _), (_, _, sv, _) = site.q_shape, site.k_shape, site.v_shape
+    if sq == 0:
+        raise site_error(
+            node,
+            "its query has 0 local tokens (an empty sequence); the CPU and GPU attention kernels cannot run on it",
+            "feed every rank a non-empty shard (a global sequence of at least one chunk per rank)",
+        )
     if sq != sk or sk != sv:
         raise site_error(
             node,
             f"q has {sq} local tokens but k/v have {sk}/{sv}; CP shards q, k and v along the same sequence",
             "use CP only for self-attention whose q, k and v come from the same sharded tokens",
         )
-    if site.v_shape[-1] != d or site.k_shape[-1] != d:
+    if site.k_shape[-1] != d:
         raise site_error(
             node,
-            f"q/k head dim {d} and v head dim {site.v_shape[-1]} differ; the CP kernels take one head dim",
-            "use the same head dim for q, k and v (pad v's head dim and slice the output)",
+            f"q head dim {d} and k head dim {site.k_shape[-1]} differ; attention scores need one q/k head dim",
+            "give q and k the same head dim (v's may differ, as in MLA)",
         )
     if get_comm(config.comm).splits_heads and (
         problem := head_split_problem(site.q_shape[1], site.k_shape[1], group.size)

@@ -122,13 +122,18 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
                 "compile with dynamic=False and pack every batch to the same total length "
                 "(cpcompile.pad_cu_seqlens adds a padding document)",
             )
-    (tq, hq, d), (tk, hkv, dk), (tv, hv, dv) = site.q_shape, site.k_shape, site.v_shape
-    if dk != d or dv != d:
+    (tq, hq, d), (tk, hkv, dk), (tv, hv, _) = site.q_shape, site.k_shape, site.v_shape
+    if tq == 0:
         raise site_error(
             node,
-            f"q head dim {d}, k head dim {dk} and v head dim {dv} differ; the CP region gathers K and V in one "
-            "buffer and its kernels take one head dim",
-            "use the same head dim for q, k and v (pad v's head dim and slice the output)",
+            "its query has 0 local packed tokens; the attention kernels cannot run on an empty buffer",
+            "pack at least one token per rank (cpcompile.pad_to_multiple + pad_cu_seqlens)",
+        )
+    if dk != d:
+        raise site_error(
+            node,
+            f"q head dim {d} and k head dim {dk} differ; attention scores need one q/k head dim",
+            "give q and k the same head dim (v's may differ, as in MLA)",
         )
     if tq != tk or tk != tv:
         raise site_error(

@@ -7,23 +7,29 @@ import torch
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import all_gather_dim0, reduce_scatter_dim0, slots_tokens_first
 from ..executor.blocks import encode_dense
+from ..executor.packed_kv import pack_kv, unpack_kv
 from ..layouts import Block, get_layout
 
 
 def _pack(k: torch.Tensor, v: torch.Tensor, slots: int) -> torch.Tensor:
-    """(B, H, slots*C, D) K and V -> the send buffer (C, slots, 2, B, H, D): tokens outermost.
+    """(B, H, slots*C, D) K and V -> the send buffer (C, slots, 2, B, H, D): tokens outermost (MLA: (C, slots,
+    B, H, D + Dv), executor.packed_kv).
 
     Stacking the two permuted views in place lets Inductor write the buffer from the kernel that computes
     K and V (RoPE), with no intermediate.
     """
-    return torch.stack((slots_tokens_first(k, slots), slots_tokens_first(v, slots)), dim=2)
+    return pack_kv(slots_tokens_first(k, slots), slots_tokens_first(v, slots), dim=2)
 
 
-def _unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _unpack(packed: torch.Tensor, qk_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of _pack: (C, slots, 2, B, H, D) -> K and V (B, H, slots*C, D)."""
-    c, slots, _, b, h, d = packed.shape
-    kv = packed.permute(2, 3, 4, 1, 0, 5).reshape(2, b, h, slots * c, d)
-    return kv[0], kv[1]
+    if packed.dim() == 6:
+        c, slots, _, b, h, d = packed.shape
+        kv = packed.permute(2, 3, 4, 1, 0, 5).reshape(2, b, h, slots * c, d)
+        return kv[0], kv[1]
+    c, slots, b, h, _ = packed.shape  # K and V side by side (MLA)
+    k, v = unpack_kv(packed, 2, qk_dim)
+    return tuple(t.permute(2, 3, 1, 0, 4).reshape(b, h, slots * c, t.shape[-1]) for t in (k, v))
 
 
 class _PackedAllGatherAttention(torch.autograd.Function):
@@ -49,7 +55,7 @@ class _PackedAllGatherAttention(torch.autograd.Function):
         dq, (dk,), (dv,), dgathered = torch.ops.cpcompile.attend_blocks_backward(
             dout, q, [k], [v], out, lse, blocks, scale, kernel, gathered
         )
-        dk_gathered, dv_gathered = _unpack(reduce_scatter_dim0(dgathered, group_name))
+        dk_gathered, dv_gathered = _unpack(reduce_scatter_dim0(dgathered, group_name), k.shape[-1])
         return dq, (dk + dk_gathered).to(k.dtype), (dv + dv_gathered).to(v.dtype), None, None, None, None, None
 
 

@@ -14,13 +14,15 @@ from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import all_gather_dim0 as _gather
 from ..comm.collectives import reduce_scatter_dim0 as _reduce
 from ..executor.blocks import encode_varlen
+from ..executor.packed_kv import pack_kv, unpack_kv
 from ..kernels.base import NO_WINDOW
 from ..layouts.thd import get_packed_layout
 from ..precision import acc_dtype
 
 
 def read_keys(gathered: torch.Tensor, key_index: torch.Tensor | None) -> torch.Tensor:
-    """The key buffer the block reads: the gathered (T, 2, Hkv, D) K/V itself, or its copy through key_index."""
+    """The key buffer the block reads: the gathered (T, 2, Hkv, D) K/V itself (MLA: (T, Hkv, D + Dv),
+    executor.packed_kv), or its copy through key_index."""
     return gathered if key_index is None else gathered.index_select(0, key_index)
 
 
@@ -28,27 +30,28 @@ def fold_key_grads(dk: torch.Tensor, dv: torch.Tensor, key_fold: torch.Tensor | 
     """The key buffer's dK/dV as the gathered buffer's (T, 2, Hkv, D) gradient in the reduce dtype: a gather
     over each token's copies (layouts.thd.PackedLayout.key_buffer; a key held twice gets both parts, summed in
     fp32). In the region's backward graph Inductor fuses the stack, gather, sum and cast into one kernel."""
-    dkeys = torch.stack((dk, dv), dim=1)
+    dkeys = pack_kv(dk, dv, 1)
     acc = acc_dtype(dk.dtype)
     if key_fold is None:
         return dkeys.to(acc)
     parts = dkeys[key_fold.clamp(min=0)].to(acc)  # (copies, T, 2, Hkv, D)
-    return torch.where((key_fold >= 0)[..., None, None, None], parts, 0).sum(0)
+    held = (key_fold >= 0)[(..., *(None,) * (dkeys.dim() - 1))]  # broadcast over (2,) Hkv, D
+    return torch.where(held, parts, 0).sum(0)
 
 
 def attend_gathered(q, gathered, key_index, ranges, spec, scale, kernel):
     """(out, lse, keys) of the rank's block over the gathered K/V (no communication)."""
     keys = read_keys(gathered, key_index)
-    out, lse = torch.ops.cpcompile.attend_varlen_blocks(
-        q, [keys[:, 0]], [keys[:, 1]], list(ranges), spec, scale, kernel
-    )
+    k, v = unpack_kv(keys, 1, q.shape[-1])
+    out, lse = torch.ops.cpcompile.attend_varlen_blocks(q, [k], [v], list(ranges), spec, scale, kernel)
     return out, lse, keys
 
 
 def attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, spec, scale, kernel):
     """(dq, the gathered buffer's gradient in the reduce dtype), no communication."""
+    k, v = unpack_kv(keys, 1, q.shape[-1])
     dq, (dk,), (dv,) = torch.ops.cpcompile.attend_varlen_blocks_backward(
-        dout.contiguous(), q, [keys[:, 0]], [keys[:, 1]], out, lse, list(ranges), spec, scale, kernel
+        dout.contiguous(), q, [k], [v], out, lse, list(ranges), spec, scale, kernel
     )
     return dq, fold_key_grads(dk, dv, key_fold)
 
@@ -59,7 +62,7 @@ class _GatherAttend(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, key_index, key_fold, spec, scale, kernel, group_name, *ranges):
-        gathered = _gather(torch.stack((k, v), dim=1), group_name)  # (T, 2, Hkv, D)
+        gathered = _gather(pack_kv(k, v, 1), group_name)  # (T, 2, Hkv, D); MLA: (T, Hkv, D + Dv)
         out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, scale, kernel)
         ctx.save_for_backward(q, keys, out, lse, key_fold, *ranges)
         ctx.spec, ctx.scale, ctx.kernel, ctx.group_name = spec, scale, kernel, group_name
@@ -71,7 +74,7 @@ class _GatherAttend(torch.autograd.Function):
         q, keys, out, lse, key_fold, *ranges = ctx.saved_tensors  # key_fold None: saved as None
         dq, dkeys = attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, ctx.spec, ctx.scale, ctx.kernel)
         dkv = _reduce(dkeys, ctx.group_name).to(keys.dtype)  # (L, 2, Hkv, D): this rank's K/V gradient
-        return (dq.to(q.dtype), dkv[:, 0], dkv[:, 1], *([None] * (6 + len(ranges))))
+        return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (6 + len(ranges))))
 
 
 def all_gather_varlen_attention(
@@ -100,7 +103,6 @@ def all_gather_varlen_attention(
     torch_attn._varlen_attn returns: (out, lse (Hq, T_local) fp32, rng_state), so the node's users are unchanged.
     """
     lay = get_packed_layout(layout)
-    lay.device_check(cu_seqlens, world)
     local = q.shape[0]
     blocks = lay.blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
     key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)

@@ -8,6 +8,7 @@ from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from ..mesh import resolve_group
 from .dense import shard_chunks, unshard_chunks
+from .dims import checked_dim
 from .packed import shard_packed, unshard_packed
 
 
@@ -39,6 +40,7 @@ def shard(
     distribute_tensor(x, mesh, [Shard(seq_dim)])); such DTensors can be fed to a model compiled with the backend.
     Packed documents (strategy "thd" / "thd_zigzag") also need cu_seqlens=, the global document offsets.
     """
+    seq_dim = checked_dim(x, seq_dim, "shard")
     if is_packed(strategy, cu_seqlens, "shard"):
         if as_dtensor:
             raise CPCompileError(
@@ -50,8 +52,8 @@ def shard(
         from .dtensor import local_to_dtensor
 
         local = shard(x, strategy=strategy, seq_dim=seq_dim, mesh=mesh, group=group)
-        return local_to_dtensor(local, seq_dim % x.dim(), mesh)
-    return shard_chunks(x, strategy, seq_dim % x.dim(), resolve_group(mesh, group))
+        return local_to_dtensor(local, seq_dim, mesh)
+    return shard_chunks(x, strategy, seq_dim, resolve_group(mesh, group))
 
 
 def unshard(
@@ -78,8 +80,9 @@ def unshard(
         group = None
     if seq_dim is None:
         raise CPCompileError("unshard of a plain tensor needs seq_dim=. Fix: pass the sequence dim.")
+    seq_dim = checked_dim(x_local, seq_dim, "unshard")
     if is_packed(strategy, cu_seqlens, "unshard"):
         return unshard_packed(
             x_local, strategy=strategy, seq_dim=seq_dim, cu_seqlens=cu_seqlens, mesh=mesh, group=group
         )
-    return unshard_chunks(x_local, strategy, seq_dim % x_local.dim(), resolve_group(mesh, group))
+    return unshard_chunks(x_local, strategy, seq_dim, resolve_group(mesh, group))

@@ -49,6 +49,12 @@ def shard_batch(
     if strategy in THD_LAYOUTS and cu_seqlens is None:
         cu_seqlens = batch.get("cu_seqlens")
     is_packed(strategy, cu_seqlens, "shard_batch")
+    if not isinstance(seq_dim, int) or seq_dim < 0:
+        raise CPCompileError(
+            f"shard_batch(seq_dim={seq_dim!r}): the batch's tensors have different ranks (input_ids (batch, seq), "
+            "inputs_embeds (batch, seq, hidden)), so a negative dim would name a different dim in each. "
+            "Fix: pass the non-negative index of the sequence dim (1 for (batch, seq, ...), 0 for packed tokens)."
+        )
     seq = SEQUENCE_KEYS | set(seq_keys)
     meta = METADATA_KEYS | set(passthrough_keys)
     out: dict[str, object] = {}
@@ -56,7 +62,7 @@ def shard_batch(
         if not isinstance(value, torch.Tensor) or key in meta or (value.dim() == 0 and key not in seq):
             out[key] = value
         elif key in seq:
-            if value.dim() <= seq_dim % max(value.dim(), 1):
+            if value.dim() <= seq_dim:
                 raise CPCompileError(
                     f"batch[{key!r}] has shape {tuple(value.shape)}, with no sequence dim {seq_dim}. "
                     "Fix: pass seq_dim= to match the batch layout."

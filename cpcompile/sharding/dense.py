@@ -9,6 +9,7 @@ from ..comm.collectives import all_gather_dim0
 from ..errors import CPCompileError
 from ..layouts import ChunkLayout, get_layout
 from ..mesh import CPGroup
+from .dims import checked_dim
 
 
 def check_length(seq_len: int, layout: ChunkLayout, cp: int, what: str) -> None:
@@ -28,9 +29,9 @@ def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int, value: float = 0) 
 
     Use it before shard() for lengths a layout cannot take; pad labels with the loss's ignore index.
     """
-    if multiple < 1:
-        raise CPCompileError(f"pad_to_multiple needs multiple >= 1, got {multiple}.")
-    dim = dim % x.dim()
+    if not isinstance(multiple, int) or multiple < 1:
+        raise CPCompileError(f"pad_to_multiple needs an integer multiple >= 1, got {multiple!r}.")
+    dim = checked_dim(x, dim, "pad_to_multiple", "dim")
     extra = -x.shape[dim] % multiple
     if extra == 0:
         return x

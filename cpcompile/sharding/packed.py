@@ -13,13 +13,21 @@ from ..comm.collectives import all_gather_dim0
 from ..errors import CPCompileError
 from ..layouts.thd import get_packed_layout
 from ..mesh import resolve_group
+from .dims import checked_dim
+
+
+def _describe(cu) -> str:
+    if isinstance(cu, torch.Tensor):
+        return f"a {cu.dim()}-D {cu.dtype} tensor of shape {tuple(cu.shape)}"
+    return f"{type(cu).__name__} {cu!r}"[:120]
 
 
 def _need_cu(cu_seqlens, strategy: str, helper: str) -> torch.Tensor:
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
         raise CPCompileError(
             f"{helper}(strategy={strategy!r}) needs cu_seqlens= (the global document offsets, a 1-D integer "
-            f"tensor), got {type(cu_seqlens).__name__}. Fix: pass cu_seqlens=<the batch's cu_seqlens>."
+            f"tensor), got {_describe(cu_seqlens)}. Fix: pass cu_seqlens=<the batch's cu_seqlens> as a 1-D "
+            "int32/int64 tensor (torch.tensor(offsets, dtype=torch.int32))."
         )
     return cu_seqlens
 
@@ -27,10 +35,17 @@ def _need_cu(cu_seqlens, strategy: str, helper: str) -> torch.Tensor:
 def check_documents(cu_seqlens: torch.Tensor, total: int, strategy: str, cp: int) -> None:
     """Raise CPCompileError when `cu_seqlens` and the packed length break the rules of `strategy` (host check)."""
     layout = get_packed_layout(strategy)
-    reason = layout.document_error(cu_seqlens.tolist(), total, cp)
+    offsets = cu_seqlens.tolist()
+    reason = layout.document_error(offsets, total, cp)
     if reason is None:
         return
-    if layout.doc_multiple_per_cp:
+    if not (offsets and offsets[0] == 0 and offsets[-1] == total and offsets == sorted(offsets)):
+        fix = (
+            f"pass the batch's own GLOBAL document offsets: from 0, non-decreasing, ending at the packed length "
+            f"{total} of the tensor being sharded (padding at the end is one more document: "
+            "cpcompile.pad_cu_seqlens(cu_seqlens, padded_length))"
+        )
+    elif layout.doc_multiple_per_cp:
         fix = (
             f"pad every document to a multiple of {layout.doc_multiple_per_cp * cp} tokens "
             f"(cpcompile.pad_documents(x, cu_seqlens, {layout.doc_multiple_per_cp * cp}, dim=...)), or use "
@@ -49,7 +64,7 @@ def shard_packed(x: torch.Tensor, *, strategy: str, seq_dim: int, cu_seqlens, me
     """This rank's tokens of the packed tensor `x` under a THD layout (a new tensor)."""
     cp = resolve_group(mesh, group)
     cu = _need_cu(cu_seqlens, strategy, "shard")
-    seq_dim = seq_dim % x.dim()
+    seq_dim = checked_dim(x, seq_dim, "shard")
     total = x.shape[seq_dim]
     check_documents(cu, total, strategy, cp.size)
     index = get_packed_layout(strategy).shard_index(cu.to(x.device), total, cp.size, cp.rank)
@@ -78,16 +93,29 @@ def unshard_packed(x_local: torch.Tensor, *, strategy: str, seq_dim: int, cu_seq
     """The packed tensor in global order on every rank, from each rank's local tokens (differentiable)."""
     cp = resolve_group(mesh, group)
     cu = _need_cu(cu_seqlens, strategy, "unshard").to(x_local.device).long()
-    seq_dim = seq_dim % x_local.dim()
+    seq_dim = checked_dim(x_local, seq_dim, "unshard")
     return _UnshardPacked.apply(x_local, cu, seq_dim, strategy, cp.name, cp.rank, cp.size)
 
 
-def pad_cu_seqlens(cu_seqlens: torch.Tensor, total: int, length: int | None = None) -> torch.Tensor:
+def pad_cu_seqlens(cu_seqlens, total: int, length: int | None = None) -> torch.Tensor:
     """cu_seqlens for a packed buffer padded to `total` tokens: the padding becomes one more document.
 
     With `length`, also repeat the last offset (empty documents) up to `length` entries, so that cu_seqlens
     keeps one shape across batches and the compiled model never recompiles for a new number of documents.
+    `cu_seqlens` may be a 1-D integer tensor or a list of offsets (then an int32 tensor is returned).
     """
+    if isinstance(cu_seqlens, (list, tuple)):
+        cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int32)
+    if (
+        not isinstance(cu_seqlens, torch.Tensor)
+        or cu_seqlens.dim() != 1
+        or cu_seqlens.numel() == 0
+        or cu_seqlens.is_floating_point()
+    ):
+        raise CPCompileError(
+            f"pad_cu_seqlens needs the document offsets as a non-empty 1-D integer tensor or a list of ints, got "
+            f"{_describe(cu_seqlens)}. Fix: pass torch.tensor(offsets, dtype=torch.int32)."
+        )
     last = int(cu_seqlens[-1])
     if total < last:
         raise CPCompileError(f"pad_cu_seqlens: total={total} is shorter than the documents ({last} tokens).")
@@ -110,8 +138,18 @@ def pad_documents(
     Returns (padded x, its cu_seqlens). Under causal attention real tokens never see the padding after them;
     pad labels with the loss's ignore index. For non-causal attention prefer strategy='thd' (no padding).
     """
-    dim = dim % x.dim()
+    dim = checked_dim(x, dim, "pad_documents", "dim")
+    cu_seqlens = _need_cu(cu_seqlens, "thd_zigzag", "pad_documents")
+    if not isinstance(multiple, int) or multiple < 1:
+        raise CPCompileError(f"pad_documents needs an integer multiple >= 1, got {multiple!r}.")
     bounds = cu_seqlens.tolist()
+    if not bounds or bounds[0] != 0 or bounds[-1] != x.shape[dim] or bounds != sorted(bounds):
+        raise CPCompileError(
+            f"pad_documents: cu_seqlens must start at 0, never decrease and end at x.shape[{dim}]={x.shape[dim]} "
+            f"(every token in a document; tokens past the last offset would be dropped), got "
+            f"{bounds[:8]}{'...' if len(bounds) > 8 else ''}. Fix: pass the offsets of x's documents, with any "
+            "trailing padding as one more document (cpcompile.pad_cu_seqlens(cu_seqlens, x.shape[dim]))."
+        )
     pieces, new_cu = [], [0]
     for a, b in zip(bounds, bounds[1:]):
         piece = x.narrow(dim, a, b - a)

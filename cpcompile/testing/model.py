@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -21,6 +22,17 @@ class TinyConfig:
     kv_heads: int = 2
     hidden: int = 128
     rope_base: float = 10000.0
+    checkpoint: str | None = None
+    """Activation checkpointing of every block: None, "non_reentrant" or "reentrant" (torch.utils.checkpoint)."""
+
+
+def run_block(cfg: TinyConfig, block: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+    """block(*args), under torch.utils.checkpoint when cfg.checkpoint asks for it."""
+    if cfg.checkpoint is None:
+        return block(*args)
+    if cfg.checkpoint not in ("non_reentrant", "reentrant"):
+        raise ValueError(f"TinyConfig.checkpoint must be None, 'non_reentrant' or 'reentrant', not {cfg.checkpoint!r}")
+    return checkpoint(block, *args, use_reentrant=cfg.checkpoint == "reentrant")
 
 
 def rope(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
@@ -78,7 +90,7 @@ class TinyLlama(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
         for block in self.blocks:
-            x = block(x, position_ids)
+            x = run_block(self.cfg, block, x, position_ids)
         return self.head(self.norm(x))
 
 

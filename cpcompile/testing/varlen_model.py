@@ -6,12 +6,17 @@ swaps varlen_attn (which has no CPU kernel) for SDPA run document by document: t
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention.varlen import varlen_attn
 
-from .model import TinyConfig, rope
+from .model import TinyConfig, rope, run_block
+
+GQA = {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen_attn).parameters else {}
+"""varlen_attn's GQA switch where it has one (torch 2.13); torch 2.11's varlen_attn follows the head counts."""
 
 
 class VarlenAttention(nn.Module):
@@ -35,9 +40,7 @@ class VarlenAttention(nn.Module):
             out = _per_document_sdpa(q, k, v, cu_seqlens, self.causal)
         else:
             window = (-1, 0) if self.causal else (-1, -1)
-            out = varlen_attn(
-                q, k, v, cu_seqlens, cu_seqlens, self.max_len, self.max_len, window_size=window, enable_gqa=True
-            )
+            out = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, self.max_len, self.max_len, window_size=window, **GQA)
         return self.o(out.reshape(t, -1))
 
 
@@ -87,7 +90,7 @@ class VarlenTinyLlama(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
         for block in self.blocks:
-            x = block(x, position_ids, cu_seqlens)
+            x = run_block(self.cfg, block, x, position_ids, cu_seqlens)
         return self.head(self.norm(x))
 
 

@@ -1,0 +1,80 @@
+"""Plot bench/results/single_gpu.json (efficiency of the slowest rank vs ideal) into docs/single_gpu.png (dense)
+and docs/single_gpu_thd.png (packed documents), and print the markdown tables used in docs/benchmarks.md.
+Runs on a CPU machine (matplotlib), from the repository root:
+
+    python -m bench.plots.single_gpu [bench/results/single_gpu.json] [docs/single_gpu.png]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+DENSE_STYLES = {
+    ("zigzag", "cudnn"): "o-",
+    ("zigzag", "flash"): "o--",
+    ("flat", "cudnn"): "s-",
+    ("flat", "flash"): "s--",
+}
+
+
+def _figure(recs, series: dict, key, png: str, title: str) -> None:
+    seqs = sorted({r["S"] for r in recs})
+    fig, axes = plt.subplots(1, len(seqs), figsize=(4.2 * len(seqs), 3.6), sharey=True)
+    for ax, seq in zip(axes, seqs):
+        for name, style in series.items():
+            pts = sorted((r["cp"], r["efficiency"]) for r in recs if key(r) == name and r["S"] == seq)
+            if pts:
+                ax.plot(*zip(*pts), style, label=" / ".join(name))
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.axhline(0.95, color="gray", lw=0.8, ls=":")
+        ax.set_title(f"S = {seq // 1024}K")
+        ax.set_xlabel("cp")
+        ax.set_xticks(sorted({r["cp"] for r in recs}))
+        ax.set_ylim(0, 1.1)
+    axes[0].set_ylabel("ideal / slowest rank (fwd+bwd)")
+    axes[-1].legend(loc="lower left", fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main(src: str = "bench/results/single_gpu.json", png: str = "docs/single_gpu.png") -> None:
+    recs = json.load(open(src))
+    dense = [r for r in recs if not r["layout"].startswith("thd")]
+    thd = [r for r in recs if r["layout"].startswith("thd")]
+    where = f"{recs[0]['device']} (torch {recs[0]['torch']}), Llama3-8B shape, bf16"
+    _figure(dense, DENSE_STYLES, lambda r: (r["layout"], r["kernel"]), png, f"One CP rank's attention on {where}")
+    mixes = sorted({r["mix"] for r in thd})
+    paths = [("thd", "all_gather", "s"), ("thd_zigzag", "all_gather", "o"), ("thd", "a2a", "^")]
+    thd_styles = {(lay, comm, m): marker + ("-" if i == 0 else "--")
+                  for i, m in enumerate(mixes) for lay, comm, marker in paths}  # fmt: skip
+    _figure(thd, thd_styles, lambda r: (r["layout"], r["comm"], r["mix"]), png.replace(".png", "_thd.png"),
+            f"Packed documents, one CP rank (flash_varlen) vs per-document FA2 varlen / cp, {where}")  # fmt: skip
+    print("| layout | kernel | S | cp | slowest rank ms | ideal ms | efficiency | merge+copy overhead | measured |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in sorted(dense, key=lambda r: (r["layout"] != "zigzag", r["kernel"], r["S"], r["cp"])):
+        ov = f"{100 * r['overhead_frac']:.1f}%" if "overhead_frac" in r else "-"
+        when = "re-run" if "measured_at" in r else "earlier"
+        print(f"| {r['layout']} | {r['kernel']} | {r['S'] // 1024}K | {r['cp']} | {r['slowest_rank_ms']:.2f} | "
+              f"{r['ideal_ms']:.2f} | {r['efficiency']:.3f} | {ov} | {when} |")  # fmt: skip
+    print()
+    print("| layout | comm | mix (docs, longest) | S | cp | slowest rank ms | ideal ms | efficiency | slowest / mean "
+          "rank | kernels alone: ideal / slowest | executor overhead |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in sorted(thd, key=lambda r: (r["mix"], r["layout"], r["comm"] != "all_gather", r["S"], r["cp"])):
+        imb = max(r["per_rank_ms"]) / (sum(r["per_rank_ms"]) / len(r["per_rank_ms"]))
+        bare = r["ideal_ms"] / r["kernels_only_ms"][r["slowest_rank"]]
+        mix = f"{r['mix']} ({r['n_docs']}, {r['longest_doc']})"
+        print(f"| {r['layout']} | {r['comm']} | {mix} | {r['S'] // 1024}K | {r['cp']} | "
+              f"{r['slowest_rank_ms']:.2f} | {r['ideal_ms']:.2f} | {r['efficiency']:.3f} | {imb:.2f} | {bare:.3f} | "
+              f"{100 * r['overhead_frac']:.1f}% |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

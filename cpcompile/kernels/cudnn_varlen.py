@@ -1,0 +1,133 @@
+"""CUDA varlen provider: cuDNN's packed (THD) attention through cudnn-frontend's torch ops.
+
+`torch.ops.cudnn.sdpa_fwd` / `sdpa_bwd` (registered by `cudnn.sdpa.fwd.torch_op`, nvidia-cudnn-frontend >= 1.32,
+which needs apache-tvm-ffi: `pip install 'cpcompile[cudnn]'`) take packed (T, H, D) q/k/v with cu_seqlens, GQA,
+d_qk != d_v (MLA) and strided K/V views. Measured 1.5-1.6x faster than aten's FA2 varlen fwd+bwd on an H200
+(docs/benchmarks.md). Optional: nothing imports the package until a CUDA block asks `supports()`; without it
+`supports()` gives the reason (a CPCompileError when named, flash_varlen under kernel="auto").
+
+Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what this module does about it:
+- cu_seqlens: one prefix array a side gives every sequence's offset and length, so ranges become FA2's
+  adjacent or tiled cu_seqlens (`varlen_ranges`, shared with flash_varlen).
+- masks: bottom-right causal is `is_causal` + `causal_bottom_right`; cuDNN's left band bound counts the
+  diagonal, so flash's window left w is cuDNN's w + 1; right bounds agree.
+- LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
+  takes it PADDED (sequences, Hq, max_q, 1): `padded_lse` scatters the final lse there per range.
+- graphs: the op caches one graph per shape (sequence count, max lengths, strides; backward also the packed
+  totals rounded to 64). All are static per block (the ranges' length, the block's bounds), so new documents
+  never build a graph (checked on the GPU by tests/gpu/test_cudnn_varlen.py).
+- unseen keys: the contract wants dK/dV = 0 for keys of a range that no row sees. Without a left window every
+  key of a range with rows is seen (bottom-right: the last row sees them all); with one, the leading keys of a
+  range may be out of reach, and they are zeroed here rather than trusting cuDNN to write key tiles it skips.
+- rows of no sequence and sequences without keys are left as the kernel leaves them, as FA2's are: the
+  executor masks them unless the block vouches that there are none.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from ._cuda import cuda_half_reason, head_dim_reason, missing_package
+from .base import range_ids
+from .varlen_ranges import cu_seqlens
+
+_OP_MODULE = "cudnn.sdpa.fwd.torch_op"
+_EXTRA = "pip install 'cpcompile[cudnn]'"
+
+
+@functools.cache
+def _import_problem() -> str | None:
+    """Why cudnn-frontend's torch ops cannot be used here (None: imported, ops registered). Cached: once."""
+    absent = missing_package("cudnn", "nvidia-cudnn-frontend", _EXTRA)
+    if absent:
+        return absent
+    try:
+        importlib.import_module(_OP_MODULE)
+    except Exception as e:  # an old frontend, a missing apache-tvm-ffi, a libcudnn it cannot load
+        return f"{_OP_MODULE} did not import ({type(e).__name__}: {e}); it needs nvidia-cudnn-frontend>=1.32 ({_EXTRA})"
+    return None
+
+
+def _ops():
+    """The op namespace (imports the frontend's torch ops on first use; tests substitute a CPU stand-in)."""
+    importlib.import_module(_OP_MODULE)
+    return torch.ops.cudnn
+
+
+def band(causal: bool, window: tuple[int, int]) -> dict:
+    """The op's mask keywords for the interface's (causal, window): bottom-right per sequence, flash's window
+    left w as cuDNN's left bound w + 1 (cuDNN counts the diagonal), right bounds as they are."""
+    left, right = window
+    right = 0 if causal else right
+    kw: dict = {"is_causal": True} if right == 0 else ({"window_right": right} if right > 0 else {})
+    if left >= 0:
+        kw["window_left"] = left + 1
+    if kw:  # a band exists: anchor its diagonal at each sequence's bottom-right corner
+        kw["causal_bottom_right"] = True
+    return kw
+
+
+def padded_lse(lse: torch.Tensor, ranges: torch.Tensor, sequences: int, max_q: int, tiled: bool) -> torch.Tensor:
+    """The (Hq, Tq) lse as the backward wants it: (sequences, Hq, max_q, 1) fp32, row t of range i at
+    [i (tiled) or 2i (adjacent: gaps are odd sequences), :, t - start]. Only rows in ranges are written (rows past
+    a sequence's length, and gap sequences, are never read for the ranges' results); no host sync."""
+    qs, qe = ranges[0], ranges[1]
+    tq = lse.shape[1]
+    rid = range_ids(qs, qe, tq)
+    seq = torch.where(rid >= 0, rid * (1 if tiled else 2), sequences)  # rows outside every range: a spare slot
+    pos = (torch.arange(tq, device=lse.device) - qs[rid.clamp(min=0)]).clamp(0, max_q - 1)
+    padded = lse.new_empty((sequences + 1, lse.shape[0], max_q), dtype=torch.float32)
+    padded[seq, :, pos] = lse.t().float()
+    return padded[:sequences].unsqueeze(-1)  # a contiguous prefix: the op takes it without a copy
+
+
+def unseen_keys(ranges: torch.Tensor, tk: int, left: int) -> torch.Tensor:
+    """(Tk,) bool: keys of a range that no row of it sees under a left window `left` (bottom-right diagonal).
+
+    Row t of a range sees keys from t + (k_len - q_len) - left on, so keys before k_len - q_len - left are
+    unseen (all of them when the range has no rows); right of the diagonal the last row reaches the end."""
+    qs, qe, ks, ke = ranges
+    qn, kn = qe - qs, ke - ks
+    cut = torch.where(qn > 0, (kn - qn - left).clamp(min=0).minimum(kn), kn)
+    return range_ids(ks, ks + cut, tk) >= 0
+
+
+class CuDNNVarlenKernel:
+    name = "cudnn_varlen"
+    supports_window = True
+    """Any (left, right) window on the bottom-right diagonal: cuDNN's diagonal band (see `band`)."""
+
+    def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
+        return cuda_half_reason(device, dtype, "cuDNN THD attention") or _import_problem()
+
+    def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
+        return head_dim_reason(head_dim, "cuDNN THD attention", v_head_dim, distinct_v=True)
+
+    def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype  # the op writes dq/dk/dv in the io dtype (its graph accumulates in fp32, rounds once)
+
+    def _args(self, ranges, max_q, max_k, causal, window, tiled) -> dict:
+        cu_q, cu_k = cu_seqlens(ranges, tiled)
+        bounds = dict(max_seqlen_q=max(max_q, 1), max_seqlen_kv=max(max_k, 1))
+        return dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, **bounds, **band(causal, window))
+
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
+        args = self._args(ranges, max_q, max_k, causal, window, tiled)
+        out, stats = _ops().sdpa_fwd(q, k, v, scale, return_lse=True, **args)
+        return out, stats.squeeze(-1).t()  # (Tq, Hq, 1) token-major -> (Hq, Tq), a view
+
+    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
+        # dense inputs: on the H200 the op's backward gave wrong dq/dk (inf/NaN for GQA) on the a2a region's
+        # strided q/k/v views while its forward was right on them; a copy is cheap next to the attention
+        dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
+        args = self._args(ranges, max_q, max_k, causal, window, tiled)
+        stats = padded_lse(lse, ranges, args["cu_seqlens_q"].numel() - 1, args["max_seqlen_q"], tiled)
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        dq, dk, dv = _ops().sdpa_bwd(dout, q, k, v, out, stats, scale, is_deterministic=deterministic, **args)
+        if window[0] >= 0:  # leading keys of a range may be out of every row's reach: make them exact zeros
+            unseen = unseen_keys(ranges, k.shape[0], window[0])[:, None, None]
+            dk, dv = dk.masked_fill(unseen, 0), dv.masked_fill(unseen, 0)
+        return dq, dk, dv

@@ -1,0 +1,94 @@
+"""Rank agreement at compile time: every rank's plans for a graph are compared through the process group's
+store before any region runs, so ranks that diverge get one clear CPCompileError each, within seconds.
+
+Ranks that planned different layouts, comms, kernels, shapes or dtypes would issue collectives of different
+sizes or kinds: gloo fails with "Received data size doesn't match", NCCL hangs until its timeout, and some
+mismatches (fp16 vs bf16, flat vs zigzag) even "succeed" with garbage. The store is a key-value service every
+rank already talks to (no tensor collective, so nothing can hang on a mismatched size): each rank writes a
+summary of its plans for its n-th compiled graph, waits for the other ranks' n-th summaries and compares.
+A rank whose planner refused the graph writes its error instead, so the others fail with that error rather
+than waiting. The fake process group (graph snapshots, one process) has no peers: nothing to agree on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections import defaultdict
+
+import torch.distributed as dist
+
+from ..errors import CPCompileError
+from .plans import CPPlan
+
+TIMEOUT_S = float(os.environ.get("CPCOMPILE_AGREE_TIMEOUT", "300"))
+"""How long a rank waits for the others to reach the same graph (CPCOMPILE_AGREE_TIMEOUT, seconds)."""
+
+_graphs: dict[str, int] = defaultdict(int)
+"""Per CP group: how many graphs this process has compiled with a cpcompile backend (the store key's index)."""
+
+
+def _shape(shape: tuple) -> tuple:
+    """A shape with its symbolic dims (a dynamic batch) written as "dyn": symbol names are per process."""
+    return tuple(d if isinstance(d, int) else "dyn" for d in shape)
+
+
+def plan_summary(plan: CPPlan) -> str:
+    """Everything about a plan that must be the same on every rank (not the rank itself)."""
+    s = plan.site
+    fields = [
+        s.kind, plan.layout, plan.comm, plan.kernel, plan.causal, plan.scale, plan.dtensor, _shape(s.q_shape),
+        _shape(s.k_shape), _shape(s.v_shape), str(s.dtype), s.device.type, plan.group.size,
+        getattr(plan, "window", None), getattr(plan, "max_doc", None),
+    ]  # fmt: skip
+    return repr(tuple(fields))
+
+
+def _store_and_peers(group: dist.ProcessGroup):
+    """(the default store, the CP group's global ranks), or None where there is nothing to agree on."""
+    if dist.get_backend(group) == "fake" or dist.get_world_size(group) == 1:
+        return None
+    return dist.distributed_c10d._get_default_store(), dist.get_process_group_ranks(group)
+
+
+def agree(group: dist.ProcessGroup, group_name: str, rank: int, summary: str) -> None:
+    """Publish this rank's summary of its next graph and raise CPCompileError unless every rank's is the same.
+
+    `summary` starting with "error:" publishes a planner refusal (the caller raises it afterwards)."""
+    found = _store_and_peers(group)
+    if found is None:
+        return
+    store, ranks = found
+    index = _graphs[group_name]
+    _graphs[group_name] += 1
+    key = f"cpcompile/agree/{group_name}/{index}/"
+    store.set(key + str(rank), summary)
+    peers = [r for r in range(len(ranks)) if r != rank]
+    try:
+        store.wait([key + str(r) for r in peers], datetime.timedelta(seconds=TIMEOUT_S))
+    except (RuntimeError, dist.DistStoreError) as e:  # a store timeout
+        raise CPCompileError(
+            f"CP rank {rank} compiled its graph #{index} but not every other CP rank reached the same graph within "
+            f"{TIMEOUT_S:.0f} s ({e}). Fix: run the same model with the same shapes on every CP rank (a rank that "
+            "recompiles for other shapes, or skips a compiled call, diverges); CPCOMPILE_AGREE_TIMEOUT sets the wait."
+        ) from None
+    others = {r: store.get(key + str(r)).decode() for r in peers}
+    if summary.startswith("error:"):
+        return
+    refused = {r: s for r, s in others.items() if s.startswith("error:")}
+    if refused:
+        r, msg = next(iter(refused.items()))
+        raise CPCompileError(f"CP rank {r} refused graph #{index}, so this rank stops too: {msg[len('error:') :]}")
+    differ = {r: s for r, s in others.items() if s != summary}
+    if differ:
+        r, theirs = next(iter(differ.items()))
+        raise CPCompileError(
+            f"CP ranks planned graph #{index} differently: rank {rank} has {summary}, rank {r} has {theirs} "
+            "(per site: kind, layout, comm, kernel, causal, scale, dtensor, q/k/v local shapes, dtype, device, cp, "
+            "window, max_doc). Fix: give every rank the same strategy/comm/kernel, dtype, batch size and local "
+            "length (shard with cpcompile.shard_batch, which cuts every rank's part of one global batch)."
+        )
+
+
+def summarize(plans: list[CPPlan]) -> str:
+    return "sites:" + ";".join(plan_summary(p) for p in plans)

@@ -1,0 +1,1 @@
+"""cpcompile test suite: folders by kind (unit, graphs, errors, parity, gpu) and the support package."""

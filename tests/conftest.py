@@ -1,0 +1,37 @@
+"""Markers of the suite, applied by folder.
+
+Markers (pytest runs with --strict-markers, so only these exist):
+- multirank: the test spawns gloo ranks (cpcompile.testing.distributed.run_ranks); slow. Every test in
+  tests/parity/ has it; a multi-rank test in another folder carries @pytest.mark.multirank itself.
+- gpu: the test needs CUDA (skipped where it is absent). Every test in tests/gpu/ has it.
+
+pytest -m "not multirank" runs the fast tests only (unit, graphs, errors); pytest -m gpu the CUDA ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+MARKERS = {
+    "multirank": "spawns gloo ranks (run_ranks); every test in tests/parity/",
+    "gpu": "needs a CUDA GPU; every test in tests/gpu/",
+}
+FOLDER_MARKERS = {"parity": "multirank", "gpu": "gpu"}
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(TESTS):
+            folder = path.relative_to(TESTS).parts[0]
+            if folder in FOLDER_MARKERS:
+                item.add_marker(FOLDER_MARKERS[folder])

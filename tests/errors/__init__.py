@@ -1,0 +1,1 @@
+"""Refusals: every unsupported input raises one CPCompileError (node, rule, fix) before any communication."""

@@ -1,0 +1,1 @@
+"""CUDA kernels under CP (marked gpu; skipped where CUDA is absent)."""

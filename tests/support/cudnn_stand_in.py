@@ -1,0 +1,88 @@
+"""A CPU stand-in for cudnn-frontend's `torch.ops.cudnn.sdpa_fwd/_bwd` (THD path), for the provider's CPU tests.
+
+It follows the contract read from nvidia-cudnn-frontend 1.32's cudnn/sdpa/fwd/torch_op.py: packed (T, H, D)
+q/k/v, one cu_seqlens prefix array a side (a sequence's offset and length), max lengths > 0, the band keywords
+(is_causal / window_left / window_right / causal_bottom_right, cuDNN's left bound counting the diagonal), LSE
+returned token-major (T, Hq, 1) and taken back PADDED (B, Hq, max_q, 1) fp32 by the backward; and it records the
+graph-cache key the real op builds per shape. The math is cpu_varlen_ref's, per sequence. Everything the real
+kernel may leave undefined is poisoned with NaN, so the provider has to handle it: rows of no sequence or of a
+sequence without keys, and in backward keys of no sequence, of a sequence without rows, or that no row sees.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpcompile.kernels.base import range_ids
+from cpcompile.kernels.cpu_varlen_ref import CPUVarlenReference, _mask
+
+REF = CPUVarlenReference()
+
+
+def _round64(n: int) -> int:
+    return (n + 63) // 64 * 64
+
+
+class CuDNNStandIn:
+    def __init__(self):
+        self.graphs: set[tuple] = set()
+
+    def _mask_args(self, is_causal, causal_bottom_right, window_left, window_right):
+        band = is_causal or window_left >= 0 or window_right >= 0
+        if causal_bottom_right and not band:
+            raise ValueError("causal_bottom_right only re-anchors an active diagonal band")
+        if is_causal and window_right > 0:
+            raise ValueError("is_causal masks every future column but window_right admits some")
+        if window_left == 0:
+            raise ValueError("sliding-window length must be >= 1")
+        assert causal_bottom_right == band, "cpcompile's sequences are bottom-right aligned whenever masked"
+        causal = is_causal or window_right == 0
+        return causal, (window_left - 1 if window_left >= 0 else -1, -1 if causal else window_right)
+
+    def _sequences(self, cu_q, cu_k, max_q, max_k):
+        if max_q <= 0 or max_k <= 0:
+            raise ValueError("varlen path needs max_seqlen_q, max_seqlen_kv > 0")
+        ranges = torch.stack((cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])).long()
+        assert int((ranges[1] - ranges[0]).max()) <= max_q and int((ranges[3] - ranges[2]).max()) <= max_k
+        return ranges
+
+    def sdpa_fwd(self, q, k, v, attn_scale, *, is_causal=False, causal_bottom_right=False, window_left=-1,
+                 window_right=-1, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0, max_seqlen_kv=0,
+                 return_lse=True):  # fmt: skip
+        assert q.ndim == 3 and return_lse and k.shape[-1] == q.shape[-1]
+        causal, window = self._mask_args(is_causal, causal_bottom_right, window_left, window_right)
+        ranges = self._sequences(cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
+        b = ranges.shape[1]
+        key = (q.dtype, b, q.shape[1], k.shape[1], v.shape[1], max_seqlen_q, max_seqlen_kv, q.shape[-1], v.shape[-1])
+        self.graphs.add(("fwd", *key, q.stride(), k.stride(), v.stride(), attn_scale, causal, window))
+        out, lse = REF.forward(q, k, v, ranges, max_seqlen_q, max_seqlen_kv, causal, attn_scale, window)
+        qs, qe, ks, ke = ranges
+        rid = range_ids(qs, qe, q.shape[0])
+        live = (rid >= 0) & (ke - ks > 0)[rid.clamp(min=0)]
+        out = torch.where(live[:, None, None], out, float("nan")).to(q.dtype)
+        stats = torch.where(live[None], lse, float("nan")).float().t().contiguous().unsqueeze(-1)
+        return out, stats
+
+    def sdpa_bwd(self, grad_out, q, k, v, o, lse, attn_scale, *, is_causal=False, causal_bottom_right=False,
+                 window_left=-1, window_right=-1, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
+                 max_seqlen_kv=0, is_deterministic=False):  # fmt: skip
+        causal, window = self._mask_args(is_causal, causal_bottom_right, window_left, window_right)
+        ranges = self._sequences(cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
+        b, hq, tq, tk = ranges.shape[1], q.shape[1], q.shape[0], k.shape[0]
+        assert lse.dtype == torch.float32 and lse.is_contiguous() and lse.shape == (b, hq, max_seqlen_q, 1)
+        key = (q.dtype, b, hq, k.shape[1], v.shape[1], _round64(tq), _round64(tk), max_seqlen_q, max_seqlen_kv)
+        self.graphs.add(("bwd", *key, q.stride(), k.stride(), v.stride(), o.stride(), attn_scale, causal, window))
+        qs, qe, ks, ke = ranges
+        rid = range_ids(qs, qe, tq)
+        seq, pos = rid.clamp(min=0), torch.arange(tq) - qs[rid.clamp(min=0)]
+        live = (rid >= 0) & (ke - ks > 0)[seq]
+        # the kernel reads each sequence's own stats rows and never mixes sequences: give undefined rows finite
+        # stand-ins (cpu_varlen_ref would let them leak into other rows' sums), then poison what it may leave
+        flat = lse[seq, :, pos.clamp(0, max_seqlen_q - 1), 0].t()
+        row_lse = torch.where(live[None], flat.double(), 0.0)
+        clean = [torch.where(live[:, None, None], t, 0) for t in (grad_out, o)]
+        dq, dk, dv = REF.backward(*clean[:1], q, k, v, clean[1], row_lse, ranges, 0, 0, causal, attn_scale, window)
+        seen = _mask(ranges, tq, tk, causal, window).any(0)
+        dq = torch.where(live[:, None, None], dq, float("nan"))
+        dk, dv = (torch.where(seen[:, None, None], g, float("nan")) for g in (dk, dv))
+        return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)

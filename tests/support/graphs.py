@@ -1,0 +1,33 @@
+"""Reading the graphs of a compiled region: view-only ops, the collectives a graph launches, the kernels that
+Inductor's generated code calls."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+_c10d = torch.ops._c10d_functional
+# Ops that only reinterpret memory: what may sit between an all-to-all and the block executor.
+VIEW_OPS = {
+    torch.ops.aten.view.default,
+    torch.ops.aten.permute.default,
+    torch.ops.aten.split_with_sizes.default,
+    torch.ops.aten.slice.Tensor,
+    _c10d.wait_tensor.default,
+}
+
+
+def _collectives(gm):
+    """Every collective launched (waits excluded)."""
+    return [n for n in _calls_any(gm) if "c10d" in str(n.target) and "wait_tensor" not in str(n.target)]
+
+
+def _calls_any(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _kernel_calls(code: str) -> list[str]:
+    """Names of the generated C++ kernels a compiled graph's `call` launches, in order."""
+    body = code[code.index("def call(") :]
+    return re.findall(r"^\s+(cpp_fused_\w+)\(", body, flags=re.M)

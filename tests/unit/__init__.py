@@ -1,0 +1,1 @@
+"""Pure index math, the executor and kernels on CPU, stream lanes, rounding counts, lint: fast, one process."""

@@ -1,0 +1,232 @@
+"""The cuDNN THD provider on CPU: its registration and absence, and its plumbing against a stand-in for the op.
+
+The stand-in (tests/support/cudnn_stand_in.py) implements cudnn-frontend 1.32's op contract with cpu_varlen_ref's math
+and poisons what the real kernel may leave undefined, so these tests check what cpcompile adds: cu_seqlens
+from ranges, the band keywords, the lse layouts (token-major out, padded in), zeros for unseen keys, and that
+the graph keys do not depend on the documents. The real op: tests/gpu/test_cudnn_varlen.py on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from cpcompile import CPCompileError
+from cpcompile.executor.blocks import encode_varlen
+from cpcompile.kernels import VARLEN_AUTO_ORDER, get_varlen_kernel, resolve_kernel
+from cpcompile.kernels import cudnn_varlen as cv
+from cpcompile.kernels.cpu_varlen_ref import _mask
+from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
+from tests.support.cudnn_stand_in import CuDNNStandIn
+from tests.support.thd_parity import cu_of
+
+CUDA = torch.device("cuda")
+OPS = torch.ops.cpcompile
+REF = get_varlen_kernel("cpu_varlen_ref")
+IMPL = get_varlen_kernel("cudnn_varlen")
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    ops = CuDNNStandIn()
+    monkeypatch.setattr(cv, "_ops", lambda: ops)
+    return ops
+
+
+@pytest.fixture
+def cuda_here(monkeypatch):
+    """Make the device checks pass on this CPU machine (nothing runs on the device)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    forget = cv._import_problem.cache_clear  # the import check runs once a process: rerun it here and after
+    forget()
+    yield
+    forget()
+
+
+def test_registered_first_for_auto_and_nothing_imports_the_package():
+    assert VARLEN_AUTO_ORDER[0] == "cudnn_varlen" and IMPL.supports_window
+    assert "cudnn" not in sys.modules or importlib.util.find_spec("cudnn") is not None
+    assert "CUDA tensors only" in IMPL.supports(torch.device("cpu"), torch.bfloat16)
+    assert resolve_kernel("auto", torch.device("cpu"), torch.float32, 8, varlen=True) == "cpu_varlen_ref"
+
+
+def test_absent_package_is_one_clear_error_and_auto_takes_flash_varlen(cuda_here):
+    if importlib.util.find_spec("cudnn") is not None:
+        pytest.skip("cudnn-frontend is installed here")
+    with pytest.raises(CPCompileError, match=r"kernel 'cudnn_varlen' cannot run here: .*'nvidia-cudnn-frontend' is "
+                       r"not installed \(pip install 'cpcompile\[cudnn\]'\)"):  # fmt: skip
+        resolve_kernel("cudnn_varlen", CUDA, torch.bfloat16, 128, varlen=True)
+    assert resolve_kernel("auto", CUDA, torch.bfloat16, 128, varlen=True) == "flash_varlen"
+
+
+def test_a_frontend_without_the_torch_ops_says_which_version(cuda_here, monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cudnn" else None)
+
+    def old_frontend(name, *a):
+        raise ModuleNotFoundError(f"No module named {name!r}")
+
+    monkeypatch.setattr(importlib, "import_module", old_frontend)
+    assert "nvidia-cudnn-frontend>=1.32" in IMPL.supports(CUDA, torch.bfloat16)
+
+
+def test_auto_takes_it_where_it_runs_and_mla_head_dims(cuda_here, monkeypatch):
+    monkeypatch.setattr(cv, "_import_problem", lambda: None)
+    assert resolve_kernel("auto", CUDA, torch.bfloat16, 128, varlen=True) == "cudnn_varlen"
+    assert resolve_kernel("auto", CUDA, torch.bfloat16, 192, varlen=True, v_head_dim=128) == "cudnn_varlen"
+    with pytest.raises(CPCompileError, match="multiple of 8"):
+        resolve_kernel("cudnn_varlen", CUDA, torch.bfloat16, 12, varlen=True)
+    with pytest.raises(CPCompileError, match="float16/bfloat16"):
+        resolve_kernel("cudnn_varlen", CUDA, torch.float32, 128, varlen=True)
+
+
+@pytest.mark.parametrize(
+    "causal,window,expected",
+    [
+        (False, (-1, -1), {}),
+        (True, (-1, -1), {"is_causal": True, "causal_bottom_right": True}),
+        (True, (4, -1), {"is_causal": True, "window_left": 5, "causal_bottom_right": True}),
+        (False, (4, 0), {"is_causal": True, "window_left": 5, "causal_bottom_right": True}),
+        (False, (0, 0), {"is_causal": True, "window_left": 1, "causal_bottom_right": True}),
+        (False, (8, 4), {"window_right": 4, "window_left": 9, "causal_bottom_right": True}),
+        (False, (-1, 3), {"window_right": 3, "causal_bottom_right": True}),
+        (False, (2, -1), {"window_left": 3, "causal_bottom_right": True}),
+    ],
+)
+def test_band_keywords(causal, window, expected):
+    """cuDNN's left band bound counts the diagonal: flash's window left w is w + 1 (sm90 config: W = bound - 1)."""
+    assert cv.band(causal, window) == expected
+
+
+def _random_ranges(g: torch.Generator, causal: bool, tiled: bool):
+    """Increasing ranges with empty ones (q or k side) and gaps (one side at a time, as the layouts make them);
+    causal ranges have q_len <= k_len (a q range ends its key range). Tiled: no gaps, q_len > 0 where k_len > 0."""
+    qs, qe, ks, ke, q, k = [], [], [], [], 0, 0
+    for _ in range(int(torch.randint(1, 6, (1,), generator=g))):
+        kn = int(torch.randint(0, 7, (1,), generator=g))
+        qn = int(torch.randint(1 if tiled and kn else 0, (kn if causal else 6) + 1, (1,), generator=g))
+        qn = 0 if tiled and not kn else qn
+        gap_q, gap_k = (0, 0) if tiled else (int(torch.randint(0, 3, (1,), generator=g)),) * 2
+        gap_q, gap_k = (gap_q, 0) if torch.rand(1, generator=g) < 0.5 else (0, gap_k)
+        qs.append(q), qe.append(q + qn), ks.append(k), ke.append(k + kn)
+        q, k = q + qn + gap_q, k + kn + gap_k
+    return torch.tensor([qs, qe, ks, ke]), q, k
+
+
+def _tensors(g, tq, tk, hq=4, hkv=2, d=8, dv=8):
+    shapes = [(tq, hq, d), (tk, hkv, d), (tk, hkv, dv), (tq, hq, dv)]
+    return [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize(
+    "causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (3, -1)), (False, (2, 1)), (False, (-1, 2))]
+)
+def test_provider_matches_the_reference_where_the_contract_defines_it(stand_in, seed, causal, window):
+    """Rows of live sequences (out, lse, dq) and keys of sequences with rows (dk, dv, incl. exact zeros for keys
+    no row sees) equal cpu_varlen_ref's; the rest is the kernel's business (masked by the executor)."""
+    g = torch.Generator().manual_seed(seed)
+    tiled = seed % 3 == 0
+    ranges, tq, tk = _random_ranges(g, causal or window[1] == 0, tiled)
+    dims = (8, 8) if seed % 2 else (16, 8)  # MLA head dims too
+    q, k, v, dout = _tensors(g, max(tq, 1), max(tk, 1), d=dims[0], dv=dims[1])
+    bounds = (max(int((ranges[1] - ranges[0]).max()), 1), max(int((ranges[3] - ranges[2]).max()), 1))
+    kw = {"window": window} if window != (-1, -1) else {}
+    kw |= {"tiled": True} if tiled else {}
+    out, lse = IMPL.forward(q, k, v, ranges, *bounds, causal, 0.3, **kw)
+    want_out, want_lse = REF.forward(q, k, v, ranges, *bounds, causal, 0.3, **kw)
+    assert lse.shape == want_lse.shape and lse.dtype == torch.float32 and out.shape == want_out.shape
+    qs, qe, ks, ke = ranges
+    mask = _mask(ranges, q.shape[0], k.shape[0], causal, window if window != (-1, -1) else (-1, -1))
+    rows = mask.any(1)  # rows that see a key
+    torch.testing.assert_close(out[rows], want_out[rows], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lse[:, rows].double(), want_lse[:, rows], rtol=1e-6, atol=1e-6)
+    final_lse = torch.where(rows, want_lse, float("-inf"))  # what the executor hands the backward
+    got = IMPL.backward(dout, q, k, v, want_out, final_lse, ranges, *bounds, causal, 0.3, **kw)
+    want = REF.backward(dout, q, k, v, want_out, final_lse, ranges, *bounds, causal, 0.3, **kw)
+    kid = torch.full((k.shape[0],), -1)
+    for i, (a, z) in enumerate(zip(ks.tolist(), ke.tolist())):
+        kid[a:z] = i
+    keys = (kid >= 0) & ((qe - qs) > 0)[kid.clamp(min=0)]  # keys of ranges with rows: all defined, 0 if unseen
+    torch.testing.assert_close(got[0][rows], want[0][rows], rtol=1e-6, atol=1e-6)
+    for g_, w in zip(got[1:], want[1:]):
+        torch.testing.assert_close(g_[keys], w[keys].to(g_.dtype), rtol=1e-6, atol=1e-6)
+        assert bool((g_[keys & ~mask.any(0)] == 0).all()), "a key no row sees must get an exact zero"
+
+
+def test_padded_lse_puts_each_row_at_its_sequence_and_position():
+    ranges = torch.tensor([[0, 3, 3], [3, 3, 7], [0, 5, 9], [4, 9, 12]])  # the middle range has no rows
+    lse = torch.arange(2 * 8, dtype=torch.float32).view(2, 8)
+    for tiled, per_range in ((True, 1), (False, 2)):
+        padded = cv.padded_lse(lse, ranges, 3 * per_range, 4, tiled)
+        assert padded.shape == (3 * per_range, 2, 4, 1) and padded.is_contiguous()
+        for i, (a, z) in enumerate(zip(ranges[0].tolist(), ranges[1].tolist())):
+            for t in range(a, z):
+                assert torch.equal(padded[i * per_range, :, t - a, 0], lse[:, t])
+
+
+def test_unseen_keys_are_the_leading_keys_out_of_the_window():
+    ranges = torch.tensor([[0, 2, 2], [2, 2, 5], [0, 6, 8], [6, 8, 12]])  # 2 rows/6 keys, none/2 keys, 3/4
+    unseen = cv.unseen_keys(ranges, 12, left=1)
+    assert unseen.tolist() == [True] * 3 + [False] * 3 + [True] * 2 + [False] * 4
+    expected = ~_mask(ranges, 5, 12, True, (1, -1)).any(0)
+    assert torch.equal(unseen, expected)
+
+
+def _layout_case(layout_name, lengths, cp, rank, causal, window, g, max_doc=None):
+    """A rank's block of a layout ("whole": a2a's cp=1 block) with inputs; `max_doc` defaults to the longest."""
+    cu, max_doc = cu_of(lengths), max_doc or max(lengths)
+    total, local = sum(lengths), sum(lengths) // cp
+    if layout_name == "whole":
+        (block,) = whole_sequence_blocks(cu, total, causal, window, max_doc)
+        q, k, v, dout = _tensors(g, total, total)
+        return q, k, v, dout, block
+    layout = THD_LAYOUTS[layout_name]
+    (block,) = layout.blocks(cu, local, cp, rank, causal, max_doc, window)
+    index, _ = layout.key_buffer(cu, local, cp, rank, causal) or (None, None)
+    keys = total if index is None else index.numel()
+    q, k, v, dout = _tensors(g, local, keys)
+    return q, k, v, dout, block
+
+
+@pytest.mark.parametrize("layout_name", ["thd", "thd_zigzag", "whole"])
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, -1))])
+def test_executor_on_the_provider_equals_the_reference(stand_in, layout_name, causal, window):
+    """Through the varlen executor (its masks where a block does not vouch), every layout's rank block: out,
+    lse and gradients equal cpu_varlen_ref's exactly where the block defines them, NaN nowhere."""
+    g = torch.Generator().manual_seed(3)
+    lengths = [8, 0, 24, 8, 16, 0] if layout_name == "thd_zigzag" else [1, 0, 13, 6, 1, 11]
+    for rank in range(2):
+        q, k, v, dout, block = _layout_case(layout_name, lengths, 2, rank, causal, window, g)
+        spec, ranges = encode_varlen([block]), [block.ranges]
+        results = []
+        for kernel in ("cudnn_varlen", "cpu_varlen_ref"):
+            out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, 0.3, kernel)
+            dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, ranges, spec, 0.3, kernel)
+            results.append((out, lse, dq, dk, dv))
+        for got, want in zip(*results):
+            assert not got.isnan().any()
+            torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-6)
+
+
+def test_graph_keys_do_not_depend_on_the_documents(stand_in):
+    """The op builds one graph per key; a layout's block keeps every shape static, so a new batch of documents
+    (same packed length, same cu_seqlens length) builds none: what the GPU test checks on the real op."""
+    g = torch.Generator().manual_seed(0)
+    mixes = {
+        "thd": ([5, 11, 3, 13], [20, 1, 1, 10]),
+        "thd_zigzag": ([8, 16, 8], [24, 4, 4]),
+        "whole": ([5, 11, 16], [2, 2, 28]),
+    }
+    for name, (first, second) in mixes.items():
+        keys = []
+        for lengths in (first, second):
+            stand_in.graphs.clear()
+            q, k, v, dout, block = _layout_case(name, lengths, 2, 1, True, (-1, -1), g, max_doc=28)  # a static bound
+            spec = encode_varlen([block])
+            out, lse = OPS.attend_varlen_blocks(q, [k], [v], [block.ranges], spec, 0.3, "cudnn_varlen")
+            OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, [block.ranges], spec, 0.3, "cudnn_varlen")
+            keys.append(set(stand_in.graphs))
+        assert keys[0] == keys[1] and len(keys[0]) == 2, name

@@ -1,0 +1,72 @@
+"""The varlen executor's multi-block path (LSE merge, masks, fp32 gradient sums) against its one-block path.
+
+The THD regions run one block a rank; the op still takes several (a layout may split its work). Splitting a
+rank's block, by sequences (each row in one block) or by keys (each row's keys over two blocks, merged by
+LSE), must not change out, lse or any gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cpcompile.executor.blocks import encode_varlen
+from cpcompile.layouts.thd import THD_LAYOUTS
+from tests.support.thd_parity import cu_of
+
+OPS = torch.ops.cpcompile
+SCALE = 0.3
+
+
+def _run(q, keys, dout, blocks):
+    ranges, spec = [b.ranges for b in blocks], encode_varlen(blocks)
+    k, v = keys[:, 0], keys[:, 1]
+    out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "cpu_varlen_ref")
+    dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(
+        dout, q, [k], [v], out, lse, ranges, spec, SCALE, "cpu_varlen_ref"
+    )
+    return out, lse, dq, dk, dv
+
+
+def _case(strategy: str, causal: bool):
+    lengths, cp, rank = [8, 4, 12, 0, 8], 2, 1
+    layout, cu = THD_LAYOUTS[strategy], cu_of(lengths)
+    total, local = sum(lengths), sum(lengths) // cp
+    g = torch.Generator().manual_seed(0)
+    q, dout = (torch.randn(local, 4, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    gathered = torch.randn(total, 2, 2, 8, generator=g, dtype=torch.float64)
+    index, _ = layout.key_buffer(cu, local, cp, rank, causal) or (None, None)
+    keys = gathered if index is None else gathered[index]
+    (block,) = layout.blocks(cu, local, cp, rank, causal)
+    return q, keys, dout, block
+
+
+@pytest.mark.parametrize("strategy", ["thd", "thd_zigzag"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_split_by_sequences_matches_one_block(strategy, causal):
+    q, keys, dout, block = _case(strategy, causal)
+    half = block.ranges.shape[1] // 2
+    parts = [
+        dataclasses.replace(block, ranges=r, covers_rows=False, covers_keys=False)
+        for r in (block.ranges[:, :half], block.ranges[:, half:])
+    ]
+    for got, want in zip(_run(q, keys, dout, parts), _run(q, keys, dout, [block])):
+        torch.testing.assert_close(got.to(want.dtype), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("strategy", ["thd", "thd_zigzag"])
+def test_split_by_keys_merges_by_lse(strategy):
+    """Full attention: every sequence's keys cut in two blocks; the LSE merge and the fp32 sums recover it."""
+    q, keys, dout, block = _case(strategy, causal=False)
+    qs, qe, ks, ke = block.ranges
+    mid = (ks + ke) // 2
+    parts = [
+        dataclasses.replace(block, ranges=torch.stack(r), covers_rows=False, covers_keys=False)
+        for r in ((qs, qe, ks, mid), (qs, qe, mid, ke))
+    ]
+    got, want = _run(q, keys, dout, parts), _run(q, keys, dout, [block])
+    assert got[2].dtype == torch.float64  # two blocks write dq: an fp64 (fp32 for bf16) sum
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.to(w.dtype), w, rtol=1e-10, atol=1e-10)
