@@ -323,10 +323,26 @@ def refusal(flag: Flag) -> CPCompileError:
     return site_error(node, rule, fix, what="node", action="run")
 
 
+SUPPORTED = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+"""The analysis follows DTensor's sharding rules, and torch 2.11's have no rule for views that flatten a sharded
+dim with another (every nn.Linear on (batch, seq, hidden) does): there it would refuse ordinary models, so on
+older torch the guard is off (flex_attention is still refused) and says so once (H200, torch 2.11)."""
+_said = []
+
+
 def refuse_token_mixing(gm: torch.fx.GraphModule, state) -> None:
     """The pass step (after rewrite): raise one CPCompileError for the first token-mixing op left in `gm`."""
     refuse_flex_attention(gm)
     if _cp_size(state) < 2:
+        return
+    if not SUPPORTED:
+        if not _said:
+            _said.append(True)
+            log.warning(
+                "cpcompile: the token-mixing guard needs torch >= 2.13 (DTensor's view rules); on torch %s it is "
+                "off, so ops other than attention that mix tokens along the sequence are not refused",
+                torch.__version__,
+            )
         return
     flag = check_graph(gm, state.plans)
     if flag is not None:

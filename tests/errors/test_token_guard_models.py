@@ -11,6 +11,7 @@ from torch.utils.checkpoint import checkpoint
 
 import cpcompile
 from cpcompile import CPCompileError
+from cpcompile.passes import guard_tokens as _guard
 from cpcompile.passes.guard_tokens import check_graph
 from cpcompile.passes.match import find_attention_sites
 from cpcompile.passes.plan import plan_site
@@ -18,6 +19,8 @@ from cpcompile.passes.rewrite import rewrite_graph
 from cpcompile.testing.model import TinyConfig, TinyLlama, token_loss_sum
 from cpcompile.testing.varlen_model import VarlenTinyLlama, document_position_ids
 from tests.support.fake_pg import fake_group
+
+pytestmark = pytest.mark.skipif(not _guard.SUPPORTED, reason="the token guard needs torch >= 2.13")
 
 CFG = TinyConfig(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, hidden=64)
 
