@@ -6,7 +6,7 @@ import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import all_gather_dim0, reduce_scatter_dim0, slots_tokens_first
-from ..executor.blocks import encode_dense
+from ..executor.blocks import encode_dense, encode_windows
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..layouts import Block, get_layout
 
@@ -41,22 +41,33 @@ class _PackedAllGatherAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, blocks, scale, kernel, slots, group_name):
+    def forward(ctx, q, k, v, blocks, scale, kernel, slots, group_name, extra):
         gathered = all_gather_dim0(_pack(k, v, slots), group_name)
-        out, lse = torch.ops.cpcompile.attend_blocks(q, [k], [v], blocks, scale, kernel, gathered)
+        out, lse = torch.ops.cpcompile.attend_blocks(q, [k], [v], blocks, scale, kernel, gathered, **extra)
         ctx.save_for_backward(q, k, v, gathered, out, lse)
-        ctx.args = (blocks, scale, kernel, group_name)
+        ctx.args = (blocks, scale, kernel, group_name, extra)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, gathered, out, lse = ctx.saved_tensors
-        blocks, scale, kernel, group_name = ctx.args
+        blocks, scale, kernel, group_name, extra = ctx.args
         dq, (dk,), (dv,), dgathered = torch.ops.cpcompile.attend_blocks_backward(
-            dout, q, [k], [v], out, lse, blocks, scale, kernel, gathered
+            dout, q, [k], [v], out, lse, blocks, scale, kernel, gathered, **extra
         )
         dk_gathered, dv_gathered = _unpack(reduce_scatter_dim0(dgathered, group_name), k.shape[-1])
-        return dq, (dk + dk_gathered).to(k.dtype), (dv + dv_gathered).to(v.dtype), None, None, None, None, None
+        dk, dv = (dk + dk_gathered).to(k.dtype), (dv + dv_gathered).to(v.dtype)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def executor_extra(blocks: list[Block], softcap: float) -> dict:
+    """attend_blocks' optional keywords: the blocks' windows and the softcap, only when used (graphs without
+    them stay as they were)."""
+    windows = encode_windows(blocks)
+    extra = {} if windows is None else {"windows": windows}
+    if softcap:
+        extra["softcap"] = float(softcap)
+    return extra
 
 
 def all_gather_attention(
@@ -71,19 +82,25 @@ def all_gather_attention(
     group_name: str,
     rank: int,
     world: int,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal or full attention of this rank's q over the whole sequence's K/V, in the given layout.
 
     K/V of all local slots (one per chunk a rank owns) travel in one all-gather, and each slot's gathered
     tokens form one strided buffer, so a block's key range is always a slice of one buffer: no reorder
-    copy. Causal squares read the local K/V, so they do not wait for the gather.
+    copy. Causal squares read the local K/V, so they do not wait for the gather. A sliding `window` (left,
+    right) over global positions skips the blocks outside it (layouts/window.py); `softcap` caps the scores.
     """
     slots = get_layout(layout).chunks_per_rank
-    blocks = encode_dense(rank_blocks(layout, causal, rank, world, q.shape[-2]))
-    return _PackedAllGatherAttention.apply(q, k, v, blocks, scale, kernel, slots, group_name)
+    blocks = rank_blocks(layout, causal, rank, world, q.shape[-2], window)
+    extra = executor_extra(blocks, softcap)
+    return _PackedAllGatherAttention.apply(q, k, v, encode_dense(blocks), scale, kernel, slots, group_name, extra)
 
 
-def rank_blocks(layout: str, causal: bool, rank: int, world: int, local_len: int) -> list[Block]:
+def rank_blocks(
+    layout: str, causal: bool, rank: int, world: int, local_len: int, window: tuple[int, int] | None = None
+) -> list[Block]:
     """The blocks this rank runs over its local and gathered K/V (`local_len` tokens a rank)."""
     lay = get_layout(layout)
-    return lay.blocks(world, rank, local_len // lay.chunks_per_rank, causal)
+    return lay.blocks(world, rank, local_len // lay.chunks_per_rank, causal, window)

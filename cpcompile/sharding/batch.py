@@ -9,6 +9,7 @@ import torch
 from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from .api import is_packed, shard
+from .conventions import with_hf_labels, with_position_ids
 
 SEQUENCE_KEYS = frozenset(
     {
@@ -20,6 +21,7 @@ SEQUENCE_KEYS = frozenset(
         "token_type_ids",
         "inputs_embeds",
         "target_ids",
+        "shift_labels",
     }
 )
 """Batch entries that carry the sequence dim and are sharded like the tokens."""
@@ -38,6 +40,9 @@ def shard_batch(
     seq_keys: Iterable[str] = (),
     passthrough_keys: Iterable[str] = (),
     cu_seqlens: torch.Tensor | None = None,
+    position_ids: bool = True,
+    hf_loss: str | None = None,
+    ignore_index: int = -100,
 ) -> dict[str, object]:
     """Shard every per-token tensor of a batch; pass metadata and non-tensors through; refuse the unknown.
 
@@ -45,6 +50,12 @@ def shard_batch(
     0-dim tensors and non-tensors. Any other tensor raises, since guessing wrong silently corrupts training.
     Packed documents ("thd", "thd_zigzag"): the layout follows cu_seqlens= or else batch["cu_seqlens"], which
     stays in the batch unchanged (the model gets the GLOBAL offsets).
+
+    Made from the global batch before sharding (sharding/conventions.py): position_ids when the batch has none
+    (`position_ids=False`: never; per document for packed layouts), and for Hugging Face's own `labels=` loss
+    (`hf_loss`): "causal_lm" adds `shift_labels` (the global labels shifted by one, so the model shifts nothing)
+    and both "causal_lm" and "masked_lm" add `num_items_in_batch` (the global count of targets != ignore_index),
+    so each rank's `model(**batch).loss` is its share of the global mean: sum it (and the gradients) over ranks.
     """
     if strategy in THD_LAYOUTS and cu_seqlens is None:
         cu_seqlens = batch.get("cu_seqlens")
@@ -55,6 +66,11 @@ def shard_batch(
             "inputs_embeds (batch, seq, hidden)), so a negative dim would name a different dim in each. "
             "Fix: pass the non-negative index of the sequence dim (1 for (batch, seq, ...), 0 for packed tokens)."
         )
+    packed = strategy in THD_LAYOUTS
+    if position_ids and (not packed or isinstance(cu_seqlens, torch.Tensor)):  # (no cu: shard refuses below)
+        batch = with_position_ids(dict(batch), seq_dim, cu_seqlens if packed else None)
+    if hf_loss is not None:
+        batch = with_hf_labels(dict(batch), seq_dim, hf_loss, ignore_index)
     seq = SEQUENCE_KEYS | set(seq_keys)
     meta = METADATA_KEYS | set(passthrough_keys)
     out: dict[str, object] = {}
