@@ -12,34 +12,14 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import cpcompile
-from cpcompile import CPCompileError
 from cpcompile.passes import guard_tokens as _guard
 from cpcompile.token_local import clear_token_local_marks
+from tests.support.errors import cp_error as _cp_error
 from tests.support.fake_pg import fake_group
 
 pytestmark = pytest.mark.skipif(not _guard.SUPPORTED, reason="the token guard needs torch >= 2.13")
 
 B, L, D = 2, 8, 8  # the sequence dim is 1 of (B, L, D)
-
-
-def _cp_error(excinfo) -> CPCompileError:
-    """Dynamo wraps backend errors (BackendCompilerFailed); find ours in the chain."""
-    err = excinfo.value
-    while err is not None and not isinstance(err, CPCompileError):
-        err = err.__cause__ or err.__context__
-    assert err is not None, f"no CPCompileError in {excinfo.value!r}"
-    return err
-
-
-@pytest.fixture
-def no_comm(monkeypatch):
-    """Fail the test if any collective is issued: the refusal must come before communication."""
-
-    def boom(*args, **kwargs):
-        raise AssertionError("a collective ran before the error was raised")
-
-    for name in ("_all_gather", "_reduce_scatter"):
-        monkeypatch.setattr(cpcompile.comm.collectives, name, boom)
 
 
 @pytest.fixture(autouse=True)
