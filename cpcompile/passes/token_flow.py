@@ -80,7 +80,7 @@ def _tensors(args, kwargs):
         if isinstance(a, torch.Tensor):
             yield a
         elif isinstance(a, (list, tuple)):
-            yield from (b for b in a if isinstance(b, torch.Tensor))
+            yield from _tensors(a, {})
 
 
 META = torch.device("meta")
@@ -275,7 +275,7 @@ class Runner(torch.fx.Interpreter):
 
     def _region(self, plan, node: torch.fx.Node, args):
         """A CP region: q/k/v must arrive on their sequence dim; the output is placed on it."""
-        seq = 2 if plan.site.kind == "sdpa" else 0
+        seq = 0 if plan.site.kind == "varlen" else 2
         for t in args[:3]:
             p = self.tracker.placement(t)
             if p is not None and p.is_partial():
@@ -285,6 +285,12 @@ class Runner(torch.fx.Interpreter):
         out = _fresh(_traced(node))
         if plan.site.kind == "sdpa":
             self.tracker.place(out, Shard(seq))
+        elif plan.site.kind == "flex":  # (out, lse, max_scores); the mods index their buffers by GLOBAL position
+            for t in _tensors(args[5:], {}):
+                if (p := self.tracker.placement(t)) is not None:
+                    self.tracker.flag("a flex_attention score_mod/mask_mod buffer", "gather", moves=((p, Replicate()),))
+            for t in out:
+                self.tracker.place(t, Shard(seq))
         else:
             for t, p in zip(out, (Shard(0), Shard(1))):
                 self.tracker.place(t, p)
