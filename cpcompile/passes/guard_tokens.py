@@ -311,6 +311,13 @@ def refusal(flag: Flag) -> CPCompileError:
             f"propagation has no rule for it here: {flag.detail})"
         )
         fix = _MARK_FIX
+    elif flag.kind == "flex_buffer":
+        rule = (
+            f"{op} holds this rank's tokens only ({_moves(flag)}), but under CP the score_mod/mask_mod index it by "
+            "GLOBAL position, so it would be read out of range or at the wrong tokens"
+        )
+        fix = "pass the whole tensor (built for the global sequence, as for one GPU), not its shard_batch shard"
+        return site_error(node, rule, fix)
     elif flag.kind == "hop":
         rule = f"the higher-order op {op} takes sequence-sharded values and cpcompile cannot look inside it"
         fix = _SDPA_FIX + "; " + _MARK_FIX

@@ -46,8 +46,9 @@ class Flag:
 
     kind: "gather" (a sequence-sharded input must be gathered or re-sharded), "partial" (a per-rank reduction
     over tokens is used as if it were the total), "unknown" (no sharding rule: cannot tell), "hop" (a
-    higher-order op that cannot be looked into). pairwise: two sequence-sharded operands meet along their
-    sequence dims (every token against every token, as attention does).
+    higher-order op that cannot be looked into), "flex_buffer" (a flex mod buffer holds this rank's tokens only).
+    pairwise: two sequence-sharded operands meet along their sequence dims (every token against every token, as
+    attention does).
     """
 
     node: torch.fx.Node
@@ -288,7 +289,8 @@ class Runner(torch.fx.Interpreter):
         elif plan.site.kind == "flex":  # (out, lse, max_scores); the mods index their buffers by GLOBAL position
             for t in _tensors(args[5:], {}):
                 if (p := self.tracker.placement(t)) is not None:
-                    self.tracker.flag("a flex_attention score_mod/mask_mod buffer", "gather", moves=((p, Replicate()),))
+                    what = "a flex_attention score_mod/mask_mod buffer"
+                    self.tracker.flag(what, "flex_buffer", moves=((p, Replicate()),))
             for t in out:
                 self.tracker.place(t, Shard(seq))
         else:
