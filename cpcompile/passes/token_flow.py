@@ -46,8 +46,9 @@ class Flag:
 
     kind: "gather" (a sequence-sharded input must be gathered or re-sharded), "partial" (a per-rank reduction
     over tokens is used as if it were the total), "unknown" (no sharding rule: cannot tell), "hop" (a
-    higher-order op that cannot be looked into). pairwise: two sequence-sharded operands meet along their
-    sequence dims (every token against every token, as attention does).
+    higher-order op that cannot be looked into), "flex_buffer" (a flex mod buffer holds this rank's tokens only).
+    pairwise: two sequence-sharded operands meet along their sequence dims (every token against every token, as
+    attention does).
     """
 
     node: torch.fx.Node
@@ -80,7 +81,7 @@ def _tensors(args, kwargs):
         if isinstance(a, torch.Tensor):
             yield a
         elif isinstance(a, (list, tuple)):
-            yield from (b for b in a if isinstance(b, torch.Tensor))
+            yield from _tensors(a, {})
 
 
 META = torch.device("meta")
@@ -275,7 +276,7 @@ class Runner(torch.fx.Interpreter):
 
     def _region(self, plan, node: torch.fx.Node, args):
         """A CP region: q/k/v must arrive on their sequence dim; the output is placed on it."""
-        seq = 2 if plan.site.kind == "sdpa" else 0
+        seq = 0 if plan.site.kind == "varlen" else 2
         for t in args[:3]:
             p = self.tracker.placement(t)
             if p is not None and p.is_partial():
@@ -285,6 +286,13 @@ class Runner(torch.fx.Interpreter):
         out = _fresh(_traced(node))
         if plan.site.kind == "sdpa":
             self.tracker.place(out, Shard(seq))
+        elif plan.site.kind == "flex":  # (out, lse, max_scores); the mods index their buffers by GLOBAL position
+            for t in _tensors(args[5:], {}):
+                if (p := self.tracker.placement(t)) is not None:
+                    what = "a flex_attention score_mod/mask_mod buffer"
+                    self.tracker.flag(what, "flex_buffer", moves=((p, Replicate()),))
+            for t in out:
+                self.tracker.place(t, Shard(seq))
         else:
             for t, p in zip(out, (Shard(0), Shard(1))):
                 self.tracker.place(t, p)
