@@ -22,6 +22,16 @@ FOLDER_MARKERS = {"parity": "multirank", "gpu": "gpu"}
 TESTS = Path(__file__).resolve().parent
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch: Dynamo marks a length dynamic once a second length of the same code was
+    compiled in this process, so without a reset a test's outcome would depend on the tests run before it."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+
+
 @pytest.fixture
 def no_comm(monkeypatch):
     """Fail the test if cpcompile issues an all-gather or reduce-scatter: errors must come before communication."""

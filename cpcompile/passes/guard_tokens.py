@@ -320,6 +320,8 @@ def refusal(flag: Flag) -> CPCompileError:
         return site_error(node, rule, fix)
     elif flag.kind == "hop":
         rule = f"the higher-order op {op} takes sequence-sharded values and cpcompile cannot look inside it"
+        if flag.detail:
+            rule = f"the higher-order op {op} takes sequence-sharded values and {flag.detail}"
         fix = _SDPA_FIX + "; " + _MARK_FIX
     else:
         how = "it relates tokens to each other, as attention does" if flag.pairwise else "it needs other ranks' tokens"

@@ -290,6 +290,38 @@ def test_attention_in_a_checkpoint_body_is_rewritten_and_passes_the_guard():
     assert len(compile_cp(checkpointed, torch.randn(B, L, D, requires_grad=True)).plans) == 1
 
 
+def test_attention_in_cond_branches_passes_the_guard():
+    def clean(x, flag):
+        return torch.cond(flag.sum() > 0, lambda x: attend(x), lambda x: 2 * attend(x), (x,))
+
+    def constant_branch(x, flag):  # one branch returns no tokens at all: a token-wise constant
+        return attend(x) + torch.cond(flag.sum() > 0, lambda x: x * 2, lambda x: torch.ones(B, L, D), (x,))
+
+    assert len(compile_cp(clean, torch.randn(B, L, D), torch.ones(1)).plans) == 2
+    compile_cp(constant_branch, torch.randn(B, L, D), torch.ones(1))
+
+
+def test_cond_branches_are_looked_into(no_comm):
+    def mixing(x, flag):
+        return attend(x) + torch.cond(flag.sum() > 0, body_cumsum, body_token_wise, (x,))
+
+    msg = refusal(mixing, torch.randn(B, L, D), torch.ones(1))
+    assert f"node 'cumsum' at {__file__}" in msg and "in body_cumsum" in msg, msg
+
+
+def test_cond_branches_that_place_the_sequence_differently_are_refused(no_comm):
+    """One branch keeps the tokens on dim 1, the other moves them to dim 2 (L == D): after the cond nobody can
+    tell where they are, so what follows cannot be checked."""
+
+    def diverging(x, flag):
+        y = torch.cond(flag.sum() > 0, lambda x: x * 2, lambda x: x.transpose(1, 2).contiguous(), (x,))
+        return attend(x) + y
+
+    assert L == D
+    msg = refusal(diverging, torch.randn(B, L, D), torch.ones(1))
+    assert "higher-order op cond" in msg and "two branches place the sequence dim differently" in msg, msg
+
+
 @torch.library.custom_op("cpcompile_test::fused_scale", mutates_args=())
 def fused_scale(x: torch.Tensor) -> torch.Tensor:
     return x * 2
