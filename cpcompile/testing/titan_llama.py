@@ -20,6 +20,7 @@ import cpcompile
 from cpcompile.integrations.torchtitan import shard_batch
 
 from .model import token_loss_sum
+from .packed_training import chain_rows
 from .training import TrainResult
 
 FLAVOR = "debugmodel"
@@ -79,29 +80,9 @@ def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
 
 
 def titan_batches(steps: int, batch: int, seq: int, *, documents: bool, seed: int = 0) -> list[dict]:
-    """Learnable synthetic batches (tokens, labels, positions), each (batch, seq): token t+1 = (5t + 3) % vocab
-    90% of the time. documents=True packs random documents into each row (positions restart at 0 at each)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(steps):
-        ids = torch.empty(batch, seq + 1, dtype=torch.long)
-        ids[:, 0] = torch.randint(0, VOCAB, (batch,), generator=g)
-        noise = torch.rand(batch, seq, generator=g) < 0.1
-        random_next = torch.randint(0, VOCAB, (batch, seq), generator=g)
-        for t in range(seq):
-            ids[:, t + 1] = torch.where(noise[:, t], random_next[:, t], (5 * ids[:, t] + 3) % VOCAB)
-        labels = ids[:, 1:].clone()
-        labels[:, -1] = -100
-        positions = torch.arange(seq).repeat(batch, 1)
-        if documents:
-            for row in positions:
-                start = 0
-                while start < seq:
-                    n = int(torch.randint(1, max(2, seq // 2), (1,), generator=g))
-                    row[start : start + n] = torch.arange(min(n, seq - start))
-                    start += n
-        out.append({"tokens": ids[:, :-1], "labels": labels, "positions": positions})
-    return out
+    """Learnable synthetic batches (tokens, labels, positions), each (batch, seq), over torchtitan's vocab;
+    documents=True packs random documents into each row (positions restart at 0 at each)."""
+    return chain_rows(VOCAB, steps, batch, seq, documents=documents, seed=seed)
 
 
 def train_titan(

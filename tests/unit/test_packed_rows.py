@@ -1,5 +1,5 @@
-"""The torchtitan adapter's host side: document offsets from positions, padding for each layout, and packed
-batches whose shapes do not change with their documents (so the compiled model never recompiles)."""
+"""integrations/rows.py, the adapters' host side: document offsets from positions, padding for each layout, and
+packed batches whose shapes do not change with their documents (so the compiled model never recompiles)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,8 @@ import pytest
 import torch
 
 from cpcompile import CPCompileError
-from cpcompile.integrations.torchtitan import document_offsets, pack_batch
+from cpcompile.integrations.rows import document_offsets, pack_rows
 from cpcompile.layouts import get_packed_layout
-from tests.support.titan import require_torchtitan
-
-require_torchtitan()
 
 
 def _batch(lengths_per_row: list[list[int]], seed: int = 0):
@@ -33,7 +30,7 @@ def test_document_offsets_start_at_resets_and_rows():
 @pytest.mark.parametrize("strategy,cp,multiple", [("zigzag", 3, 6), ("flat", 4, 4)])
 def test_dense_rows_padded_to_the_layout(strategy, cp, multiple):
     tokens, labels, positions = _batch([[7, 8, 10], [25]])
-    full = pack_batch(tokens, labels, positions, strategy=strategy, cp=cp, pad_id=5)
+    full = pack_rows(tokens, labels, positions, strategy=strategy, cp=cp, pad_id=5)
     pad = -25 % multiple
     assert full.tokens.shape == (2, 25 + pad) and full.padding == 2 * pad and full.cu_seqlens is None
     assert torch.equal(full.tokens[:, :25], tokens) and (full.tokens[:, 25:] == 5).all()
@@ -54,7 +51,7 @@ def test_thd_one_packed_buffer_of_fixed_shape():
     shapes = set()
     for seed, rows in enumerate(([[5, 10, 30], [45]], [[1] * 45, [20, 25]], [[45], [44, 1]])):
         tokens, labels, positions = _batch(rows, seed)
-        full = pack_batch(tokens, labels, positions, strategy="thd", cp=4)
+        full = pack_rows(tokens, labels, positions, strategy="thd", cp=4)
         shapes.add((tuple(full.tokens.shape), tuple(full.cu_seqlens.shape), full.max_seqlen))
         flat, _, lengths = _real(full, "thd", 4)
         assert torch.equal(flat[:90], tokens.flatten()) and full.padding == 2  # 90 -> 92, a multiple of 4
@@ -69,7 +66,7 @@ def test_thd_zigzag_pads_each_document_to_fixed_total():
     cp, shapes = 2, set()
     for seed, rows in enumerate(([[5, 10, 30], [45]], [[1] * 15 + [30], [20, 25]], [[45], [44, 1]])):
         tokens, labels, positions = _batch(rows, seed)
-        full = pack_batch(tokens, labels, positions, strategy="thd_zigzag", cp=cp, max_documents=20)
+        full = pack_rows(tokens, labels, positions, strategy="thd_zigzag", cp=cp, max_documents=20)
         shapes.add((tuple(full.tokens.shape), tuple(full.cu_seqlens.shape), full.max_seqlen))
         flat, _, lengths = _real(full, "thd_zigzag", cp)
         assert all(n % (2 * cp) == 0 for n in lengths) and max(lengths) <= full.max_seqlen
@@ -86,16 +83,16 @@ def test_thd_zigzag_pads_each_document_to_fixed_total():
 def test_thd_zigzag_needs_max_documents():
     tokens, labels, positions = _batch([[5, 10, 30], [45]])
     with pytest.raises(CPCompileError, match="needs max_documents="):
-        pack_batch(tokens, labels, positions, strategy="thd_zigzag", cp=2)
+        pack_rows(tokens, labels, positions, strategy="thd_zigzag", cp=2)
 
 
 def test_more_documents_than_max_documents():
     tokens, labels, positions = _batch([[5, 10, 30], [45]])
     with pytest.raises(CPCompileError, match="holds 4 documents.*more than max_documents=3"):
-        pack_batch(tokens, labels, positions, strategy="thd", cp=2, max_documents=3)
+        pack_rows(tokens, labels, positions, strategy="thd", cp=2, max_documents=3)
 
 
 def test_positions_none_is_one_document_per_row():
     tokens, labels, _ = _batch([[16], [16]])
-    full = pack_batch(tokens, labels, None, strategy="thd", cp=2, max_documents=2)
+    full = pack_rows(tokens, labels, None, strategy="thd", cp=2, max_documents=2)
     assert full.cu_seqlens.tolist() == [0, 16, 32, 32] and full.max_seqlen == 16
