@@ -1,4 +1,7 @@
-"""Integrations with other libraries (hf: Hugging Face transformers), each registered when that library is imported.
+"""Integrations with other libraries, one module each; a module imports its library only when it is used.
+
+hf: Hugging Face transformers (registered when transformers is imported: below); torchtitan: a batch adapter;
+rows: the row packing shared by the torchtitan adapter and the demo.
 
 `import cpcompile` must not import transformers (seconds of import time, and no dependency): if
 `transformers.modeling_utils` is loaded already the integration registers at once, else a finder on sys.meta_path
