@@ -7,7 +7,6 @@ import io
 import os
 import queue
 import socket
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -122,15 +121,12 @@ def _pool_worker(rank, world, port, backend, tasks, results, threads):
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
         return
-    try:
-        while (task := tasks.get()) is not None:
-            fn, args = task
-            try:
-                results.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
-            except BaseException:
-                results.put((rank, "error", traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
+    while True:  # until RankPool.close kills the process
+        fn, args = tasks.get()
+        try:
+            results.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
+        except BaseException:
+            results.put((rank, "error", traceback.format_exc()))
 
 
 class RankPool:
@@ -169,19 +165,13 @@ class RankPool:
         try:
             return _collect(self._procs, self._results, timeout)
         except BaseException:
-            self.close(kill=True)
+            self.close()
             raise
 
-    def close(self, kill: bool = False) -> None:
-        """Stop the ranks: asked to leave (kill=False), then killed if they are not gone within a few seconds."""
-        if not kill:
-            for p, t in zip(self._procs, self._tasks):
-                if p.is_alive():
-                    t.put(None)
-        deadline = time.monotonic() + (0 if kill else 5)
+    def close(self) -> None:
+        """Stop the ranks. Killed, not asked to leave: they hold nothing worth a graceful exit, and a rank left
+        waiting in a collective by a failed run would never read the request."""
         for p in self._procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join()
-        self._procs = []
+            p.kill()
+            p.join()
+        self._procs, self._tasks = [], []

@@ -7,8 +7,8 @@ Per rank: the global batch goes through cpcompile.shard_batch(hf_loss=...) (it a
 for causal LMs, the globally shifted shift_labels and the global target count num_items_in_batch), the compiled
 model returns the rank's share of the loss, the shares and the gradients are summed over the ranks. fp64 weights;
 HF upcasts the logits to fp32 for its loss (and Gemma 2's eager attention its softmax), so the loss, the gradients
-and Gemma 2's logits are compared at fp32's precision. The models whose graphs carry a new path (a window, softcap)
-run on aot_eager, the others on the eager inner compiler (the pass and its regions are the same; the zoo stays
+and Gemma 2's logits are compared at fp32's precision. Gemma 2 (sliding windows and softcap) runs on aot_eager, the
+others on the eager inner compiler (the pass and its regions are the same; the zoo stays
 within the suite's time budget). Each model is its own test; the ranks are spawned once per module and world size
 (RankPool), so a test pays for its model only."""
 
@@ -38,7 +38,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 EAGER_ONLY = ("gemma2",)
 """Models HF runs on its eager attention only (softcapped scores): fp32 softmax in the reference."""
-AOT = ("mistral_sw", "gemma2")
+AOT = ("gemma2",)
+"""On aot_eager: Gemma 2 has both new paths (sliding windows and softcapped scores on cpu_ref)."""
 
 
 def _reference(name: str, full: dict) -> dict:
