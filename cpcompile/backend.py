@@ -80,15 +80,17 @@ def backend(
     group: dist.ProcessGroup | None = None,
     kernel: str = "auto",
     inner: str | Callable = "inductor",
+    regather: bool = False,
 ) -> CPBackend:
     """A torch.compile backend that runs every attention node context-parallel.
 
     strategy: token layout across ranks ("flat", "zigzag"; "thd", "thd_zigzag" for packed documents under
     torch.nn.attention.varlen.varlen_attn); comm: "all_gather" (gather K/V) or "a2a" (Ulysses: trade heads for
-    sequence); mesh: a 1-D DeviceMesh or one
+    sequence) or "ring" (K/V chunks passed around the ring, overlapped with the blocks); mesh: a 1-D DeviceMesh or one
     with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" or a provider
     name; inner: the compiler after the pass ("inductor", "aot_eager", "eager", or any torch.compile backend
-    callable, e.g. one that records aot_autograd graphs).
+    callable, e.g. one that records aot_autograd graphs); regather: with comm="all_gather", save only the local
+    K/V for backward and gather them again there (one layer's gathered K/V alive at a time, one more gather).
     """
     for what, value, allowed in (
         ("strategy", strategy, STRATEGIES),
@@ -98,8 +100,14 @@ def backend(
     ):
         if not (what == "inner" and callable(value)) and value not in allowed:
             raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
+    if regather and not COMMS[comm].regathers:
+        raise CPCompileError(
+            f"regather=True with comm={comm!r}: only {[n for n, c in COMMS.items() if c.regathers]} keep gathered "
+            "K/V for backward. Fix: drop regather, or use comm='all_gather'."
+        )
     check_mesh_or_group(mesh, group)
-    return CPBackend(CPConfig(strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group), inner=inner)
+    config = CPConfig(strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group, regather=bool(regather))
+    return CPBackend(config, inner=inner)
 
 
 def default_backend(gm: torch.fx.GraphModule, example_inputs):

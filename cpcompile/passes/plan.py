@@ -34,4 +34,4 @@ def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
     else:
         group = resolve_group(config.mesh, config.group)
     plan = (plan_varlen_site if site.kind == "varlen" else plan_dense_site)(site, config, group)
-    return dataclasses.replace(plan, dtensor=True) if dtensor else plan
+    return dataclasses.replace(plan, dtensor=dtensor, regather=config.regather)
