@@ -8,6 +8,12 @@ eagerly (the work is registered by the op and waited by wait_tensor), and exist 
 The ring shift is an all-to-all whose only non-empty split goes to rank + 1 (and comes from rank - 1): a
 peer-to-peer exchange in a collective that traces, on gloo and NCCL alike (funcol's permute_tensor does the
 same, but splits by numel on dim 0, so it only works for 1-D tensors).
+
+A collective in a backward whose input is a forward value (the ring's K/V, the all-gather's re-gather) would
+be moved into the forward by AOT autograd's partitioner, which never recomputes a collective: it runs it in
+the forward and saves its result, the very memory the backward meant to save (the joint graph's CSE even
+merges it with the forward's identical collective). `in_backward(x, token)` ties x to a backward value (the
+output gradient): a copy of x the partitioner can only compute in the backward.
 """
 
 from __future__ import annotations
@@ -15,6 +21,17 @@ from __future__ import annotations
 import torch
 
 _c10d = torch.ops._c10d_functional
+
+
+@torch.library.custom_op("cpcompile::in_backward", mutates_args=())
+def in_backward(x: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """A copy of `x`, computed once `token` (a backward value) exists; `token` is not read."""
+    return x.clone()
+
+
+@in_backward.register_fake
+def _in_backward_fake(x, token):
+    return torch.empty_like(x)
 
 
 def wait(pending: torch.Tensor) -> torch.Tensor:

@@ -217,6 +217,9 @@ def with_packed_sources(
 def _setup_context(ctx, inputs, output):
     q, ks, vs, blocks, scale, kernel, packed_kv, acc_out = inputs
     out, lse = output
+    # autograd wants one gradient per argument PASSED: packed_kv counts when given (or followed by acc_out),
+    # acc_out when True (callers pass it only to set it)
+    ctx.n_args = 6 + int(packed_kv is not None or acc_out) + int(acc_out)
     ctx.has_packed = packed_kv is not None
     ctx.save_for_backward(q, out, lse, *([packed_kv] if ctx.has_packed else []), *ks, *vs)
     ctx.n_sources = len(ks)
@@ -230,8 +233,8 @@ def _backward(ctx, dout, _dlse):
     dq, dks, dvs, dpacked = torch.ops.cpcompile.attend_blocks_backward(
         dout.to(q.dtype), q, ks, vs, out.to(q.dtype), lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv
     )
-    grads = (dq, dks, dvs, None, None, None)
-    return (*grads, dpacked.to(packed_kv.dtype) if ctx.has_packed else None, None)
+    grads = (dq, dks, dvs, None, None, None, dpacked.to(packed_kv.dtype) if ctx.has_packed else None, None)
+    return grads[: ctx.n_args]
 
 
 attend_blocks.register_autograd(_backward, setup_context=_setup_context)

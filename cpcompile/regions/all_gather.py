@@ -8,7 +8,7 @@ import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import slots_tokens_first
-from ..comm.pending import start_all_gather, start_reduce_scatter, wait
+from ..comm.pending import in_backward, start_all_gather, start_reduce_scatter, wait
 from ..executor.blocks import encode_dense
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..layouts import LOCAL_SOURCE, Block, get_layout
@@ -87,7 +87,8 @@ class _PackedAllGatherAttention(torch.autograd.Function):
             return dq_l, dk_l, dv_l
 
         if regather:  # the local squares' backward runs while the K/V are gathered again
-            pending = start_all_gather(pack_slots(k, v, slots), group_name, world)
+            packed = in_backward(pack_slots(k, v, slots), dout)  # stays in backward (comm/pending.py)
+            pending = start_all_gather(packed, group_name, world)
             dq, dk, dv = local_part()
             gathered = wait(pending)
         else:
@@ -97,8 +98,9 @@ class _PackedAllGatherAttention(torch.autograd.Function):
             dq_g, _, _, dgathered = torch.ops.cpcompile.attend_blocks_backward(
                 dout, q, [], [], out, lse, remote, scale, kernel, gathered, True
             )
-        else:  # this rank reads no gathered K/V, but the other ranks' gradients still come home through it
-            dgathered = gathered.new_zeros(gathered.shape, dtype=acc_dtype(q.dtype))
+        else:  # this rank reads no gathered K/V, but the other ranks' gradients still come home through it; tied
+            # to dout, or the partitioner would run this rank's reduce-scatter in the forward (comm/pending.py)
+            dgathered = in_backward(gathered.new_zeros(gathered.shape, dtype=acc_dtype(q.dtype)), dout)
         reduced = start_reduce_scatter(dgathered, group_name, world)
         if not regather:  # the local squares' backward runs while the reduce-scatter is in flight
             dq, dk, dv = local_part()

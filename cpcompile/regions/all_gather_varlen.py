@@ -13,6 +13,7 @@ import torch
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import all_gather_dim0 as _gather
 from ..comm.collectives import reduce_scatter_dim0 as _reduce
+from ..comm.pending import in_backward
 from ..executor.blocks import encode_varlen
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..kernels.base import NO_WINDOW
@@ -74,8 +75,8 @@ class _GatherAttend(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, keys, out, lse, key_index, key_fold, *ranges = ctx.saved_tensors  # None index/fold: saved as None
-        if ctx.regather:
-            keys = read_keys(_gather(keys, ctx.group_name), key_index)
+        if ctx.regather:  # the local K/V tied to a backward value, or the partitioner saves the forward's gather
+            keys = read_keys(_gather(in_backward(keys, dout), ctx.group_name), key_index)
         dq, dkeys = attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, ctx.spec, ctx.scale, ctx.kernel)
         dkv = _reduce(dkeys, ctx.group_name).to(keys.dtype)  # (L, 2, Hkv, D): this rank's K/V gradient
         return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (7 + len(ranges))))

@@ -1,10 +1,13 @@
 """Combining the partial results of several executor calls in a region (ring steps; the all-gather's local
-blocks, which run before the gather arrives, and its gathered blocks): in fp32, rounded once by the caller."""
+blocks, which run before the gather arrives, and its gathered blocks): in fp32, rounded once by the caller.
+
+Through executor/accumulate.py's opaque ops, so a chain of cp steps keeps at most two partials alive."""
 
 from __future__ import annotations
 
 import torch
 
+from ..executor import accumulate  # noqa: F401  (registers torch.ops.cpcompile.merge_partial / add_partial)
 from ..precision import acc_dtype
 
 
@@ -13,13 +16,8 @@ def merge_step(acc, lse, out, step_lse, lse_last: bool = True):
     acc None: the first partial. `lse_last`: lse is laid out like out without its last dim (dense); else lse
     is (H, T) against out (T, H, D) (varlen). Rows with no key seen yet (-inf) merge exactly."""
     if acc is None:
-        return out.to(acc_dtype(out.dtype)), step_lse
-    merged = torch.logaddexp(lse, step_lse)
-    safe = torch.where(merged == float("-inf"), 0.0, merged)
-    keep, add = torch.exp(lse - safe), torch.exp(step_lse - safe)
-    if not lse_last:
-        keep, add = keep.T, add.T
-    return acc * keep.unsqueeze(-1) + out * add.unsqueeze(-1), merged
+        return out.to(acc_dtype(out.dtype)), step_lse.to(acc_dtype(out.dtype))
+    return torch.ops.cpcompile.merge_partial(acc, lse, out, step_lse.to(lse.dtype), lse_last)
 
 
 def add_part(total: torch.Tensor | None, part: torch.Tensor | None) -> torch.Tensor | None:
@@ -27,4 +25,4 @@ def add_part(total: torch.Tensor | None, part: torch.Tensor | None) -> torch.Ten
     if part is None:
         return total
     part = part.to(acc_dtype(part.dtype))
-    return part if total is None else total + part
+    return part if total is None else torch.ops.cpcompile.add_partial(total, part)

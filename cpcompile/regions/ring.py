@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.pending import start_shift, wait
+from ..comm.pending import in_backward, start_shift, wait
 from ..executor.blocks import encode_dense
 from ..layouts import Block, get_layout
 from ..layouts.ring import ring_blocks
@@ -50,7 +50,9 @@ class _RingAttention(torch.autograd.Function):
         dout = dout.contiguous()
         dq = travel = pending_grad = None
         for s, blocks in enumerate(steps):
-            pending = start_shift(held, group_name, rank, world) if s + 1 < world else None
+            # the first shift's input tied to dout keeps every K/V shift in the backward graph (comm/pending.py)
+            sent = in_backward(held, dout) if s == 0 else held
+            pending = start_shift(sent, group_name, rank, world) if s + 1 < world else None
             part = None
             if blocks:
                 dq_s, _, _, part = torch.ops.cpcompile.attend_blocks_backward(

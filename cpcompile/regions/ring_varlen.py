@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.pending import start_shift, wait
+from ..comm.pending import in_backward, start_shift, wait
 from ..executor.blocks import encode_varlen
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..kernels.base import NO_WINDOW
@@ -51,6 +51,7 @@ class _RingVarlenAttention(torch.autograd.Function):
         q, held, out, lse, *ranges = ctx.saved_tensors
         specs, counts, scale, kernel, group_name, rank, world = ctx.args
         dout, d = dout.contiguous(), q.shape[-1]
+        held = in_backward(held, dout)  # keeps the K/V shifts in the backward graph (comm/pending.py)
         dq = travel = pending_grad = None
         for s, (spec, rs) in enumerate(zip(specs, _per_step(ranges, counts))):
             pending = start_shift(held, group_name, rank, world) if s + 1 < world else None
