@@ -89,21 +89,11 @@ class GraphModule(torch.nn.Module):
         attend_blocks_1 = torch.ops.cpcompile.attend_blocks.default(primals_1, [], [], [0, 4, 0, 0, 4, 0, 4, 4, 0, 0, 16, 0, 4, 4, 1, 8, 8, 0], 0.25, 'cpu_flash', wait_tensor, True)
         getitem_2: "f32[1, 4, 8, 16]" = attend_blocks_1[0]
         getitem_3: "f32[1, 4, 8]" = attend_blocks_1[1]
-        logaddexp: "f32[1, 4, 8]" = torch.ops.aten.logaddexp.default(getitem_1, getitem_3)
-        eq: "b8[1, 4, 8]" = torch.ops.aten.eq.Scalar(logaddexp, -inf)
-        scalar_tensor: "f32[]" = torch.ops.aten.scalar_tensor.default(0.0, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
-        where: "f32[1, 4, 8]" = torch.ops.aten.where.self(eq, scalar_tensor, logaddexp)
-        sub: "f32[1, 4, 8]" = torch.ops.aten.sub.Tensor(getitem_1, where)
-        exp: "f32[1, 4, 8]" = torch.ops.aten.exp.default(sub)
-        sub_1: "f32[1, 4, 8]" = torch.ops.aten.sub.Tensor(getitem_3, where)
-        exp_1: "f32[1, 4, 8]" = torch.ops.aten.exp.default(sub_1)
-        unsqueeze: "f32[1, 4, 8, 1]" = torch.ops.aten.unsqueeze.default(exp, -1)
-        mul: "f32[1, 4, 8, 16]" = torch.ops.aten.mul.Tensor(getitem, unsqueeze)
-        unsqueeze_1: "f32[1, 4, 8, 1]" = torch.ops.aten.unsqueeze.default(exp_1, -1)
-        mul_1: "f32[1, 4, 8, 16]" = torch.ops.aten.mul.Tensor(getitem_2, unsqueeze_1)
-        add: "f32[1, 4, 8, 16]" = torch.ops.aten.add.Tensor(mul, mul_1)
-        detach: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(add)
-        return (add, primals_1, primals_2, primals_3, wait_tensor, logaddexp, detach)
+        merge_partial = torch.ops.cpcompile.merge_partial.default(getitem, getitem_1, getitem_2, getitem_3, True)
+        getitem_4: "f32[1, 4, 8, 16]" = merge_partial[0]
+        getitem_5: "f32[1, 4, 8]" = merge_partial[1]
+        detach: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(getitem_4)
+        return (getitem_4, primals_1, primals_2, primals_3, wait_tensor, getitem_5, detach)
 """,
         )
 
