@@ -60,3 +60,28 @@ def test_inductor_forward_issues_each_shift_before_the_step():
     events = re.findall(r"(all_to_all_single|wait_tensor|attend_blocks|merge_partial)\.default\(", fwd)
     step = ["all_to_all_single", "attend_blocks", "merge_partial", "wait_tensor"]  # step 0 has nothing to merge into
     assert events == [*step[:2], step[3], *step, *step, "attend_blocks", "merge_partial"], events
+
+
+def _checkpointed_block(x, wq, wk, wv):
+    def block(x, wq, wk, wv):
+        q, k, v = ((x @ w).view(1, 16, -1, 16).transpose(1, 2) for w in (wq, wk, wv))
+        return gqa_attention(q, k, v).transpose(1, 2).reshape(1, 16, 64)
+
+    return torch.utils.checkpoint.checkpoint(block, x, wq, wk, wv, use_reentrant=False)
+
+
+@pytest.mark.parametrize("comm,regather", [("all_gather", False), ("all_gather", True), ("ring", False)])
+def test_checkpointed_block_saves_only_its_inputs(comm, regather):
+    """Under per-block activation checkpointing the forward saves only the block's inputs, whatever the comm:
+    the recompute gathers (or circulates) K/V again, so regather only adds a third backward collective."""
+    inputs = [torch.randn(1, 16, 64, requires_grad=True)] + [
+        torch.randn(64, n, requires_grad=True) for n in (64, 32, 32)
+    ]
+    with fake_group(rank=1, world=4):
+        be = cpcompile.backend(strategy="zigzag", comm=comm, inner="aot_eager", regather=regather)
+        graphs = capture_graphs(_checkpointed_block, be, *inputs)
+    shapes = {tuple(t.shape) for t in inputs}
+    saved = [n for n in graphs["bw"].graph.nodes if n.op == "placeholder" and "tangents" not in n.name]
+    assert {tuple(n.meta["val"].shape) for n in saved} <= shapes, [tuple(n.meta["val"].shape) for n in saved]
+    backward = {("all_gather", False): 2, ("all_gather", True): 3, ("ring", False): 3 + 3 + 4}[(comm, regather)]
+    assert len(_collectives(graphs["bw"])) == backward
