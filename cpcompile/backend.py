@@ -20,6 +20,13 @@ from .passes.dtensor_rules import register_cpu_sdpa_rules
 from .passes.varlen_fake import fix_varlen_fake
 
 INNER = ("inductor", "aot_eager", "eager")
+OVERLAP_COMMS = ("ring", "all_gather")
+INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
+"""Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
+allocating its output: the ring's shift and the all-gather then run with nothing between issue and wait, no
+overlap (seen on a plain SDPA layer: bench/probes/ring_trace.py, tests/graphs/test_ring.py). Graphs holding
+those regions are compiled in program order, which already issues each collective before the blocks it
+overlaps and keeps at most two K/V chunks in flight; Inductor's other passes stay on."""
 
 register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
 fix_varlen_fake()  # at import: Dynamo traces varlen_attn with MLA head dims before any backend is called
@@ -69,7 +76,12 @@ class CPBackend:
         return gm
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
-        return _inner_compiler(self.inner)(self.transform(gm), example_inputs)
+        before = len(self.plans)
+        gm = self.transform(gm)
+        compiler = _inner_compiler(self.inner)
+        if self.inner == "inductor" and any(p.comm in OVERLAP_COMMS for p in self.plans[before:]):
+            return compiler(gm, example_inputs, config_patches=INDUCTOR_OVERLAP_PATCHES)
+        return compiler(gm, example_inputs)
 
 
 def backend(

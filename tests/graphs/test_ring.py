@@ -85,3 +85,17 @@ def test_checkpointed_block_saves_only_its_inputs(comm, regather):
     assert {tuple(n.meta["val"].shape) for n in saved} <= shapes, [tuple(n.meta["val"].shape) for n in saved]
     backward = {("all_gather", False): 2, ("all_gather", True): 3, ("ring", False): 3 + 3 + 4}[(comm, regather)]
     assert len(_collectives(graphs["bw"])) == backward
+
+
+def test_inductor_overlaps_every_step_of_a_plain_layer():
+    """On a bare SDPA layer Inductor's peak-memory reordering sank each shift down to its wait (no overlap);
+    cpcompile compiles region graphs without it, so every attention call but the last, forward and backward,
+    runs while a shift is in flight."""
+    from bench.probes.ring_trace import blocks_without_overlap
+
+    q, k, v = _qkv(32)
+    with fake_group(rank=1, world=4):
+        be = cpcompile.backend(strategy="zigzag", comm="ring", kernel="cpu_flash")
+        fn = torch.compile(gqa_attention, backend=be, fullgraph=True)
+        _, (fwd, bwd) = run_and_get_code(lambda: fn(q, k, v).sum().backward())
+    assert blocks_without_overlap(fwd) == [] and blocks_without_overlap(bwd) == []
