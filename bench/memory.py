@@ -2,7 +2,9 @@
 N-layer Llama3-8B-shaped stack compiled with cpcompile, per comm, against the same stack on one GPU.
 
     python -m bench.memory --out bench/results/memory.json --quick          # ~300 s on one H200
-    python -m bench.memory --out bench/results/memory.json --checkpoint --mlp --seqs 128K,256K --cps 8
+    python -m bench.memory --out bench/results/memory.json --append --checkpoint --mlp --seqs 128K,256K --cps 8
+    python -m bench.memory --out bench/results/memory.json --append --no-baseline --layers 1 --checkpoint --mlp \
+        --seqs 1024K --cps 8                                               # one layer at 128K tokens a rank
     python -m bench.memory --device cpu --out /tmp/memory.json              # CPU smoke test, tiny shapes
 
 One rank runs, as rank `--rank` of a fake process group (torch's `fake` backend): every collective allocates
@@ -21,6 +23,8 @@ import argparse
 import contextlib
 import gc
 import json
+import os
+import statistics
 import time
 
 import torch
@@ -84,7 +88,14 @@ def measure(step, tokens: int, args) -> dict:
     _sync(args.device)
     step_s = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() if cuda else None
-    return {"peak_bytes": peak, "static_bytes": static, "compile_s": first - step_s, "step_s": step_s}
+    reserved = torch.cuda.max_memory_reserved() if cuda else None
+    return {
+        "peak_bytes": peak,
+        "static_bytes": static,
+        "reserved_peak_bytes": reserved,
+        "compile_s": first - step_s,
+        "step_s": step_s,
+    }
 
 
 def _free(device: str) -> None:
@@ -123,9 +134,10 @@ def single_fits(seq: int, args) -> tuple[bool, str]:
 
 
 def cases(args) -> list[tuple[int, int]]:
+    """(S, cp) pairs, the largest cp first and the most telling lengths first, so a budget cut drops the least."""
     order = {s: i for i, s in enumerate(S_ORDER)}
     seqs = sorted(args.seqs, key=lambda s: (order.get(s // 1024, len(order)), s))
-    return [(s, cp) for s in seqs for cp in sorted(args.cps, reverse=True)]
+    return [(s, cp) for cp in sorted(args.cps, reverse=True) for s in seqs]
 
 
 class Clock:
@@ -142,7 +154,7 @@ class Clock:
     def fits(self, seq: int, cp: int) -> bool:
         if not self.compile:
             return time.perf_counter() - self.t0 < self.budget
-        guess = max(self.compile) + 2 * max(self.per_unit) * seq * seq / cp
+        guess = statistics.median(self.compile) + 2 * max(self.per_unit) * seq * seq / cp
         return time.perf_counter() - self.t0 + guess <= self.budget
 
 
@@ -151,11 +163,13 @@ def sweep(args) -> list[dict]:
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     common = {"layout": args.layout, "layers": args.layers, "mlp": args.mlp, "checkpoint": args.checkpoint}
     common |= {"rank": args.rank, "inner": args.inner, "device": device, "torch": torch.__version__}
-    clock, records, singles = Clock(args.budget_s), [], {}
+    clock, records, singles = Clock(args.budget_s), _existing(args), {}
     for seq, cp in cases(args):
         if seq not in singles:
             fits, why = single_fits(seq, args)
-            if not fits:
+            if args.no_baseline:
+                singles[seq] = {"baseline": "not run (--no-baseline)"}
+            elif not fits:
                 singles[seq] = {"skipped": why}
             elif not clock.fits(seq, 1):
                 singles[seq] = {"skipped": f"time budget ({args.budget_s:.0f} s)"}
@@ -208,6 +222,14 @@ def summary(rec: dict) -> str:
     )
 
 
+def _existing(args) -> list[dict]:
+    """The records already in --out when --append is given (a second sweep adds to the first)."""
+    if not args.append or not os.path.exists(args.out):
+        return []
+    with open(args.out) as f:
+        return json.load(f)
+
+
 def write(path: str, records: list[dict]) -> None:
     with open(path, "w") as f:
         json.dump(records, f, indent=1)
@@ -231,7 +253,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=0, help="the rank of the fake group that runs")
     p.add_argument("--inner", default="inductor", help="inner compiler (inductor, aot_eager)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no case predicted to end past this")
-    p.add_argument("--quick", action="store_true", help="S 128K,256K at cp 8,4 within --budget-s 300")
+    p.add_argument("--append", action="store_true", help="add to the records already in --out")
+    p.add_argument("--no-baseline", action="store_true", help="measure the cp ranks only (e.g. S=1M, cp=8)")
+    p.add_argument("--quick", action="store_true", help="S 128K,256K at cp 8 then 4, within --budget-s 300")
     args = p.parse_args(argv)
     if args.quick:
         args.seqs, args.cps, args.budget_s = "128K,256K", "8,4", min(args.budget_s, 300.0)

@@ -31,10 +31,13 @@ def table(recs: list[dict]) -> str:
         if "skipped" in r:
             lines.append(f"| {_stack(r)} | {r['S'] // 1024}K | {r['cp']} | {r['name']} | skipped: {r['skipped']} |")
             continue
-        single = r["single_gpu_peak_bytes"] - r["single_gpu_static_bytes"]
-        cells = [r["peak_bytes"], r["static_bytes"], r["activation_bytes"], single / r["cp"], r["target_bytes"]]
-        row = " | ".join(f"{c / GIB:.2f}" for c in cells)
-        lines.append(f"| {_stack(r)} | {r['S'] // 1024}K | {r['cp']} | {r['name']} | {row} | {r['meets_target']} |")
+        single = r["single_gpu_peak_bytes"]
+        per_cp = None if single is None else (single - r["single_gpu_static_bytes"]) / r["cp"]
+        act = None if r["peak_bytes"] is None else r["peak_bytes"] - r["static_bytes"]
+        cells = [r["peak_bytes"], r["static_bytes"], act, per_cp, r["target_bytes"]]
+        row = " | ".join("-" if c is None else f"{c / GIB:.2f}" for c in cells)
+        meets = "-" if r["meets_target"] is None else r["meets_target"]
+        lines.append(f"| {_stack(r)} | {r['S'] // 1024}K | {r['cp']} | {r['name']} | {row} | {meets} |")
     return "\n".join(lines)
 
 
@@ -62,6 +65,9 @@ def main(argv=None) -> None:
             )
             ax.plot([s / 1024 for s, _ in base], [b for _, b in base], "k--", label="single GPU / cp")
             ax.set_xscale("log", base=2)
+            ticks = sorted({r["S"] // 1024 for r in mine})
+            ax.set_xticks(ticks, [f"{t}K" for t in ticks])
+            ax.minorticks_off()
             ax.set_title(f"{stack}, cp={cp}", fontsize=8)
             ax.set_xlabel("S (K tokens)", fontsize=8)
             ax.set_ylabel("activations GiB / rank", fontsize=8)
