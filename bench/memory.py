@@ -115,7 +115,7 @@ def run_case(blocks, seq: int, cp: int, name: str | None, args) -> dict:
         with fake_group(args.rank, cp):
             be = cpcompile.backend(strategy=args.layout, comm=comm, inner=args.inner, regather=regather)
             return measure(ms.compiled_step(blocks, be, args.checkpoint), seq // cp, args)
-    except torch.OutOfMemoryError as e:
+    except torch.cuda.OutOfMemoryError as e:
         return {"skipped": f"out of memory: {str(e).splitlines()[0][:200]}"}
     finally:
         _free(args.device)
