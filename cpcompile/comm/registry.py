@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from ..layouts.ring import RING_PACKED_LAYOUTS
-from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, ring, ring_varlen
+from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex, ring, ring_varlen
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class Comm:
     """Whether the varlen region takes sliding windows (left >= 0) at all; False: only causal and full."""
     regathers: bool = False
     """Whether the regions take `regather` (keep only the local K/V for backward, gather them again there)."""
+    flex_region: Callable | None = None
+    """The flex_attention region (q, k, v, score_mod, mask_mod, tables, extras, score_buffers, mask_buffers, *,
+    layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
 
 
 COMMS: dict[str, Comm] = {
@@ -48,6 +51,7 @@ COMMS: dict[str, Comm] = {
         rank_blocks=all_gather.rank_blocks,
         varlen_region=all_gather_varlen.all_gather_varlen_attention,
         regathers=True,
+        flex_region=flex.all_gather_flex_attention,
     ),
     "a2a": Comm(
         name="a2a",
@@ -57,6 +61,7 @@ COMMS: dict[str, Comm] = {
         splits_heads=True,
         varlen_any_window=True,
         varlen_lse_on_demand=True,
+        flex_region=flex.a2a_flex_attention,
         varlen_refusals={
             "thd_zigzag": (
                 "comm='a2a' runs the whole sequence on every rank (for H/cp of the heads), so causal work is "
