@@ -17,6 +17,7 @@ from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
 from .passes import CPConfig, CPPlan
 from .passes.dtensor_rules import register_cpu_sdpa_rules
+from .passes.plans import FlexPlan
 from .passes.varlen_fake import fix_varlen_fake
 
 INNER = ("inductor", "aot_eager", "eager")
@@ -25,8 +26,9 @@ INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
 """Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
 allocating its output: the ring's shift and the all-gather then run with nothing between issue and wait, no
 overlap (seen on a plain SDPA layer: bench/probes/ring_trace.py, tests/graphs/test_ring.py). Graphs holding
-those regions are compiled in program order, which already issues each collective before the blocks it
-overlaps and keeps at most two K/V chunks in flight; Inductor's other passes stay on."""
+those regions (not flex_attention's, which overlaps nothing) are compiled in program order, which already
+issues each collective before the blocks it overlaps and keeps at most two K/V chunks in flight; Inductor's
+other passes stay on."""
 
 register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
 fix_varlen_fake()  # at import: Dynamo traces varlen_attn with MLA head dims before any backend is called
@@ -79,7 +81,8 @@ class CPBackend:
         before = len(self.plans)
         gm = self.transform(gm)
         compiler = _inner_compiler(self.inner)
-        if self.inner == "inductor" and any(p.comm in OVERLAP_COMMS for p in self.plans[before:]):
+        overlapped = [p for p in self.plans[before:] if p.comm in OVERLAP_COMMS and not isinstance(p, FlexPlan)]
+        if self.inner == "inductor" and overlapped:
             return compiler(gm, example_inputs, config_patches=INDUCTOR_OVERLAP_PATCHES)
         return compiler(gm, example_inputs)
 
