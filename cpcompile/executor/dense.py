@@ -7,7 +7,8 @@ provider, same-shaped blocks batched into one call (calls.py), the calls spread 
 (streams), and merges partial outputs by LSE in fp32 registers (merge). Its registered backward calls each
 block's kernel backward with the FINAL output and LSE, which yields the exact partial gradients (the
 ring-attention identity), and sums them per row segment, rounding once; autograd never differentiates
-through the merge.
+through the merge. `acc_out` / `acc_dq` return out / dq in the accumulation dtype (fp32 for bf16), for a
+caller that merges several calls (the ring's steps) and must round once, at the end.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def attend_blocks(
     scale: float,
     kernel: str,
     packed_kv: torch.Tensor | None = None,
+    acc_out: bool = False,
     windows: list[int] | None = None,
     softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +137,7 @@ def attend_blocks(
         for i, o_i, l_i in zip(c.members, _unbatch(o, c), _unbatch(lse, c)):
             outs.append((decoded[i][0], decoded[i][1], o_i))
             lses.append((decoded[i][0], decoded[i][1], l_i))
-    out = _empty_like_layout(q, vs[0].shape[-1], q.dtype)
+    out = _empty_like_layout(q, vs[0].shape[-1], acc_dtype(q.dtype) if acc_out else q.dtype)
     lse_all = q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
     pieces = list(zip(outs, lses))
     for a, b, cover in segments(q.shape[-2], [(s, n) for s, n, _ in outs]):
@@ -150,9 +152,9 @@ def attend_blocks(
 
 
 @attend_blocks.register_fake
-def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None, windows=None, softcap=0.0):
+def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None, acc_out=False, windows=None, softcap=0.0):
     vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])[1]
-    out = _empty_like_layout(q, vs[0].shape[-1], q.dtype)
+    out = _empty_like_layout(q, vs[0].shape[-1], acc_dtype(q.dtype) if acc_out else q.dtype)
     return out, q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
 
 
@@ -168,6 +170,7 @@ def attend_blocks_backward(
     scale: float,
     kernel: str,
     packed_kv: torch.Tensor | None = None,
+    acc_dq: bool = False,
     windows: list[int] | None = None,
     softcap: float = 0.0,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
@@ -187,7 +190,7 @@ def attend_blocks_backward(
             dq_pieces.append((q0, qn, dq_i))
             dk_pieces[src].append((k0, kn, dk_i))
             dv_pieces[src].append((k0, kn, dv_i))
-    dq = torch.empty_like(q)
+    dq = torch.empty_like(q, dtype=acc_dtype(q.dtype) if acc_dq else q.dtype)
     _assemble(dq, dq_pieces, -2, sum_into)
     # explicit sources get gradients in their dtype; packed sources straight into the packed layout, in fp32
     dpacked = _packed_grad_like(packed_kv, q)
@@ -202,10 +205,10 @@ def attend_blocks_backward(
 
 @attend_blocks_backward.register_fake
 def _attend_blocks_backward_fake(
-    dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv=None, windows=None, softcap=0.0
+    dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv=None, acc_dq=False, windows=None, softcap=0.0
 ):
     return (
-        torch.empty_like(q),
+        torch.empty_like(q, dtype=acc_dtype(q.dtype) if acc_dq else q.dtype),
         [torch.empty_like(k) for k in ks],
         [torch.empty_like(v) for v in vs],
         _packed_grad_like(packed_kv, q),
@@ -238,7 +241,7 @@ def with_packed_sources(
 
 
 def _setup_context(ctx, inputs, output):
-    q, ks, vs, blocks, scale, kernel, packed_kv, windows, softcap = inputs
+    q, ks, vs, blocks, scale, kernel, packed_kv, acc_out, windows, softcap = inputs
     out, lse = output
     ctx.has_packed = packed_kv is not None
     ctx.save_for_backward(q, out, lse, *([packed_kv] if ctx.has_packed else []), *ks, *vs)
@@ -247,9 +250,10 @@ def _setup_context(ctx, inputs, output):
     ctx.extra = {"windows": windows} if windows is not None else {}
     if softcap:
         ctx.extra["softcap"] = softcap
-    # backward returns one gradient per argument the op got: the dispatcher drops trailing defaults
-    given = [packed_kv is not None, windows is not None, bool(softcap)]
-    ctx.n_inputs = 6 + max((i + 1 for i, g in enumerate(given) if g), default=0)
+    # autograd wants one gradient per argument PASSED, and the dispatcher drops trailing defaults: count up to
+    # the last optional argument that is not its default
+    given = [packed_kv is not None, bool(acc_out), windows is not None, bool(softcap)]
+    ctx.n_args = 6 + max((i + 1 for i, g in enumerate(given) if g), default=0)
 
 
 def _backward(ctx, dout, _dlse):
@@ -257,10 +261,10 @@ def _backward(ctx, dout, _dlse):
     packed_kv = rest.pop(0) if ctx.has_packed else None
     ks, vs = rest[: ctx.n_sources], rest[ctx.n_sources :]
     dq, dks, dvs, dpacked = torch.ops.cpcompile.attend_blocks_backward(
-        dout, q, ks, vs, out, lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv, **ctx.extra
+        dout.to(q.dtype), q, ks, vs, out.to(q.dtype), lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv, **ctx.extra
     )
-    grads = (dq, dks, dvs, None, None, None, dpacked.to(packed_kv.dtype) if ctx.has_packed else None, None, None)
-    return grads[: ctx.n_inputs]
+    grads = (dq, dks, dvs, None, None, None, dpacked.to(packed_kv.dtype) if ctx.has_packed else None, None, None, None)
+    return grads[: ctx.n_args]
 
 
 attend_blocks.register_autograd(_backward, setup_context=_setup_context)

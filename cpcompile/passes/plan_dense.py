@@ -7,12 +7,13 @@ import math
 from ..comm.registry import get_comm
 from ..errors import CPCompileError, site_error
 from ..integrations.hints import mask_fix
+from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS, get_layout
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
 from .checks import constant, is_static, site_kernel
 from .match import AttentionSite
-from .plan_features import check_token_metadata, softcap_of, window_of
+from .plan_features import FEATURE_COMMS, check_token_metadata, softcap_of, window_of
 from .plans import CPConfig, CPPlan
 
 
@@ -93,6 +94,13 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
     softcap = softcap_of(site)
     check_token_metadata(site)
     features = (("window",) if window is not None else ()) + (("softcap",) if softcap else ())
+    if features and config.comm not in FEATURE_COMMS:
+        raise site_error(
+            node,
+            f"its {' and '.join(FEATURES[f] for f in features)} have no blocks under comm={config.comm!r} "
+            f"(only {' and '.join(FEATURE_COMMS)} build windowed and softcapped blocks)",
+            "use comm='all_gather' or comm='a2a' for this model",
+        )
     try:
         kernel = site_kernel(site, config.kernel, d, features=features)
     except CPCompileError as e:

@@ -9,6 +9,9 @@ from ..errors import site_error
 from .checks import constant
 from .match import AttentionSite
 
+FEATURE_COMMS = ("all_gather", "a2a")
+"""The comms whose dense regions take windows and softcap (ring: not yet; the planner refuses it by name)."""
+
 HF_POSITIONS_FIX = (
     "pass the tokens' GLOBAL position ids to the model (cpcompile.shard_batch creates them when the batch has none: "
     "torch.arange of the global length, sharded like the tokens)"

@@ -20,6 +20,8 @@ class CPConfig:
     kernel: str
     mesh: object = None
     group: object = None
+    regather: bool = False
+    """all_gather: keep only the local K/V for backward and gather them again there (backend(regather=...))."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class CPPlan:
     """A sliding window (left, right) over global positions (cpcompile.attention sites); None: none."""
     softcap: float = 0.0
     """tanh softcapping of the scores (cpcompile.attention sites); 0: none."""
+    regather: bool = False
+    """The region gathers K/V again in backward instead of saving them (comms whose entry `regathers`)."""
 
     def region_target(self):
         return get_comm(self.comm).region
@@ -52,6 +56,8 @@ class CPPlan:
             kwargs["window"] = self.window
         if self.softcap:
             kwargs["softcap"] = self.softcap
+        if self.regather:
+            kwargs["regather"] = True
         return kwargs
 
     def _common_kwargs(self) -> dict:
@@ -71,7 +77,8 @@ class CPPlan:
     def block_count(self) -> int:
         """How many attention blocks this rank runs (what the logs report)."""
         local, rank, world = self.site.q_shape[-2], self.group.rank, self.group.size
-        return len(get_comm(self.comm).rank_blocks(self.layout, self.causal, rank, world, local, self.window))
+        windowed = {} if self.window is None else {"window": self.window}  # (comms without windows refuse them)
+        return len(get_comm(self.comm).rank_blocks(self.layout, self.causal, rank, world, local, **windowed))
 
 
 @dataclass(frozen=True)

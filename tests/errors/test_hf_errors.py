@@ -136,3 +136,16 @@ def test_mask_patterns_cpcompile_cannot_express_stay_explicit_and_are_refused():
         assert isinstance(mask, torch.Tensor) and mask.dim() == 4  # HF's own mask, not the 2-D padding marker
         msg = _compile_hf(lambda **kw: forward(**kw)[0], ids=local["input_ids"], pos=local["position_ids"])
     assert "an explicit attn_mask tensor cannot be sharded" in msg and "mask pattern is one cpcompile" in msg, msg
+
+
+def test_windows_under_ring_are_refused_by_name():
+    def windowed(q, k, v):
+        return cpcompile.attention(q, k, v, is_causal=True, window=(3, 0))
+
+    q = torch.randn(1, 2, 8, 16)
+    be = cpcompile.backend(strategy="zigzag", comm="ring", inner="eager")
+    with fake_group(0, 2), pytest.raises(Exception) as excinfo:
+        torch._dynamo.reset()
+        torch.compile(windowed, backend=be, fullgraph=True)(q, q, q)
+    msg = _cp_error(excinfo)
+    assert "sliding windows have no blocks under comm='ring'" in msg and "comm='all_gather' or comm='a2a'" in msg
