@@ -65,7 +65,7 @@ class GraphModule(torch.nn.Module):
         )
 
     def test_windowed_aot_forward(self):
-        """The executor call carries the windows (two ints a block: (-1, -1) none) after the six ints a block; the
+        """Each executor call carries its blocks' windows (two ints a block: (-1, -1) none) after the six ints a block; the
         token check is one all-gather and two asserts."""
         with fake_group(rank=1, world=2):
             pos = cpcompile.shard(torch.arange(16)[None], strategy="zigzag", seq_dim=1)
@@ -73,10 +73,15 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(count_ops(fwd, r"all_gather_into_tensor\.default\("), 2)  # K/V, and the token check
         self.assertEqual(count_ops(fwd, r"_assert_async\.msg\("), 2)
         self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
-        (call,) = [line for line in fwd.splitlines() if "attend_blocks.default(" in line]
+        # two executor calls (main's all_gather region): the local blocks while the gather is in flight, then the
+        # gathered ones; each carries its own blocks' windows
+        calls = [line.strip() for line in fwd.splitlines() if "attend_blocks.default(" in line]
+        self.assertEqual(len(calls), 2)
         self.assertExpectedInline(
-            call.strip(),
-            """attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [primals_2], [primals_3], [0, 8, 0, 0, 8, 0, 0, 3, 1, 1, 3, 0], 0.25, 'cpu_flash', wait_tensor_1, [3, 0, 0, -1])""",
+            "\n".join(calls),
+            """\
+attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [primals_2], [primals_3], [0, 8, 0, 0, 8, 0], 0.25, 'cpu_flash', None, True, [3, 0])
+attend_blocks_1 = torch.ops.cpcompile.attend_blocks.default(primals_1, [], [], [0, 3, 0, 1, 3, 0], 0.25, 'cpu_flash', wait_tensor_1, True, [0, -1])""",
         )
 
 
