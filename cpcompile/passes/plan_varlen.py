@@ -76,8 +76,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
         raise site_error(
             node,
             f"varlen_attn packs documents, but strategy={config.strategy!r} lays out one unpacked sequence",
-            "use strategy='thd' (any document lengths) or 'thd_zigzag' (documents of multiples of 2*cp), "
-            "and shard with cpcompile.shard(..., cu_seqlens=cu_seqlens)",
+            "use strategy='thd' (any document lengths), 'thd_zigzag' (documents of multiples of 2*cp) or "
+            "'thd_balanced' (equal work a rank), and shard with cpcompile.shard_batch(..., cu_seqlens=cu_seqlens)",
         )
     comm = get_comm(config.comm)
     if comm.varlen_region is None:
@@ -151,6 +151,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     if problem := _comm_problem(site, config.strategy, comm, group.size):
         raise site_error(node, *problem)
     layout = THD_LAYOUTS[config.strategy]
+    if problem := layout.cu_problem(cu_val.shape[0], group.size):
+        raise site_error(node, *problem)
     local_multiple = layout.required_multiple(group.size) // group.size
     if tq % local_multiple:
         raise site_error(

@@ -1,13 +1,13 @@
 """The user-side helpers: cut a global batch into this rank's tokens (any layout), and put it back together.
 
 api.py dispatches shard / unshard by layout kind: dense.py (chunk layouts), packed.py (packed documents,
-cu_seqlens-aware), dtensor.py (DTensor in/out); batch.py shards whole batch dicts.
+cu_seqlens-aware, thd_balanced's per-batch plan), dtensor.py (DTensor in/out); batch.py shards whole batch dicts.
 """
 
 from .api import shard, unshard
 from .batch import METADATA_KEYS, SEQUENCE_KEYS, shard_batch
 from .dense import pad_to_multiple
-from .packed import pad_cu_seqlens, pad_documents
+from .packed import pad_cu_seqlens, pad_documents, plan_documents
 
 __all__ = [
     "METADATA_KEYS",
@@ -15,6 +15,7 @@ __all__ = [
     "pad_cu_seqlens",
     "pad_documents",
     "pad_to_multiple",
+    "plan_documents",
     "shard",
     "shard_batch",
     "unshard",
