@@ -5,7 +5,16 @@ model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=m
 
 from .backend import CPBackend, backend
 from .errors import CPCompileError
-from .sharding import pad_cu_seqlens, pad_documents, pad_to_multiple, plan_documents, shard, shard_batch, unshard
+from .sharding import (
+    pad_cu_seqlens,
+    pad_documents,
+    pad_to_multiple,
+    plan_documents,
+    shard,
+    shard_batch,
+    shard_block_mask,
+    unshard,
+)
 from .token_local import mark_token_local
 
 __version__ = "0.1.0"
@@ -21,5 +30,6 @@ __all__ = [
     "plan_documents",
     "shard",
     "shard_batch",
+    "shard_block_mask",
     "unshard",
 ]

@@ -9,7 +9,7 @@ import torch
 import torch.fx
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+_EAGER_GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eager_guard.py")
 
 
 class CPCompileError(ValueError):
@@ -23,8 +23,8 @@ def node_origin(node: torch.fx.Node, what: str = "attention node") -> str:
     """Name an FX node for an error message: node name plus the user's source line when Dynamo recorded it."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
-    # torch's frames (varlen_attn's own) and cpcompile's (the eager guard's SDPA wrapper) are not the user's
-    user = [f for f in frames if not f[0].startswith((_TORCH_DIR, _OWN_DIR))]
+    # torch's frames (varlen_attn's own) and the eager guard's SDPA wrapper (Dynamo inlines it) are not the user's
+    user = [f for f in frames if not f[0].startswith(_TORCH_DIR) and f[0] != _EAGER_GUARD]
     if frames:
         path, line, func, code = (user or frames)[-1]
         return f"{what} '{node.name}' at {path}:{line} in {func}: `{code.strip()}`"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import CPCompileError
-from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen
+from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class Comm:
     otherwise only causal (left, 0) windows, which every rank's q pieces keep exact by ending their key ranges."""
     varlen_lse_on_demand: bool = False
     """Whether the varlen region takes `return_lse` (the lse costs it a collective, sent only when read)."""
+    flex_region: Callable | None = None
+    """The flex_attention region (q, k, v, score_mod, mask_mod, tables, extras, score_buffers, mask_buffers, *,
+    layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
 
 
 COMMS: dict[str, Comm] = {
@@ -41,6 +44,7 @@ COMMS: dict[str, Comm] = {
         region=all_gather.all_gather_attention,
         rank_blocks=all_gather.rank_blocks,
         varlen_region=all_gather_varlen.all_gather_varlen_attention,
+        flex_region=flex.all_gather_flex_attention,
     ),
     "a2a": Comm(
         name="a2a",
@@ -50,6 +54,7 @@ COMMS: dict[str, Comm] = {
         splits_heads=True,
         varlen_any_window=True,
         varlen_lse_on_demand=True,
+        flex_region=flex.a2a_flex_attention,
         varlen_refusals={
             "thd_zigzag": (
                 "comm='a2a' runs the whole sequence on every rank (for H/cp of the heads), so causal work is "

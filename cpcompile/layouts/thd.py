@@ -97,9 +97,7 @@ class PackedLayout:
         """Host: what the model and the index math take, from checked plain offsets or a plan (checked here)."""
         return cu_seqlens
 
-    def metadata_ok(
-        self, cu_seqlens: torch.Tensor, total: int, cp: int, max_doc: int | None
-    ) -> torch.Tensor:
+    def metadata_ok(self, cu_seqlens: torch.Tensor, total: int, cp: int, max_doc: int | None) -> torch.Tensor:
         """0-dim bool, on device, no sync: whether the model's cu_seqlens is valid for this layout."""
         return offsets_ok(cu_seqlens, total, self.doc_multiple_per_cp * cp, max_doc)
 

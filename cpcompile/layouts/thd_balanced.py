@@ -174,6 +174,9 @@ class ThdBalancedLayout(PackedLayout):
     def offsets(self, cu_seqlens, cp):
         return _Plan(cu_seqlens, cp).offsets
 
+    def is_plan(self, cu_seqlens):
+        return is_plan(cu_seqlens)
+
     def prepare(self, cu_seqlens, total, cp):
         if not is_plan(cu_seqlens):
             return make_plan(cu_seqlens, cp)

@@ -79,7 +79,8 @@ def plan_documents(cu_seqlens, *, strategy: str, mesh=None, group=None) -> torch
     calls this and puts the result in batch["cu_seqlens"]."""
     if strategy not in THD_LAYOUTS:
         raise CPCompileError(
-            f"plan_documents(strategy={strategy!r}) is for packed documents. Fix: use strategy in {sorted(THD_LAYOUTS)}."
+            f"plan_documents(strategy={strategy!r}) is for packed documents. "
+            f"Fix: use strategy in {sorted(THD_LAYOUTS)}."
         )
     cp = resolve_group(mesh, group)
     cu = _need_cu(cu_seqlens, strategy, "plan_documents")
