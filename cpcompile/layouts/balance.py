@@ -276,17 +276,38 @@ def contiguous(docs: list[tuple[int, int]], cp: int, local: int) -> list[list[Pi
     return ranks
 
 
-def balance(lengths: list[int], cp: int, max_pieces: int, max_keys: int, tolerance: float = 0.01) -> list[list[Piece]]:
-    """Per rank, its pieces (document, a, b): exactly sum(lengths) / cp tokens each, causal work balanced, at
-    most `max_pieces` pieces and `max_keys` keys (sum of the pieces' ends b: each reads its document's prefix).
+def _deal_fits(docs: list[tuple[int, int]], cp: int, local: int) -> int:
+    """The most shortest documents the snake-wise deal can take before a rank holds more than `local` tokens."""
+    tokens = [0] * cp
+    for i, (n, _) in enumerate(docs):
+        turn, pos = divmod(i, cp)
+        r = pos if turn % 2 == 0 else cp - 1 - pos
+        if tokens[r] + n > local:
+            return i
+        tokens[r] += n
+    return len(docs)
+
+
+SCAN = 24
+"""Dealt counts tried one by one (evenly spaced) when the bisection finds none within the bounds."""
+
+
+def balance(
+    lengths: list[int], cp: int, max_pieces: int, max_keys: int, tolerance: float = 0.01
+) -> tuple[list[list[Piece]], bool]:
+    """(per rank its pieces (document, a, b), balanced): exactly sum(lengths) / cp tokens each, at most
+    `max_pieces` pieces and `max_keys` keys a rank (sum of the pieces' ends b: each reads its document's prefix),
+    causal work balanced when `balanced`.
 
     The number k of shortest documents dealt first is searched among the counts that deal whole length classes
-    (all documents of a length or none: tiny documents are often of few lengths), smallest first by bisection;
-    if none fits, the contiguous fallback (unbalanced, logged by the caller). Raises BalanceError when even
-    that exceeds the bounds."""
+    (all documents of a length or none: tiny documents are often of few lengths) and fit the ranks, smallest
+    first by bisection (fewer pieces as k grows, mostly), then SCAN counts one by one. If none fits: the
+    contiguous fallback, `balanced` False (the caller says so). Raises BalanceError when even that exceeds the
+    bounds."""
     docs = sorted((n, d) for d, n in enumerate(lengths) if n > 0)
     local = sum(lengths) // cp
-    ks = [0] + [k for k in range(1, len(docs) + 1) if k == len(docs) or docs[k][0] != docs[k - 1][0]]
+    most = _deal_fits(docs, cp, local)
+    ks = [0] + [k for k in range(1, most + 1) if k == len(docs) or docs[k][0] != docs[k - 1][0]]
 
     def attempt(dealt: int) -> list[list[Piece]] | None:
         try:
@@ -296,7 +317,7 @@ def balance(lengths: list[int], cp: int, max_pieces: int, max_keys: int, toleran
         return ranks if _within(ranks, max_pieces, max_keys) else None
 
     if (ranks := attempt(0)) is not None:
-        return ranks
+        return ranks, True
     lo, hi, best = 0, len(ks) - 1, None  # attempt(ks[lo]) failed; more dealt documents, fewer pieces
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -304,11 +325,15 @@ def balance(lengths: list[int], cp: int, max_pieces: int, max_keys: int, toleran
             hi, best = mid, ranks
         else:
             lo = mid
-    if best is not None or (best := attempt(ks[hi])) is not None:
-        return best
+    if best is not None or (hi > 0 and (best := attempt(ks[hi])) is not None):
+        return best, True
+    step = max(1, len(ks) // SCAN)
+    for i in range(len(ks) - 1, 0, -step):
+        if (ranks := attempt(ks[i])) is not None:
+            return ranks, True
     ranks = contiguous(docs, cp, local)
     if not _within(ranks, max_pieces, max_keys):
         raise BalanceError(
             f"no assignment of {len(docs)} documents within {max_pieces} pieces and {max_keys} keys a rank"
         )
-    return ranks
+    return ranks, False

@@ -42,6 +42,7 @@ import torch
 
 from ..errors import CPCompileError
 from ..kernels.base import NO_WINDOW
+from ..log import log
 from .balance import BalanceError, balance
 from .thd import PackedLayout, VarlenBlock, _bound
 
@@ -89,12 +90,21 @@ def make_plan(cu: torch.Tensor, cp: int) -> torch.Tensor:
     total, n_offsets = offsets[-1], len(offsets)
     lengths = [b - a for a, b in zip(offsets, offsets[1:])]
     try:
-        ranks = balance(lengths, cp, pieces_per_rank(n_offsets, cp), key_budget(total // cp, cp))
+        ranks, balanced = balance(lengths, cp, pieces_per_rank(n_offsets, cp), key_budget(total // cp, cp))
     except BalanceError as e:
         raise CPCompileError(
             f"thd_balanced found no plan for these {sum(n > 0 for n in lengths)} documents ({e}). Fix: pad "
             "cu_seqlens to more entries (cpcompile.pad_cu_seqlens(cu, T, length)): each entry adds piece slots"
         ) from None
+    if not balanced:
+        log.warning(
+            "thd_balanced: no balanced plan of these %d documents fits %d pieces a rank at cp=%d; this batch uses "
+            "equal contiguous runs (equal tokens, work NOT balanced). Fix: pad cu_seqlens to more entries "
+            "(cpcompile.pad_cu_seqlens(cu, T, length)): each entry adds piece slots",
+            sum(n > 0 for n in lengths),
+            pieces_per_rank(n_offsets, cp),
+            cp,
+        )
     slots = pieces_per_rank(n_offsets, cp)
     starts, lens = [], []
     for pieces in ranks:
