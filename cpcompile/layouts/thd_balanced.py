@@ -8,8 +8,8 @@ cut where the work balances (layouts/balance.py, chosen per batch on the host). 
 tokens) and b, c, d, e (1 token each), T=16, 8 tokens a rank (A's causal work is 78 of the 82):
 
     global:  A0 A1 A2 A3 A4 A5 A6 A7 A8 A9 A10 A11 b c d e
-    rank 0:  A0 A1 A2 A3 | A10 A11 | b | c          A's front and back (a zigzag pair) + 2 whole documents
-    rank 1:  A4 A5 A6 A7 A8 A9 | d | e              A's middle + 2 whole documents
+    rank 0:  A0 A1 A2 | A9 A10 A11 | d | e          A's front and back (a zigzag pair) + 2 whole: work 6+33+1+1
+    rank 1:  A3 A4 A5 A6 A7 A8 | b | c              A's middle + 2 whole documents:            work 39+1+1
 
 A rank's pieces are in global order, so its local buffer is the concatenation of its pieces.
 
@@ -31,7 +31,7 @@ in-document pieces, equal tokens, <= 2 pieces of a document a rank, the key budg
 Under the all-gather region a rank's attention is ONE varlen block over a key buffer holding, per piece, its
 document's keys up to the piece's end (causal; the whole document once under full attention, where a
 document's two pieces are adjacent and form one q range), copied from the gather: rank 0 above reads
-A0..A3 then A0..A11 then b then c. Its size is static, K = (cp + 1) * T/cp (the solver keeps every rank within
+A0..A2 then A0..A11 then d then e. Its size is static, K = (cp + 1) * T/cp (the solver keeps every rank within
 it: one long document needs T + T/(2cp)); the tail past the last range is never read, by the kernel or by the
 fold of the gradient. One sequence per piece: P sequences a call, each bounded by the longest document.
 """
@@ -164,6 +164,7 @@ class ThdBalancedLayout(PackedLayout):
 
     name = "thd_balanced"
     carries_plan = True
+    comms = ("all_gather", "a2a")  # a ring region needs its own per-step blocks for the plan: not written yet
 
     def cu_problem(self, length, cp: int) -> tuple[str, str] | None:
         if not isinstance(length, int):

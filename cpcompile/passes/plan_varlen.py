@@ -63,9 +63,18 @@ def _reads_lse(node: torch.fx.Node) -> bool:
 
 
 def _comm_problem(site: AttentionSite, strategy: str, comm: Comm, cp: int) -> tuple[str, str] | None:
-    """The comm's rules for packed documents (layouts it refuses, head splits): (rule broken, fix) or None."""
+    """The comm's rules for packed documents (layouts it refuses, head splits) and the layout's (the comms it
+    knows): (rule broken, fix) or None."""
     if strategy in comm.varlen_refusals:
         return comm.varlen_refusals[strategy]
+    known = THD_LAYOUTS[strategy].comms
+    if known is not None and comm.name not in known:
+        return (
+            f"strategy={strategy!r} has no {comm.name!r} region yet (its per-batch plan runs under "
+            f"{' and '.join(known)} only)",
+            f"use comm in {list(known)} with strategy={strategy!r}, or strategy='thd' / 'thd_zigzag' with "
+            f"comm={comm.name!r}",
+        )
     return head_split_problem(site.q_shape[1], site.k_shape[1], cp) if comm.splits_heads else None
 
 
