@@ -6,6 +6,17 @@ positions inside it) costs `piece_work(a, b)` score entries, token t seeing t + 
 where the balance allows; a rank holds at most `max_pieces` pieces (the sequences of its one kernel call) and at
 most 2 of any document, and reads at most `max_keys` keys (its key buffer: each piece's document prefix).
 
+An assignment this solver makes (cp = 4, T = 32, 8 tokens a rank; documents A of 20 tokens, B of 6, c and d
+of 2, e and f of 1; causal work 239, 59.75 a rank):
+
+    global:  A0 ........................... A19 | B0 ... B5 | c c | d d | e | f
+    rank 0:  A0..A5          A18 A19              work 21 + 39          = 60   A's front and back (a pair)
+    rank 1:  A6..A11         e f                  work 57 + 1 + 1       = 59
+    rank 2:  A15..A17        B0  c c  d d         work 51 + 1 + 3 + 3   = 58
+    rank 3:  A12..A14        B1..B5               work 42 + 20          = 62
+
+Only A (longer than T/cp) and B are cut; c, d, e, f stay whole. Each rank holds its pieces in global order.
+
 The sweep. Documents not yet placed are "units" (one contiguous remainder [a, b) per document), ordered by
 density (work per token, (a + b + 1) / 2: long documents' tails first, short documents last). Rank by rank, the
 rank takes x tokens from the dense end (whole units, then the BACK part of one) and the rest from the sparse end

@@ -81,13 +81,21 @@ def test_balance_properties(case):
 
 
 def test_balance_examples():
-    """The layout docstring's example, one document over every rank, 1-token documents only."""
+    """The docstrings' examples, one document over every rank, 1-token documents only."""
     ranks, _ = _solve([12, 1, 1, 1, 1], 2)
     assert [sorted(r) for r in ranks] == [
         [(0, 0, 3), (0, 9, 12), (3, 0, 1), (4, 0, 1)],  # A's front and back, d, e: work 6 + 33 + 1 + 1
         [(0, 3, 9), (1, 0, 1), (2, 0, 1)],  # A's middle, b, c: work 39 + 1 + 1
     ]
     assert [rank_work(r) for r in ranks] == [41, 41]
+    ranks, _ = _solve([20, 6, 2, 2, 1, 1], 4)  # the picture in layouts/balance.py's docstring
+    assert [sorted(r) for r in ranks] == [
+        [(0, 0, 6), (0, 18, 20)],
+        [(0, 6, 12), (4, 0, 1), (5, 0, 1)],
+        [(0, 15, 18), (1, 0, 1), (2, 0, 2), (3, 0, 2)],
+        [(0, 12, 15), (1, 1, 6)],
+    ]
+    assert [rank_work(r) for r in ranks] == [60, 59, 58, 62]
     ranks, _ = _solve([64], 8)  # one document: zigzag-like pairs, equal work
     assert len({rank_work(r) for r in ranks}) <= 2 and max(len(r) for r in ranks) <= 2
     assert sum(piece_work(a, b) for r in ranks for _, a, b in r) == piece_work(0, 64)
