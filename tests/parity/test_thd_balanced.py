@@ -4,7 +4,8 @@ per-document SDPA at cp 2, 3, 4, one spawn per cp.
 Each configuration (all_gather causal, full and sliding causal; a2a causal) is compiled ONCE and fed several
 batches of different documents (1-token documents, a document longer than T/cp, T - 3 tiny documents, an
 empty padding document) under error_on_recompile: the plan changes every batch, the shapes never do, so a
-recompile fails the test. Outputs and q/k/v grads of every batch against the fp64 reference.
+recompile fails the test. Outputs and q/k/v grads of every batch against the fp64 reference; and
+unshard(shard(x)) == x with its backward.
 """
 
 from __future__ import annotations
@@ -76,10 +77,28 @@ def _run(world: int, window: tuple[int, int], heads: tuple[int, int], comm: str,
     return results
 
 
+def _round_trip(world: int) -> dict:
+    """unshard(shard(x)) == x for every mix, given plain offsets or the plan (2-D, seq_dim=1), and its backward
+    hands each rank its own tokens' gradient."""
+    report = {}
+    for name, lengths in _batches(world).items():
+        cu = cu_of(lengths)
+        plan = cpcompile.plan_documents(cu, strategy=STRATEGY)
+        x = torch.arange(2 * sum(lengths), dtype=torch.float64).view(2, -1)
+        for given, meta in (("offsets", cu), ("plan", plan)):
+            local = cpcompile.shard(x, strategy=STRATEGY, seq_dim=1, cu_seqlens=meta).requires_grad_()
+            back = cpcompile.unshard(local, strategy=STRATEGY, seq_dim=1, cu_seqlens=meta)
+            (back * x).sum().backward()
+            err = max(max_err(back, x), max_err(local.grad, local))  # d(sum(back * x))/d local = x's shard
+            report[f"{name} {given}"] = err
+    return {("round trip",): {case: (err, 0.0) for case, err in report.items()}}
+
+
 def _sweep(rank, world):
     del rank
     every = tuple(_batches(world))
-    results = _run(world, (-1, 0), (4, 2), "all_gather", every)
+    results = _round_trip(world)
+    results |= _run(world, (-1, 0), (4, 2), "all_gather", every)
     results |= _run(world, (-1, -1), (4, 2), "all_gather", every)
     results |= _run(world, (3, 0), (4, 2), "all_gather", ("long doc", "uneven"))
     results |= _run(world, (-1, 0), (world, world), "a2a", ("long doc", "tiny docs"))  # a2a splits heads over cp
