@@ -45,6 +45,13 @@ def _mask(site: AttentionSite, comm: Comm) -> tuple[bool, tuple[int, int]]:
             f"window_size={window}: each side must be a token count >= 0 or -1 (unbounded)",
             "pass window_size=(left, right), e.g. (-1, 0) causal or (w, 0) sliding causal",
         )
+    if window not in ((-1, 0), NO_WINDOW) and not comm.varlen_sliding_windows:
+        raise site_error(
+            node,
+            f"window_size={window}: comm={comm.name!r} attends one held chunk per step, and a sliding window's "
+            "band is not aligned with the kernel's diagonal on a chunk that is not the query's own",
+            "use comm='all_gather' (causal windows (w, 0)) or comm='a2a' with strategy='thd' (any window)",
+        )
     causal = bool(is_causal) or window[1] == 0
     if not causal and window != NO_WINDOW and not comm.varlen_any_window:
         raise site_error(

@@ -20,6 +20,8 @@ class CPConfig:
     kernel: str
     mesh: object = None
     group: object = None
+    regather: bool = False
+    """all_gather: keep only the local K/V for backward and gather them again there (backend(regather=...))."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class CPPlan:
     group: CPGroup
     dtensor: bool = False
     """q/k/v are DTensors: the region runs on their local shards (regions.dtensor.dtensor_region)."""
+    regather: bool = False
+    """The region gathers K/V again in backward instead of saving them (comms whose entry `regathers`)."""
 
     def region_target(self):
         return get_comm(self.comm).region
@@ -43,7 +47,7 @@ class CPPlan:
         return (self.site.query, self.site.key, self.site.value)
 
     def region_kwargs(self) -> dict:
-        return dict(
+        kwargs = dict(
             layout=self.layout,
             causal=self.causal,
             scale=self.scale,
@@ -52,6 +56,7 @@ class CPPlan:
             rank=self.group.rank,
             world=self.group.size,
         )
+        return {**kwargs, "regather": True} if self.regather else kwargs
 
     def prepare_rewrite(self) -> None:
         """Whatever the region needs changed in the graph before its call replaces the node (nothing here)."""

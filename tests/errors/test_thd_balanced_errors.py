@@ -1,7 +1,7 @@
 """thd_balanced's refusals: one CPCompileError before any collective, naming the rule and the fix.
 
 A plain cu_seqlens given to the model (the offsets, not shard_batch's plan), a plan made for another cp, a
-comm without a thd_balanced region (ring: a registry entry is faked here, the ring branch adds the real one).
+comm without a thd_balanced region (ring refuses it by its registry entry; any other comm by the layout's list).
 """
 
 from __future__ import annotations
@@ -44,12 +44,20 @@ def test_plain_offsets_are_refused_at_compile_time(no_comm):
     assert "test_thd_balanced_errors.py" in str(err), "the error names the user's source line"
 
 
-def test_ring_is_refused_with_this_layout(monkeypatch, no_comm):
-    ring = dataclasses.replace(registry.COMMS["all_gather"], name="ring")
-    monkeypatch.setitem(registry.COMMS, "ring", ring)
+def test_ring_is_refused_with_this_layout(no_comm):
     with fake_group(0, 2):
         err = _compile(make_plan(CU, 2), comm="ring")
-    assert "strategy='thd_balanced' has no 'ring' region yet" in str(err)
+    assert "comm='ring' has no ring steps for the packed layout 'thd_balanced'" in str(err)
+    assert "Fix: use strategy in" in str(err)
+
+
+def test_a_comm_the_layout_does_not_know_is_refused(monkeypatch, no_comm):
+    """The layout's own list (PackedLayout.comms) catches a new comm that does not refuse it itself."""
+    other = dataclasses.replace(registry.COMMS["all_gather"], name="other")
+    monkeypatch.setitem(registry.COMMS, "other", other)
+    with fake_group(0, 2):
+        err = _compile(make_plan(CU, 2), comm="other")
+    assert "strategy='thd_balanced' has no 'other' region yet" in str(err)
     assert "Fix: use comm in ['all_gather', 'a2a']" in str(err)
 
 
