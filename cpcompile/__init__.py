@@ -7,7 +7,16 @@ from . import integrations
 from .attention_op import attention
 from .backend import CPBackend, backend
 from .errors import CPCompileError
-from .sharding import pad_cu_seqlens, pad_documents, pad_to_multiple, shard, shard_batch, shard_block_mask, unshard
+from .sharding import (
+    pad_cu_seqlens,
+    pad_documents,
+    pad_to_multiple,
+    plan_documents,
+    shard,
+    shard_batch,
+    shard_block_mask,
+    unshard,
+)
 from .token_local import mark_token_local
 
 __version__ = "0.1.0"
@@ -23,6 +32,7 @@ __all__ = [
     "pad_cu_seqlens",
     "pad_documents",
     "pad_to_multiple",
+    "plan_documents",
     "shard",
     "shard_batch",
     "shard_block_mask",

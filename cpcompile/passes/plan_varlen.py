@@ -70,9 +70,18 @@ def _reads_lse(node: torch.fx.Node) -> bool:
 
 
 def _comm_problem(site: AttentionSite, strategy: str, comm: Comm, cp: int) -> tuple[str, str] | None:
-    """The comm's rules for packed documents (layouts it refuses, head splits): (rule broken, fix) or None."""
+    """The comm's rules for packed documents (layouts it refuses, head splits) and the layout's (the comms it
+    knows): (rule broken, fix) or None."""
     if strategy in comm.varlen_refusals:
         return comm.varlen_refusals[strategy]
+    known = THD_LAYOUTS[strategy].comms
+    if known is not None and comm.name not in known:
+        return (
+            f"strategy={strategy!r} has no {comm.name!r} region yet (its per-batch plan runs under "
+            f"{' and '.join(known)} only)",
+            f"use comm in {list(known)} with strategy={strategy!r}, or strategy='thd' / 'thd_zigzag' with "
+            f"comm={comm.name!r}",
+        )
     return head_split_problem(site.q_shape[1], site.k_shape[1], cp) if comm.splits_heads else None
 
 
@@ -83,8 +92,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
         raise site_error(
             node,
             f"varlen_attn packs documents, but strategy={config.strategy!r} lays out one unpacked sequence",
-            "use strategy='thd' (any document lengths) or 'thd_zigzag' (documents of multiples of 2*cp), "
-            "and shard with cpcompile.shard(..., cu_seqlens=cu_seqlens)",
+            "use strategy='thd' (any document lengths), 'thd_zigzag' (documents of multiples of 2*cp) or "
+            "'thd_balanced' (equal work a rank), and shard with cpcompile.shard_batch(..., cu_seqlens=cu_seqlens)",
         )
     comm = get_comm(config.comm)
     if comm.varlen_region is None:
@@ -158,6 +167,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     if problem := _comm_problem(site, config.strategy, comm, group.size):
         raise site_error(node, *problem)
     layout = THD_LAYOUTS[config.strategy]
+    if problem := layout.cu_problem(cu_val.shape[0], group.size):
+        raise site_error(node, *problem)
     local_multiple = layout.required_multiple(group.size) // group.size
     if tq % local_multiple:
         raise site_error(

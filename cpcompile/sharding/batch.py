@@ -10,6 +10,7 @@ from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from .api import is_packed, shard
 from .conventions import with_hf_labels, with_position_ids
+from .packed import plan_documents
 
 SEQUENCE_KEYS = frozenset(
     {
@@ -48,8 +49,10 @@ def shard_batch(
 
     Per-token keys: SEQUENCE_KEYS plus `seq_keys`. Passed through: METADATA_KEYS plus `passthrough_keys`,
     0-dim tensors and non-tensors. Any other tensor raises, since guessing wrong silently corrupts training.
-    Packed documents ("thd", "thd_zigzag"): the layout follows cu_seqlens= or else batch["cu_seqlens"], which
-    stays in the batch unchanged (the model gets the GLOBAL offsets).
+    Packed documents ("thd", "thd_zigzag", "thd_balanced"): the layout follows cu_seqlens= or else
+    batch["cu_seqlens"]. thd / thd_zigzag keep batch["cu_seqlens"] unchanged (the model gets the GLOBAL
+    offsets); thd_balanced plans the batch once (plan_documents) and returns the plan as batch["cu_seqlens"]
+    (added when the batch had none), which the model must get in place of the offsets.
 
     Made from the global batch before sharding (sharding/conventions.py): position_ids when the batch has none
     (`position_ids=False`: never; per document for packed layouts), and for Hugging Face's own `labels=` loss
@@ -59,16 +62,18 @@ def shard_batch(
     """
     if strategy in THD_LAYOUTS and cu_seqlens is None:
         cu_seqlens = batch.get("cu_seqlens")
-    is_packed(strategy, cu_seqlens, "shard_batch")
     if not isinstance(seq_dim, int) or seq_dim < 0:
         raise CPCompileError(
             f"shard_batch(seq_dim={seq_dim!r}): the batch's tensors have different ranks (input_ids (batch, seq), "
             "inputs_embeds (batch, seq, hidden)), so a negative dim would name a different dim in each. "
             "Fix: pass the non-negative index of the sequence dim (1 for (batch, seq, ...), 0 for packed tokens)."
         )
-    packed = strategy in THD_LAYOUTS
-    if position_ids and (not packed or isinstance(cu_seqlens, torch.Tensor)):  # (no cu: shard refuses below)
+    packed = is_packed(strategy, cu_seqlens, "shard_batch")
+    if position_ids and (not packed or isinstance(cu_seqlens, torch.Tensor)):  # from the offsets, before any plan
         batch = with_position_ids(dict(batch), seq_dim, cu_seqlens if packed else None)
+    if packed and THD_LAYOUTS[strategy].carries_plan:
+        cu_seqlens = plan_documents(cu_seqlens, strategy=strategy, mesh=mesh, group=group)  # once for every key
+        batch = {**batch, "cu_seqlens": cu_seqlens}
     if hf_loss is not None:
         batch = with_hf_labels(dict(batch), seq_dim, hf_loss, ignore_index)
     seq = SEQUENCE_KEYS | set(seq_keys)
