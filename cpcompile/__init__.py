@@ -3,6 +3,8 @@
 model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=mesh), fullgraph=True)
 """
 
+from . import integrations
+from .attention_op import attention
 from .backend import CPBackend, backend
 from .errors import CPCompileError
 from .sharding import (
@@ -19,9 +21,12 @@ from .token_local import mark_token_local
 
 __version__ = "0.1.0"
 
+integrations.install()  # attn_implementation="cpcompile" once transformers is imported (integrations/hf.py)
+
 __all__ = [
     "CPBackend",
     "CPCompileError",
+    "attention",
     "backend",
     "mark_token_local",
     "pad_cu_seqlens",

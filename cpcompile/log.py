@@ -34,6 +34,8 @@ def site_line(plan) -> str:
     window = getattr(plan, "window", None)
     if window is not None and tuple(window) != (-1, -1):
         extra += f" window={tuple(window)}"
+    if getattr(plan, "softcap", 0.0):
+        extra += f" softcap={plan.softcap}"
     if plan.dtensor:
         extra += " dtensor"
     return (

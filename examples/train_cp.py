@@ -124,7 +124,8 @@ def _parse() -> argparse.Namespace:
         "--model",
         default="tiny",
         choices=MODELS,
-        help="tiny: the built-in TinyLlama; hf-llama: transformers' LlamaForCausalLM (SDPA) of its sizes",
+        help="tiny: the built-in TinyLlama; hf-llama: transformers' LlamaForCausalLM of its sizes "
+        "(attn_implementation=cpcompile)",
     )
     p.add_argument("--inner", default="inductor" if gpus else "aot_eager", choices=["inductor", "aot_eager", "eager"],
                    help="the compiler cpcompile hands the rewritten graph to")  # fmt: skip

@@ -1,6 +1,7 @@
 """The executor ops' block encodings: layouts' blocks in, flat int lists out (custom ops take int lists), and back.
 
-Dense blocks (layouts.Block) travel as six ints each, varlen blocks (layouts.thd.VarlenBlock) as eight ints
+Dense blocks (layouts.Block) travel as six ints each (their windows, if any, as two more ints each in a list of
+their own), varlen blocks (layouts.thd.VarlenBlock) as eight ints
 each plus one ranges tensor. Each encoder sits beside its decoder, so the two cannot drift apart.
 """
 
@@ -27,6 +28,22 @@ def decode_dense(ints: Sequence[int]) -> list[BlockTuple]:
     """Inverse of encode_dense."""
     fields = [ints[i : i + DENSE_FIELDS] for i in range(0, len(ints), DENSE_FIELDS)]
     return [(a, b, c, d, e, bool(f)) for a, b, c, d, e, f in fields]
+
+
+def encode_windows(blocks: Sequence) -> list[int] | None:
+    """Two ints per layouts.Block, its window's left and right (-1, -1: none), or None when no block has one:
+    the executor then gets no windows argument at all, so graphs without windows stay as they were."""
+    if all(b.window is None for b in blocks):
+        return None
+    return [i for b in blocks for i in (b.window or NO_WINDOW)]
+
+
+def decode_windows(ints: Sequence[int] | None, count: int) -> list[tuple[int, int] | None]:
+    """Inverse of encode_windows: per block its window, or None."""
+    if ints is None:
+        return [None] * count
+    pairs = [(ints[i], ints[i + 1]) for i in range(0, len(ints), 2)]
+    return [None if w == NO_WINDOW else w for w in pairs]
 
 
 class VarlenSpec(NamedTuple):

@@ -29,26 +29,32 @@ class Call:
     kv_step: int
     kv_len: int
     causal: bool
+    window: tuple[int, int] | None = None
+    """The blocks' window (layouts.Block.window), None: causal or unmasked."""
 
 
-def plan_calls(blocks: Sequence[BlockTuple], batch: int) -> list[Call]:
-    """Group blocks into kernel calls; with batch > 1 the batch dim is taken, so every block is its own call."""
+def plan_calls(
+    blocks: Sequence[BlockTuple], batch: int, windows: Sequence[tuple[int, int] | None] | None = None
+) -> list[Call]:
+    """Group blocks into kernel calls; with batch > 1 the batch dim is taken, so every block is its own call.
+    `windows`: each block's window (None: no block has one); only blocks with the same window share a call."""
+    windows = windows or [None] * len(blocks)
     groups: dict[tuple, list[int]] = {}
     for i, (_, qn, src, _, kn, causal) in enumerate(blocks):
-        groups.setdefault((qn, src, kn, causal), []).append(i)
+        groups.setdefault((qn, src, kn, causal, windows[i]), []).append(i)
     calls: list[Call] = []
-    for (qn, src, kn, causal), idx in groups.items():
+    for (qn, src, kn, causal, window), idx in groups.items():
         idx = sorted(idx, key=lambda i: blocks[i][0])
         q_steps = {blocks[b][0] - blocks[a][0] for a, b in zip(idx, idx[1:])}
         kv_steps = {blocks[b][3] - blocks[a][3] for a, b in zip(idx, idx[1:])}
         even = len(q_steps) == 1 and len(kv_steps) == 1 and min(q_steps) > 0 and min(kv_steps) > 0
         if batch == 1 and len(idx) > 1 and even:
             first = blocks[idx[0]]
-            calls.append(Call(tuple(idx), first[0], min(q_steps), qn, src, first[3], min(kv_steps), kn, causal))
+            calls.append(Call(tuple(idx), first[0], min(q_steps), qn, src, first[3], min(kv_steps), kn, causal, window))
         else:
             for i in idx:
                 q0, _, _, k0, _, _ = blocks[i]
-                calls.append(Call((i,), q0, 0, qn, src, k0, 0, kn, causal))
+                calls.append(Call((i,), q0, 0, qn, src, k0, 0, kn, causal, window))
     return sorted(calls, key=lambda c: c.members[0])
 
 

@@ -1,7 +1,8 @@
 """The block executor: one custom op that runs a rank's attention blocks and merges them by log-sum-exp.
 
-`cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None)` runs every block (layouts.Block,
-six ints each by blocks.encode_dense; sources are ks/vs, then the slots of packed_kv) with the kernel
+`cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None, windows=None, softcap=0.0)` runs
+every block (layouts.Block, six ints each by blocks.encode_dense, its window in `windows` where any block has
+one; sources are ks/vs, then the slots of packed_kv; scores softcapped when softcap > 0) with the kernel
 provider, same-shaped blocks batched into one call (calls.py), the calls spread over two CUDA streams
 (streams), and merges partial outputs by LSE in fp32 registers (merge). Its registered backward calls each
 block's kernel backward with the FINAL output and LSE, which yields the exact partial gradients (the
@@ -18,7 +19,7 @@ import torch
 
 from ..kernels import get_kernel
 from ..precision import acc_dtype
-from .blocks import decode_dense
+from .blocks import decode_dense, decode_windows
 from .calls import Call, batched_rows, plan_calls, segments
 from .merge import merge_outputs, sum_into
 from .packed_kv import unpack_kv
@@ -26,12 +27,27 @@ from .streams import assign, run_calls
 
 
 @lru_cache(maxsize=256)
-def planned_calls(blocks: tuple[int, ...], batch: int) -> tuple[list, list[Call], list[int]]:
+def planned_calls(
+    blocks: tuple[int, ...], batch: int, windows: tuple[int, ...] | None = None
+) -> tuple[list, list[Call], list[int]]:
     """Decoded blocks, their kernel calls and each call's stream (streams.assign), cached: the region runs the
     same block list every step."""
     decoded = decode_dense(blocks)
-    calls = plan_calls(decoded, batch)
+    calls = plan_calls(decoded, batch, decode_windows(windows, len(decoded)) if windows is not None else None)
     return decoded, calls, assign(call_work(calls))
+
+
+def _windows_key(windows: list[int] | None) -> tuple[int, ...] | None:
+    return None if windows is None else tuple(windows)
+
+
+def _extra(c: Call, softcap: float) -> dict:
+    """The provider's keyword arguments beyond the plain block: `window` and `softcap` only where used, so
+    providers without them keep their plain signature (the planner refused them for sites that need them)."""
+    extra = {} if c.window is None else {"window": c.window}
+    if softcap:
+        extra["softcap"] = softcap
+    return extra
 
 
 def _empty_like_layout(ref: torch.Tensor, last: int, dtype: torch.dtype) -> torch.Tensor:
@@ -50,15 +66,17 @@ def call_work(calls: list[Call]) -> list[float]:
     return [c.q_len * c.kv_len * len(c.members) * (0.5 if c.causal else 1.0) for c in calls]
 
 
-def forward_thunks(impl, q, ks, vs, calls: list[Call], scale: float) -> list:
+def forward_thunks(impl, q, ks, vs, calls: list[Call], scale: float, softcap: float = 0.0) -> list:
     """One zero-argument kernel forward per call (for streams.run_calls); returns (out, lse)."""
     return [
-        lambda c=c: impl.forward(_q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, scale)
+        lambda c=c: impl.forward(
+            _q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, scale, **_extra(c, softcap)
+        )
         for c in calls
     ]
 
 
-def backward_thunks(impl, dout, q, ks, vs, out, lse, calls: list[Call], scale: float) -> list:
+def backward_thunks(impl, dout, q, ks, vs, out, lse, calls: list[Call], scale: float, softcap: float = 0.0) -> list:
     """One zero-argument kernel backward per call, given the final out and lse; returns (dq, dk, dv)."""
     return [
         lambda c=c: impl.backward(
@@ -70,6 +88,7 @@ def backward_thunks(impl, dout, q, ks, vs, out, lse, calls: list[Call], scale: f
             _q_view(lse, c, dim=-1),
             c.causal,
             scale,
+            **_extra(c, softcap),
         )
         for c in calls
     ]
@@ -105,13 +124,16 @@ def attend_blocks(
     kernel: str,
     packed_kv: torch.Tensor | None = None,
     acc_out: bool = False,
+    windows: list[int] | None = None,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_kernel(kernel)
     ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
-    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0])
+    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0], _windows_key(windows))
     outs: list[tuple[int, int, torch.Tensor]] = []
     lses: list[tuple[int, int, torch.Tensor]] = []
-    for c, (o, lse) in zip(calls, run_calls(q.device, lanes, forward_thunks(impl, q, ks, vs, calls, scale))):
+    thunks = forward_thunks(impl, q, ks, vs, calls, scale, softcap)
+    for c, (o, lse) in zip(calls, run_calls(q.device, lanes, thunks)):
         for i, o_i, l_i in zip(c.members, _unbatch(o, c), _unbatch(lse, c)):
             outs.append((decoded[i][0], decoded[i][1], o_i))
             lses.append((decoded[i][0], decoded[i][1], l_i))
@@ -130,7 +152,7 @@ def attend_blocks(
 
 
 @attend_blocks.register_fake
-def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None, acc_out=False):
+def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None, acc_out=False, windows=None, softcap=0.0):
     vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])[1]
     out = _empty_like_layout(q, vs[0].shape[-1], acc_dtype(q.dtype) if acc_out else q.dtype)
     return out, q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
@@ -149,17 +171,19 @@ def attend_blocks_backward(
     kernel: str,
     packed_kv: torch.Tensor | None = None,
     acc_dq: bool = False,
+    windows: list[int] | None = None,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     impl = get_kernel(kernel)
     n_explicit = len(ks)
     ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
-    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0])
+    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0], _windows_key(windows))
     kernel_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse_k = lse.to(kernel_lse_dtype)
     dq_pieces: list[tuple[int, int, torch.Tensor]] = []
     dk_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in ks]
     dv_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in vs]
-    thunks = backward_thunks(impl, dout, q, ks, vs, out, lse_k, calls, scale)
+    thunks = backward_thunks(impl, dout, q, ks, vs, out, lse_k, calls, scale, softcap)
     for c, (dq_c, dk_c, dv_c) in zip(calls, run_calls(q.device, lanes, thunks)):
         for i, dq_i, dk_i, dv_i in zip(c.members, _unbatch(dq_c, c), _unbatch(dk_c, c), _unbatch(dv_c, c)):
             q0, qn, src, k0, kn, _ = decoded[i]
@@ -180,7 +204,9 @@ def attend_blocks_backward(
 
 
 @attend_blocks_backward.register_fake
-def _attend_blocks_backward_fake(dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv=None, acc_dq=False):
+def _attend_blocks_backward_fake(
+    dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv=None, acc_dq=False, windows=None, softcap=0.0
+):
     return (
         torch.empty_like(q, dtype=acc_dtype(q.dtype) if acc_dq else q.dtype),
         [torch.empty_like(k) for k in ks],
@@ -215,15 +241,19 @@ def with_packed_sources(
 
 
 def _setup_context(ctx, inputs, output):
-    q, ks, vs, blocks, scale, kernel, packed_kv, acc_out = inputs
+    q, ks, vs, blocks, scale, kernel, packed_kv, acc_out, windows, softcap = inputs
     out, lse = output
-    # autograd wants one gradient per argument PASSED: packed_kv counts when given (or followed by acc_out),
-    # acc_out when True (callers pass it only to set it)
-    ctx.n_args = 6 + int(packed_kv is not None or acc_out) + int(acc_out)
     ctx.has_packed = packed_kv is not None
     ctx.save_for_backward(q, out, lse, *([packed_kv] if ctx.has_packed else []), *ks, *vs)
     ctx.n_sources = len(ks)
     ctx.blocks, ctx.scale, ctx.kernel = blocks, scale, kernel
+    ctx.extra = {"windows": windows} if windows is not None else {}
+    if softcap:
+        ctx.extra["softcap"] = softcap
+    # autograd wants one gradient per argument PASSED, and the dispatcher drops trailing defaults: count up to
+    # the last optional argument that is not its default
+    given = [packed_kv is not None, bool(acc_out), windows is not None, bool(softcap)]
+    ctx.n_args = 6 + max((i + 1 for i, g in enumerate(given) if g), default=0)
 
 
 def _backward(ctx, dout, _dlse):
@@ -231,9 +261,9 @@ def _backward(ctx, dout, _dlse):
     packed_kv = rest.pop(0) if ctx.has_packed else None
     ks, vs = rest[: ctx.n_sources], rest[ctx.n_sources :]
     dq, dks, dvs, dpacked = torch.ops.cpcompile.attend_blocks_backward(
-        dout.to(q.dtype), q, ks, vs, out.to(q.dtype), lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv
+        dout.to(q.dtype), q, ks, vs, out.to(q.dtype), lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv, **ctx.extra
     )
-    grads = (dq, dks, dvs, None, None, None, dpacked.to(packed_kv.dtype) if ctx.has_packed else None, None)
+    grads = (dq, dks, dvs, None, None, None, dpacked.to(packed_kv.dtype) if ctx.has_packed else None, None, None, None)
     return grads[: ctx.n_args]
 
 

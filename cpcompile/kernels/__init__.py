@@ -11,6 +11,7 @@ import torch
 from ..errors import CPCompileError
 from .base import AttentionKernel, VarlenAttentionKernel
 from .cpu_flash import CPUFlashKernel
+from .cpu_ref import CPUReferenceKernel
 from .cpu_varlen_ref import CPUVarlenReference
 from .cudnn import CuDNNKernel
 from .cudnn_varlen import CuDNNVarlenKernel
@@ -23,6 +24,7 @@ PROVIDERS: dict[str, AttentionKernel] = {
     "cudnn": CuDNNKernel(),
     "flash": FlashKernel(),
     "cpu_flash": CPUFlashKernel(),
+    "cpu_ref": CPUReferenceKernel(),
     "flash_attn": FlashAttnPackageKernel(),
     "te": TransformerEngineKernel(),
 }
@@ -32,9 +34,12 @@ VARLEN_PROVIDERS: dict[str, VarlenAttentionKernel] = {
     "cpu_varlen_ref": CPUVarlenReference(),
 }
 KERNEL_NAMES = ("auto", *PROVIDERS, *VARLEN_PROVIDERS)
-AUTO_ORDER = ("cudnn", "flash", "cpu_flash")
+AUTO_ORDER = ("cudnn", "flash", "cpu_flash", "cpu_ref")
 """What kernel="auto" tries for dense blocks, fastest first: cuDNN on CUDA (flash when cuDNN cannot take the
-dtype or head dim), the CPU flash kernel on CPU. Optional-package providers are only used when named."""
+dtype, head dim or a sliding window), the CPU flash kernel on CPU (the CPU reference for softcapped scores).
+Optional-package providers are only used when named."""
+FEATURES = {"window": "sliding windows", "softcap": "softcapped scores"}
+"""Optional dense-block features (kernels/base.py): name -> what a refusal calls it."""
 VARLEN_AUTO_ORDER = ("cudnn_varlen", "flash_varlen", "cpu_varlen_ref")
 """What kernel="auto" tries for varlen blocks, fastest first: cuDNN THD on CUDA when cudnn-frontend's torch ops
 import (1.5-1.6x FA2 on the H200), else FA2 varlen; the CPU reference on CPU."""
@@ -47,12 +52,17 @@ def unsupported_reason(
     head_dim: int | None,
     varlen: bool = False,
     v_head_dim: int | None = None,
+    features: tuple[str, ...] = (),
 ) -> str | None:
-    """None when provider `name` can run blocks of this device, dtype and head dims, else why not."""
+    """None when provider `name` can run blocks of this device, dtype and head dims, else why not. `features`:
+    optional block features the site needs (FEATURES: "window", "softcap")."""
     provider = (VARLEN_PROVIDERS if varlen else PROVIDERS)[name]
     reason = provider.supports(device, dtype)
     if reason is None and head_dim is not None:
         reason = provider.supports_head_dim(head_dim, v_head_dim)
+    for feature in features if reason is None else ():
+        if not getattr(provider, f"supports_{feature}", False):
+            return f"it takes no {FEATURES[feature]}"
     return reason
 
 
@@ -64,22 +74,25 @@ def resolve_kernel(
     *,
     varlen: bool = False,
     v_head_dim: int | None = None,
+    features: tuple[str, ...] = (),
 ) -> str:
     """The provider name to use for `name` ("auto" or a provider) on this device/dtype, or a clear error.
 
     varlen=True picks among the varlen providers (for varlen_attn sites), else among the dense ones.
-    `v_head_dim` (None: `head_dim`) is v's head dim, which MLA models make differ from q/k's.
+    `v_head_dim` (None: `head_dim`) is v's head dim, which MLA models make differ from q/k's. `features`: the
+    optional block features the site needs ("window", "softcap"), which only some providers take.
     """
     providers = VARLEN_PROVIDERS if varlen else PROVIDERS
     kind = "varlen " if varlen else ""
     if name == "auto":
         order = VARLEN_AUTO_ORDER if varlen else AUTO_ORDER
-        reasons = {p: unsupported_reason(p, device, dtype, head_dim, varlen, v_head_dim) for p in order}
+        reasons = {p: unsupported_reason(p, device, dtype, head_dim, varlen, v_head_dim, features) for p in order}
         candidates = [p for p, r in reasons.items() if r is None]
         if not candidates:
             why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
+            needs = "".join(f" with {FEATURES[f]}" for f in features)
             raise CPCompileError(
-                f"no {kind}attention kernel provider supports {device.type} tensors of {dtype} ({why}). "
+                f"no {kind}attention kernel provider supports {device.type} tensors of {dtype}{needs} ({why}). "
                 f"Fix: use one of the {kind}providers {sorted(providers)} on a device and dtype they support."
             )
         return candidates[0]
@@ -87,7 +100,7 @@ def resolve_kernel(
         raise CPCompileError(
             f"unknown {kind}kernel {name!r}. Fix: use 'auto' or one of the {kind}providers {sorted(providers)}."
         )
-    reason = unsupported_reason(name, device, dtype, head_dim, varlen, v_head_dim)
+    reason = unsupported_reason(name, device, dtype, head_dim, varlen, v_head_dim, features)
     if reason is not None:
         raise CPCompileError(f"kernel {name!r} cannot run here: {reason}. Fix: use kernel='auto'.")
     return name

@@ -3,6 +3,12 @@
 A provider runs one block: q (B, Hq, Sq, D) against k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv), either a causal square
 (Sq == Sk, top-left aligned) or unmasked. It returns the output and the log-sum-exp of the scaled scores
 (B, Hq, Sq) in at least fp32, and its backward takes the FINAL merged output and LSE (ring-attention identity).
+
+Two optional features, each a keyword passed only when a block uses it (the planner refuses sites that need a
+feature from a provider without it): `window=(left, right)` (`supports_window`): key j is visible to row i iff
+-left <= j - i - (Sk - Sq) <= right, -1 unbounded (flash-attn's window_size, bottom-right; causal is then False;
+every row of a windowed block sees at least one key, layouts/window.py); `softcap=c` (`supports_softcap`): the
+scores become c * tanh(score / c) before the softmax (Gemma 2), and the LSE is of those.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ NO_WINDOW = (-1, -1)
 
 class AttentionKernel(Protocol):
     name: str
+    supports_window: bool
+    supports_softcap: bool
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """None when this provider can run on `device`/`dtype`, else the reason it cannot."""

@@ -28,6 +28,8 @@ class CuDNNKernel:
     """`expand_kv=True` repeats K/V heads up to the q heads for a cuDNN without GQA (measured by the probe)."""
 
     name = "cudnn"
+    supports_window = False
+    supports_softcap = False
 
     def __init__(self, expand_kv: bool = False):
         self.expand_kv = expand_kv

@@ -19,6 +19,8 @@ def _interface():
 
 class FlashAttnPackageKernel:
     name = "flash_attn"
+    supports_window = False
+    supports_softcap = False
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return missing_package("flash_attn", "flash-attn") or cuda_half_reason(device, dtype, "flash-attn")

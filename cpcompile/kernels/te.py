@@ -26,6 +26,8 @@ def _cu_seqlens(batch: int, length: int, device) -> torch.Tensor:
 
 class TransformerEngineKernel:
     name = "te"
+    supports_window = False
+    supports_softcap = False
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return missing_package("transformer_engine", "transformer-engine[pytorch]") or cuda_half_reason(

@@ -18,7 +18,10 @@ LOCAL_SOURCE = 0
 @dataclass(frozen=True)
 class Block:
     """One attention call: local q rows [q_start, q_start+q_len) against keys [kv_start, kv_start+kv_len) of a
-    K/V source. `causal` means a causal square (q and keys are the same tokens), else no mask at all."""
+    K/V source. `causal` means a causal square (q and keys are the same tokens), else no mask at all, unless
+    `window` (left, right) is set (layouts/window.py; then causal is False): key j is visible to row i iff
+    -left <= j - i - (kv_len - q_len) <= right, each side unbounded when -1 (flash-attn's window_size on the
+    bottom-right diagonal)."""
 
     q_start: int
     q_len: int
@@ -26,6 +29,7 @@ class Block:
     kv_start: int
     kv_len: int
     causal: bool
+    window: tuple[int, int] | None = None
 
 
 class ChunkLayout:
@@ -62,13 +66,20 @@ class ChunkLayout:
             order[c] = idx
         return order
 
-    def blocks(self, cp: int, rank: int, chunk_len: int, causal: bool) -> list[Block]:
+    def blocks(
+        self, cp: int, rank: int, chunk_len: int, causal: bool, window: tuple[int, int] | None = None
+    ) -> list[Block]:
         """The blocks of rank `rank`'s attention over all-gathered K/V, each (q row, key) pair exactly once.
 
         Causal: per local chunk c, a causal square on the local K/V and unmasked blocks over every earlier
         chunk, one block per maximal run of earlier chunks that is contiguous in a gathered source.
         Non-causal: every local q row against each whole gathered source.
+        A sliding `window` (left, right) over global positions: layouts/window.py (blocks outside it skipped).
         """
+        if window is not None:
+            from .window import all_gather_window_blocks
+
+            return all_gather_window_blocks(self, cp, rank, chunk_len, causal, window)
         mine = self.rank_chunks(rank, cp)
         q_len = chunk_len * len(mine)
         if not causal:

@@ -10,15 +10,16 @@ from __future__ import annotations
 from .base import Block, ChunkLayout, _runs
 
 
-def exchange_slots(layout: ChunkLayout, causal: bool) -> tuple[tuple[int, ...], ...]:
+def exchange_slots(layout: ChunkLayout, causal: bool, windowed: bool = False) -> tuple[tuple[int, ...], ...]:
     """Which local slots travel together in one all-to-all: one exchange per group.
 
     Non-causal attention does not care about key or query order, and flat's rank-major buffer is already in
     global order, so both use one exchange of all local tokens. A causal multi-chunk layout (zigzag) exchanges
     each slot separately: slot s's buffer is then `source_chunks(s)`, a monotone run of chunks (zigzag: 0..cp-1
-    ascending, 2cp-1..cp descending), so its blocks stay few and no reorder copy is ever needed.
+    ascending, 2cp-1..cp descending), so its blocks stay few and no reorder copy is ever needed. A sliding
+    window depends on order too, so windowed zigzag exchanges per slot even when not causal.
     """
-    if not causal or layout.chunks_per_rank == 1:
+    if not (causal or windowed) or layout.chunks_per_rank == 1:
         return (tuple(range(layout.chunks_per_rank)),)
     return tuple((slot,) for slot in range(layout.chunks_per_rank))
 
@@ -57,14 +58,21 @@ def _coalesce(blocks: list[Block]) -> list[Block]:
     return sorted(out, key=lambda b: (b.q_start, b.source, b.kv_start))
 
 
-def exchange_blocks(buffers: list[list[int]], chunk_len: int, causal: bool) -> list[list[Block]]:
+def exchange_blocks(
+    buffers: list[list[int]], chunk_len: int, causal: bool, window: tuple[int, int] | None = None
+) -> list[list[Block]]:
     """For each q buffer, its attention blocks over all buffers (source i = buffer i), each pair once.
 
     Causal: every ascending segment of a buffer is one causal square against itself (flat: the whole
     sequence in one call); then each q chunk takes unmasked blocks over the runs of earlier chunks elsewhere,
     and q chunks that need the same key range share one block.
     Non-causal: every q buffer against each whole buffer.
+    A sliding window: layouts/window.py (flat: one windowed block over the whole sequence, as on one GPU).
     """
+    if window is not None:
+        from .window import exchange_window_blocks
+
+        return exchange_window_blocks(buffers, chunk_len, causal, window)
     if not causal:
         return [
             [Block(0, len(q) * chunk_len, src, 0, len(kv) * chunk_len, False) for src, kv in enumerate(buffers)]

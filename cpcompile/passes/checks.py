@@ -26,10 +26,15 @@ def is_static(shape: tuple) -> bool:
     return all(isinstance(s, int) for s in shape)
 
 
-def site_kernel(site: AttentionSite, name: str, head_dim: int, varlen: bool = False) -> str:
-    """The provider for this site (kernels.resolve_kernel, for q/k's head dim and v's), its refusal worded as the
-    site's error: a v head dim that differs (MLA) is refused here only when no provider takes it."""
+def site_kernel(
+    site: AttentionSite, name: str, head_dim: int, varlen: bool = False, features: tuple[str, ...] = ()
+) -> str:
+    """The provider for this site (kernels.resolve_kernel, for q/k's head dim and v's, and the optional block
+    `features` it needs: "window", "softcap"), its refusal worded as the site's error: a v head dim that differs
+    (MLA) is refused here only when no provider takes it."""
     try:
-        return resolve_kernel(name, site.device, site.dtype, head_dim, varlen=varlen, v_head_dim=site.v_shape[-1])
+        return resolve_kernel(
+            name, site.device, site.dtype, head_dim, varlen=varlen, v_head_dim=site.v_shape[-1], features=features
+        )
     except CPCompileError as e:
         raise CPCompileError(f"cpcompile cannot rewrite {node_origin(site.node)}: {e}") from None

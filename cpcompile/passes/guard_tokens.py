@@ -65,7 +65,7 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import CPCompileError, site_error
 from ..mesh import resolve_group
-from .match import is_flex, is_sdpa, is_varlen
+from .match import is_cp_attention, is_flex, is_sdpa, is_varlen
 from .token_flow import BODY_OPERANDS, Flag, Result, track
 
 log = logging.getLogger("cpcompile")
@@ -77,8 +77,8 @@ MAX_SIZES = 6
 
 _SDPA_FIX = (
     "compute attention with torch.nn.functional.scaled_dot_product_attention or "
-    "torch.nn.attention.varlen.varlen_attn, which cpcompile rewrites into CP regions (Hugging Face: "
-    'attn_implementation="sdpa"; a dedicated attn_implementation="cpcompile" is planned)'
+    "torch.nn.attention.varlen.varlen_attn (sliding windows, softcap: cpcompile.attention), which cpcompile "
+    'rewrites into CP regions (Hugging Face: attn_implementation="cpcompile", registered by `import cpcompile`)'
 )
 _MARK_FIX = (
     "if the op is in fact token-local (each output token depends only on its own token), mark it or the "
@@ -289,7 +289,7 @@ def _moves(flag: Flag) -> str:
 def refusal(flag: Flag) -> CPCompileError:
     """The CPCompileError for a flagged op: which op and node, why it is wrong under CP, what to do."""
     op, node = flag.op, flag.node
-    if is_sdpa(node) or is_varlen(node):
+    if is_sdpa(node) or is_varlen(node) or is_cp_attention(node):
         rule = (
             "this attention call was not rewritten into a CP region (it sits inside a higher-order op the rewrite "
             "does not enter), so it would attend over this rank's tokens only"

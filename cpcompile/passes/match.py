@@ -9,6 +9,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from ..attention_op import TARGETS as CP_ATTENTION_TARGETS
 from .bodies import Body, bodies
 
 SDPA_TARGETS = frozenset(
@@ -60,11 +61,7 @@ VARLEN_INFERENCE_ARGS = (
 def _varlen_signature(node: torch.fx.Node) -> dict:
     """Bind a _varlen_attn call to its schema's argument names: the schema differs between torch versions
     (2.11: ..., window_size, k_cache, v_cache, ...; 2.13: ..., window_size, enable_gqa, seqused_k, ...)."""
-    schema = torch.ops.torch_attn._varlen_attn.default._schema
-    bound = {a.name: a.default_value if a.has_default_value() else None for a in schema.arguments}
-    bound.update(zip((a.name for a in schema.arguments), node.args))
-    bound.update(node.kwargs)
-    return bound
+    return _schema_bound(node, torch.ops.torch_attn._varlen_attn.default._schema)
 
 
 @dataclass(frozen=True)
@@ -96,6 +93,12 @@ class AttentionSite:
     inference_args: tuple = ()
     max_seqlen: Any = None
     """varlen: the (max_q, max_k) the call passes (the longest document), as given."""
+    softcap: Any = 0.0
+    """cpcompile.attention: tanh softcapping of the scores (0: none)."""
+    padding_mask: Any = None
+    """cpcompile.attention: the 2-D padding mask node it was given (checked at run time: all ones)."""
+    position_ids: Any = None
+    """cpcompile.attention: the position ids node it was given (checked at run time: the global positions)."""
     body: Body | None = None
     """The graph the node lives in: the top-level graph, or a higher-order op's body (passes/bodies.py)."""
     flex: FlexArgs | None = None
@@ -136,6 +139,46 @@ def is_sdpa(node: torch.fx.Node) -> bool:
 
 def is_varlen(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in VARLEN_TARGETS
+
+
+def is_cp_attention(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target in CP_ATTENTION_TARGETS
+
+
+def _schema_bound(node: torch.fx.Node, schema) -> dict:
+    """A call's arguments by its schema's names, defaults filled in."""
+    bound = {a.name: a.default_value if a.has_default_value() else None for a in schema.arguments}
+    bound.update(zip((a.name for a in schema.arguments), node.args))
+    bound.update(node.kwargs)
+    return bound
+
+
+def cp_attention_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
+    """Normalise a cpcompile::attention node (attention_op.py: SDPA plus window, softcap and token metadata)."""
+    a = _schema_bound(node, torch.ops.cpcompile.attention.default._schema)
+    q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
+    return AttentionSite(
+        node=node,
+        kind="sdpa",
+        query=a["query"],
+        key=a["key"],
+        value=a["value"],
+        attn_mask=None,
+        dropout_p=a["dropout_p"],
+        is_causal=a["is_causal"],
+        scale=a["scale"],
+        enable_gqa=True,
+        q_shape=tuple(q.shape) if q is not None else (),
+        k_shape=tuple(k.shape) if k is not None else (),
+        v_shape=tuple(v.shape) if v is not None else (),
+        dtype=q.dtype if q is not None else torch.float32,
+        device=q.device if q is not None else torch.device("cpu"),
+        window=(a["window_left"], a["window_right"]),
+        body=body,
+        softcap=a["softcap"],
+        padding_mask=a["padding_mask"],
+        position_ids=a["position_ids"],
+    )
 
 
 FLEX_TARGETS = frozenset(t for t in (getattr(torch.ops.higher_order, "flex_attention", None),) if t is not None)
@@ -249,8 +292,9 @@ def sdpa_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
 
 
 def find_attention_sites(gm: torch.fx.GraphModule) -> list[AttentionSite]:
-    """Every SDPA, varlen_attn and flex_attention call in graph order, whichever form Dynamo recorded it in, in the
-    graph and in every higher-order-op body reachable from it (activation checkpoint, cond, ...: passes/bodies.py)."""
+    """Every SDPA, varlen_attn, flex_attention and cpcompile.attention call in graph order, whichever form Dynamo
+    recorded it in, in the graph and in every higher-order-op body reachable from it (activation checkpoint, cond,
+    ...: passes/bodies.py)."""
     sites = []
     for body in bodies(gm):
         for node in body.module.graph.nodes:
@@ -260,4 +304,6 @@ def find_attention_sites(gm: torch.fx.GraphModule) -> list[AttentionSite]:
                 sites.append(flex_site(node, body))
             elif is_sdpa(node):
                 sites.append(sdpa_site(node, body))
+            elif is_cp_attention(node):
+                sites.append(cp_attention_site(node, body))
     return sites

@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 
 from ..comm.registry import get_comm
-from ..errors import site_error
+from ..errors import CPCompileError, site_error
+from ..integrations.hints import mask_fix
+from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS, get_layout
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
 from .checks import constant, is_static, site_kernel
 from .match import AttentionSite
+from .plan_features import FEATURE_COMMS, check_token_metadata, softcap_of, window_of
 from .plans import CPConfig, CPPlan
 
 
@@ -28,15 +31,17 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
         raise site_error(
             node,
             "an explicit attn_mask tensor cannot be sharded across CP ranks",
-            "use is_causal=True (or no mask) in scaled_dot_product_attention; for padded or packed "
-            "sequences use varlen attention with cu_seqlens",
+            mask_fix(node)
+            or "use is_causal=True (or no mask) in scaled_dot_product_attention (sliding windows: "
+            "cpcompile.attention); for padded or packed sequences use varlen attention with cu_seqlens",
         )
     dropout = constant(site, "dropout_p", site.dropout_p, (int, float))
     if dropout != 0:
         raise site_error(
             node,
             f"dropout_p={dropout}: attention dropout is not supported in a CP region",
-            "set attention dropout to 0 (e.g. attention_dropout=0.0 in the model config)",
+            "set attention dropout to 0 (e.g. attention_dropout=0.0 in the model config; Hugging Face: "
+            "attention_dropout, attn_pdrop or attention_probs_dropout_prob=0.0, or model.eval(), which passes 0)",
         )
     causal = bool(constant(site, "is_causal", site.is_causal, (bool, int)))
     for name, shape in (("query", site.q_shape), ("key", site.k_shape), ("value", site.v_shape)):
@@ -85,8 +90,38 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             f"pad the global sequence to a multiple of {layout.required_multiple(group.size)} tokens "
             "(cpcompile.pad_to_multiple) before cpcompile.shard",
         )
-    kernel = site_kernel(site, config.kernel, d)
+    window = window_of(site, causal, sq * group.size)
+    softcap = softcap_of(site)
+    check_token_metadata(site)
+    features = (("window",) if window is not None else ()) + (("softcap",) if softcap else ())
+    if features and config.comm not in FEATURE_COMMS:
+        raise site_error(
+            node,
+            f"its {' and '.join(FEATURES[f] for f in features)} have no blocks under comm={config.comm!r} "
+            f"(only {' and '.join(FEATURE_COMMS)} build windowed and softcapped blocks)",
+            "use comm='all_gather' or comm='a2a' for this model",
+        )
+    try:
+        kernel = site_kernel(site, config.kernel, d, features=features)
+    except CPCompileError as e:
+        if not softcap:
+            raise
+        raise site_error(
+            node,
+            f"its scores are softcapped (softcap={softcap}, e.g. Gemma 2's attn_logit_softcapping) and no kernel "
+            f"here caps scores ({e}); on CPU the 'cpu_ref' kernel does, on CUDA none of cudnn/flash does",
+            "on CUDA set the model's softcapping to None (Gemma 2: attn_logit_softcapping=None, which changes the "
+            "model), or run it on CPU",
+        ) from None
     scale = float(constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
     return CPPlan(
-        site=site, layout=layout.name, comm=config.comm, kernel=kernel, causal=causal, scale=scale, group=group
+        site=site,
+        layout=layout.name,
+        comm=config.comm,
+        kernel=kernel,
+        causal=causal,
+        scale=scale,
+        group=group,
+        window=window,
+        softcap=softcap,
     )

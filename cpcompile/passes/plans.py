@@ -37,6 +37,10 @@ class CPPlan:
     group: CPGroup
     dtensor: bool = False
     """q/k/v are DTensors: the region runs on their local shards (regions.dtensor.dtensor_region)."""
+    window: tuple[int, int] | None = None
+    """A sliding window (left, right) over global positions (cpcompile.attention sites); None: none."""
+    softcap: float = 0.0
+    """tanh softcapping of the scores (cpcompile.attention sites); 0: none."""
     regather: bool = False
     """The region gathers K/V again in backward instead of saving them (comms whose entry `regathers`)."""
 
@@ -47,7 +51,17 @@ class CPPlan:
         return (self.site.query, self.site.key, self.site.value)
 
     def region_kwargs(self) -> dict:
-        kwargs = dict(
+        kwargs = self._common_kwargs()
+        if self.window is not None:  # only where used: graphs without them stay as they were
+            kwargs["window"] = self.window
+        if self.softcap:
+            kwargs["softcap"] = self.softcap
+        if self.regather:
+            kwargs["regather"] = True
+        return kwargs
+
+    def _common_kwargs(self) -> dict:
+        return dict(
             layout=self.layout,
             causal=self.causal,
             scale=self.scale,
@@ -56,15 +70,15 @@ class CPPlan:
             rank=self.group.rank,
             world=self.group.size,
         )
-        return {**kwargs, "regather": True} if self.regather else kwargs
 
     def prepare_rewrite(self) -> None:
         """Whatever the region needs changed in the graph before its call replaces the node (nothing here)."""
 
     def block_count(self) -> int:
         """How many attention blocks this rank runs (what the logs report)."""
-        local = self.site.q_shape[-2]
-        return len(get_comm(self.comm).rank_blocks(self.layout, self.causal, self.group.rank, self.group.size, local))
+        local, rank, world = self.site.q_shape[-2], self.group.rank, self.group.size
+        windowed = {} if self.window is None else {"window": self.window}  # (comms without windows refuse them)
+        return len(get_comm(self.comm).rank_blocks(self.layout, self.causal, rank, world, local, **windowed))
 
 
 @dataclass(frozen=True)
@@ -88,7 +102,7 @@ class VarlenPlan(CPPlan):
         extra = dict(max_doc=self.max_doc, window=self.window)
         if get_comm(self.comm).varlen_lse_on_demand:
             extra["return_lse"] = self.return_lse
-        return {**super().region_kwargs(), **extra}
+        return {**self._common_kwargs(), **extra}
 
     def block_count(self) -> int:
         return 1  # every packed region runs one varlen block a rank (layouts.thd)

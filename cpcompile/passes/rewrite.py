@@ -1,7 +1,8 @@
 """Replace each planned attention node by a call of its CP region (one call_function node per site), in
 whichever graph it lives (the top-level graph or a higher-order-op body); then insert the run-time guards
-(regions/guards.py): torch.cond conditions around rewritten sites agreed across ranks, and packed-document
-metadata (cu_seqlens) checked once per graph on every rank before the regions read it."""
+(regions/guards.py): torch.cond conditions around rewritten sites agreed across ranks, packed-document
+metadata (cu_seqlens) checked once per graph on every rank before the regions read it, and cpcompile.attention's
+token metadata (position ids, padding mask) checked once per graph."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.fx
 
 from ..layouts import THD_LAYOUTS
 from ..regions.dtensor import dtensor_region
-from ..regions.guards import agree_condition, check_packed_metadata
+from ..regions.guards import agree_condition, check_dense_tokens, check_packed_metadata
 from .dtensor import region_example_value
 from .plans import CPPlan, VarlenPlan
 
@@ -75,21 +76,42 @@ def _check_packed(regions: list[tuple[torch.fx.Node, VarlenPlan]]) -> None:
             region.replace_input_with(cu, checked)
 
 
+def _check_tokens(regions: list[tuple[torch.fx.Node, CPPlan]]) -> None:
+    """One check_dense_tokens call (regions/guards.py) per distinct (position ids, padding mask) pair of one
+    graph's cpcompile.attention regions, inserted before the first of them. It has no users: its device asserts
+    are the point, and aot_autograd keeps them (side effects); the token guard skips it (`cpcompile_check`)."""
+    seen = set()
+    for region, plan in regions:
+        key = (plan.site.position_ids, plan.site.padding_mask)
+        if key == (None, None) or key in seen:
+            continue
+        seen.add(key)
+        kwargs = dict(layout=plan.layout, group_name=plan.group.name, rank=plan.group.rank, world=plan.group.size)
+        with region.graph.inserting_before(region):
+            check = region.graph.call_function(check_dense_tokens, key, kwargs)
+        check.meta = {"stack_trace": region.meta.get("stack_trace"), "cpcompile_check": True}
+
+
 def rewrite_graph(gm: torch.fx.GraphModule, plans: list[CPPlan]) -> torch.fx.GraphModule:
     """Rewrite every planned site in place (in its own graph), then lint and recompile each changed module."""
     changed = {id(gm): gm}
     packed: dict[int, list[tuple[torch.fx.Node, VarlenPlan]]] = {}
+    tokens: dict[int, list[tuple[torch.fx.Node, CPPlan]]] = {}
     for plan in plans:
         body = plan.site.body
         region = _replace(plan)
         if isinstance(plan, VarlenPlan):
             packed.setdefault(id(region.graph), []).append((region, plan))
+        else:
+            tokens.setdefault(id(region.graph), []).append((region, plan))
         if body is not None:
             for cond in body.branches:
                 _agree_branch(cond, plan)
             changed.update((id(m), m) for m in (body.module, *(h.graph.owning_module for h in body.hops)))
     for regions in packed.values():
         _check_packed(regions)
+    for regions in tokens.values():
+        _check_tokens(regions)
     for module in changed.values():
         module.graph.lint()
         module.recompile()

@@ -246,6 +246,8 @@ class Runner(torch.fx.Interpreter):
         self.tracker = tracker
 
     def run_node(self, n: torch.fx.Node):
+        if n.meta.get("cpcompile_check"):  # a run-time guard the rewrite inserted (regions/guards.py): no tokens out
+            return None
         prev, self.tracker.node = self.tracker.node, n
         try:
             if n.op in ("call_function", "call_method", "call_module") and not n.meta.get("cpcompile_plan"):

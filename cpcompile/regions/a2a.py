@@ -20,6 +20,7 @@ from ..executor.blocks import encode_dense
 from ..layouts import Block, get_layout
 from ..layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
 from ..layouts.heads import HeadSplit
+from .all_gather import executor_extra
 
 
 def _used_sources(blocks: list[Block]) -> tuple[list[int], list[int]]:
@@ -29,17 +30,21 @@ def _used_sources(blocks: list[Block]) -> tuple[list[int], list[int]]:
     return used, encode_dense(renumbered)
 
 
-def buffer_blocks(layout: str, causal: bool, world: int, local_len: int) -> list[list[Block]]:
+def buffer_blocks(
+    layout: str, causal: bool, world: int, local_len: int, window: tuple[int, int] | None = None
+) -> list[list[Block]]:
     """Per exchanged q buffer, its blocks over all exchanged buffers (the same on every rank)."""
     lay = get_layout(layout)
-    buffers = [buffer_chunks(lay, world, slots) for slots in exchange_slots(lay, causal)]
-    return exchange_blocks(buffers, local_len // lay.chunks_per_rank, causal)
+    buffers = [buffer_chunks(lay, world, slots) for slots in exchange_slots(lay, causal, window is not None)]
+    return exchange_blocks(buffers, local_len // lay.chunks_per_rank, causal, window)
 
 
-def rank_blocks(layout: str, causal: bool, rank: int, world: int, local_len: int) -> list[Block]:
+def rank_blocks(
+    layout: str, causal: bool, rank: int, world: int, local_len: int, window: tuple[int, int] | None = None
+) -> list[Block]:
     """Every block a rank runs after the exchange (any rank: they all run the same)."""
     del rank
-    return [b for blocks in buffer_blocks(layout, causal, world, local_len) for b in blocks]
+    return [b for blocks in buffer_blocks(layout, causal, world, local_len, window) for b in blocks]
 
 
 def a2a_attention(
@@ -54,19 +59,22 @@ def a2a_attention(
     group_name: str,
     rank: int,
     world: int,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal or full attention of this rank's tokens, computed head-parallel after an all-to-all.
 
     q (B, Hq, L, D), k/v (B, Hkv, L, D[v]) are this rank's tokens in the layout's local order; the result
     has q's shape, in the same token order. Every rank runs the same blocks (the whole sequence), so `rank`
-    only names the caller; the planner checked the head counts (layouts.heads.head_split_problem).
+    only names the caller; the planner checked the head counts (layouts.heads.head_split_problem). A sliding
+    `window` is cp=1's (the exchanged buffers hold the whole sequence); `softcap` caps the scores.
     """
     del rank
     lay = get_layout(layout)
     split = HeadSplit(q.shape[1], k.shape[1], world)
     k, v = replicate_kv(k, v, split)
     chunk = q.shape[-2] // lay.chunks_per_rank
-    exchanges = exchange_slots(lay, causal)
+    exchanges = exchange_slots(lay, causal, window is not None)
     qs, ks, vs = [], [], []
     for slots in exchanges:
         start, length = slots[0] * chunk, len(slots) * chunk
@@ -76,10 +84,11 @@ def a2a_attention(
         ks.append(tokens_to_bhsd(k_b, split.kv_per_rank))
         vs.append(tokens_to_bhsd(v_b, split.kv_per_rank))
     back = []
-    for q_b, blocks in zip(qs, buffer_blocks(layout, causal, world, q.shape[-2])):
+    for q_b, blocks in zip(qs, buffer_blocks(layout, causal, world, q.shape[-2], window)):
         used, ints = _used_sources(blocks)
         k_src, v_src = [ks[i] for i in used], [vs[i] for i in used]
-        out, _lse = torch.ops.cpcompile.attend_blocks(q_b, k_src, v_src, ints, scale, kernel)
+        extra = executor_extra(blocks, softcap)
+        out, _lse = torch.ops.cpcompile.attend_blocks(q_b, k_src, v_src, ints, scale, kernel, **extra)
         back.append(send_tokens_back(out.permute(2, 0, 1, 3), world, group_name))
     heads = torch.cat(back, dim=1) if len(back) > 1 else back[0]  # (world, L, B, h*Dv): block j = heads of rank j
     return heads_to_bshd(heads, q.shape[1]).transpose(1, 2)

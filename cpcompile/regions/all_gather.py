@@ -9,7 +9,7 @@ import torch
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import slots_tokens_first
 from ..comm.pending import in_backward, start_all_gather, start_reduce_scatter, wait
-from ..executor.blocks import encode_dense
+from ..executor.blocks import encode_dense, encode_windows
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..layouts import LOCAL_SOURCE, Block, get_layout
 from ..precision import acc_dtype
@@ -37,12 +37,22 @@ def unpack_slots(packed: torch.Tensor, qk_dim: int) -> tuple[torch.Tensor, torch
     return tuple(t.permute(2, 3, 1, 0, 4).reshape(b, h, slots * c, t.shape[-1]) for t in (k, v))
 
 
-def split_blocks(blocks: list[Block]) -> tuple[list[int], list[int]]:
-    """(the blocks on the local K/V, the blocks on the gathered slots renumbered from source 0), encoded: the
-    first run while the gather is in flight."""
+def split_blocks(blocks: list[Block]) -> tuple[list[Block], list[Block]]:
+    """(the blocks on the local K/V, the blocks on the gathered slots renumbered from source 0): the first run
+    while the gather is in flight."""
     local = [b for b in blocks if b.source == LOCAL_SOURCE]
     gathered = [dataclasses.replace(b, source=b.source - 1) for b in blocks if b.source != LOCAL_SOURCE]
-    return encode_dense(local), encode_dense(gathered)
+    return local, gathered
+
+
+def executor_extra(blocks: list[Block], softcap: float) -> dict:
+    """attend_blocks' optional keywords: the blocks' windows and the softcap, only when used (graphs without
+    them stay as they were)."""
+    windows = encode_windows(blocks)
+    extra = {} if windows is None else {"windows": windows}
+    if softcap:
+        extra["softcap"] = float(softcap)
+    return extra
 
 
 class _PackedAllGatherAttention(torch.autograd.Function):
@@ -58,31 +68,32 @@ class _PackedAllGatherAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, local, remote, scale, kernel, slots, group_name, world, regather):
+    def forward(ctx, q, k, v, local, remote, scale, kernel, slots, group_name, world, regather, extras):
+        x_local, x_remote = extras  # executor_extra of each block list
         pending = start_all_gather(pack_slots(k, v, slots), group_name, world)
         acc = lse = None
         if local:
-            acc, lse = torch.ops.cpcompile.attend_blocks(q, [k], [v], local, scale, kernel, None, True)
+            acc, lse = torch.ops.cpcompile.attend_blocks(q, [k], [v], local, scale, kernel, None, True, **x_local)
         gathered = wait(pending)
         if remote:
-            o, l = torch.ops.cpcompile.attend_blocks(q, [], [], remote, scale, kernel, gathered, True)
+            o, l = torch.ops.cpcompile.attend_blocks(q, [], [], remote, scale, kernel, gathered, True, **x_remote)
             acc, lse = merge_step(acc, lse, o, l)
         out = acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, *([] if regather else [gathered]))
-        ctx.args = (local, remote, scale, kernel, slots, group_name, world, regather)
+        ctx.args = (local, remote, scale, kernel, slots, group_name, world, regather, extras)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, *kept = ctx.saved_tensors
-        local, remote, scale, kernel, slots, group_name, world, regather = ctx.args
+        local, remote, scale, kernel, slots, group_name, world, regather, (x_local, x_remote) = ctx.args
         dout = dout.contiguous()
 
         def local_part():
             if not local:
                 return None, None, None
             dq_l, (dk_l,), (dv_l,), _ = torch.ops.cpcompile.attend_blocks_backward(
-                dout, q, [k], [v], out, lse, local, scale, kernel, None, True
+                dout, q, [k], [v], out, lse, local, scale, kernel, None, True, **x_local
             )
             return dq_l, dk_l, dv_l
 
@@ -96,7 +107,7 @@ class _PackedAllGatherAttention(torch.autograd.Function):
         dq_g = None
         if remote:
             dq_g, _, _, dgathered = torch.ops.cpcompile.attend_blocks_backward(
-                dout, q, [], [], out, lse, remote, scale, kernel, gathered, True
+                dout, q, [], [], out, lse, remote, scale, kernel, gathered, True, **x_remote
             )
         else:  # this rank reads no gathered K/V, but the other ranks' gradients still come home through it; tied
             # to dout, or the partitioner would run this rank's reduce-scatter in the forward (comm/pending.py)
@@ -106,7 +117,7 @@ class _PackedAllGatherAttention(torch.autograd.Function):
             dq, dk, dv = local_part()
         dk_g, dv_g = unpack_slots(wait(reduced), k.shape[-1])
         dq = add_part(dq, dq_g)
-        return dq.to(q.dtype), add_part(dk, dk_g).to(k.dtype), add_part(dv, dv_g).to(v.dtype), *([None] * 8)
+        return dq.to(q.dtype), add_part(dk, dk_g).to(k.dtype), add_part(dv, dv_g).to(v.dtype), *([None] * 9)
 
 
 def all_gather_attention(
@@ -122,20 +133,27 @@ def all_gather_attention(
     rank: int,
     world: int,
     regather: bool = False,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal or full attention of this rank's q over the whole sequence's K/V, in the given layout.
 
     K/V of all local slots (one per chunk a rank owns) travel in one all-gather, and each slot's gathered
     tokens form one strided buffer, so a block's key range is always a slice of one buffer: no reorder
     copy. Causal squares read the local K/V, so they do not wait for the gather. `regather`: keep only the
-    local K/V for backward and gather them again there.
+    local K/V for backward and gather them again there. A sliding `window` (left, right) over global positions
+    skips the blocks outside it (layouts/window.py); `softcap` caps the scores.
     """
     slots = get_layout(layout).chunks_per_rank
-    local, remote = split_blocks(rank_blocks(layout, causal, rank, world, q.shape[-2]))
-    return _PackedAllGatherAttention.apply(q, k, v, local, remote, scale, kernel, slots, group_name, world, regather)
+    local, remote = split_blocks(rank_blocks(layout, causal, rank, world, q.shape[-2], window))
+    extras = (executor_extra(local, softcap), executor_extra(remote, softcap))
+    blocks = (encode_dense(local), encode_dense(remote))
+    return _PackedAllGatherAttention.apply(q, k, v, *blocks, scale, kernel, slots, group_name, world, regather, extras)
 
 
-def rank_blocks(layout: str, causal: bool, rank: int, world: int, local_len: int) -> list[Block]:
+def rank_blocks(
+    layout: str, causal: bool, rank: int, world: int, local_len: int, window: tuple[int, int] | None = None
+) -> list[Block]:
     """The blocks this rank runs over its local and gathered K/V (`local_len` tokens a rank)."""
     lay = get_layout(layout)
-    return lay.blocks(world, rank, local_len // lay.chunks_per_rank, causal)
+    return lay.blocks(world, rank, local_len // lay.chunks_per_rank, causal, window)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..comm.collectives import all_gather_dim0
+from ..layouts import get_layout
 from ..layouts.thd import get_packed_layout, offsets_ok
 
 
@@ -88,3 +89,48 @@ def check_packed_metadata(
     valid = same & (gathered[:, 1] == 1).all()
     torch._assert_async(valid, message)
     return torch.where(valid, cu_seqlens, torch.zeros_like(cu_seqlens))
+
+
+BAD_POSITIONS = (
+    "cpcompile: position_ids are not every token's GLOBAL position on some CP rank (packed documents, or "
+    "sharded another way): pass arange(global length) sharded like the tokens (cpcompile.shard_batch)"
+)
+PADDED = (
+    "cpcompile: attention_mask has padding (zeros) on some CP rank, which CP cannot apply: drop an all-ones "
+    "mask, or pack documents without padding (strategy='thd' with varlen_attn)"
+)
+
+
+def global_positions(layout: str, rank: int, world: int, local_len: int, device: torch.device) -> torch.Tensor:
+    """The global position of each of this rank's `local_len` tokens, in local order (layouts' shard_index)."""
+    lay = get_layout(layout)
+    chunk = local_len // lay.chunks_per_rank
+    starts = [c * chunk for c in lay.rank_chunks(rank, world)]
+    return torch.cat([torch.arange(s, s + chunk, device=device) for s in starts])
+
+
+def check_dense_tokens(
+    position_ids: torch.Tensor | None,
+    padding_mask: torch.Tensor | None,
+    *,
+    layout: str,
+    group_name: str,
+    rank: int,
+    world: int,
+) -> None:
+    """Every rank's cpcompile.attention metadata describes one unpadded, unpacked sequence: the position ids are
+    the tokens' global positions in this layout (which HF's packed sequences, positions left at 0..L-1 on every
+    rank, or a mismatched sharding all break), and the padding mask is all ones. One 2-int64 all-gather a graph,
+    then a device assert per rule on every rank. Inserted once per graph before the first region (passes/rewrite);
+    its result is nothing: the asserts are the point (aot_autograd keeps them: they have side effects)."""
+    device = (position_ids if position_ids is not None else padding_mask).device
+    true = torch.ones((), dtype=torch.bool, device=device)
+    positions_ok = true
+    if position_ids is not None:
+        expected = global_positions(layout, rank, world, position_ids.shape[-1], device)
+        positions_ok = (position_ids == expected).all()
+    padding_ok = true if padding_mask is None else padding_mask.bool().all()
+    ok = [positions_ok, padding_ok]
+    gathered = all_gather_dim0(torch.stack(ok).long().reshape(1, 2), group_name)
+    torch._assert_async((gathered[:, 0] == 1).all(), BAD_POSITIONS)
+    torch._assert_async((gathered[:, 1] == 1).all(), PADDED)

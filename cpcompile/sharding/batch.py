@@ -9,6 +9,7 @@ import torch
 from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from .api import is_packed, shard
+from .conventions import with_hf_labels, with_position_ids
 from .packed import plan_documents
 
 SEQUENCE_KEYS = frozenset(
@@ -21,6 +22,7 @@ SEQUENCE_KEYS = frozenset(
         "token_type_ids",
         "inputs_embeds",
         "target_ids",
+        "shift_labels",
     }
 )
 """Batch entries that carry the sequence dim and are sharded like the tokens."""
@@ -39,6 +41,9 @@ def shard_batch(
     seq_keys: Iterable[str] = (),
     passthrough_keys: Iterable[str] = (),
     cu_seqlens: torch.Tensor | None = None,
+    position_ids: bool = True,
+    hf_loss: str | None = None,
+    ignore_index: int = -100,
 ) -> dict[str, object]:
     """Shard every per-token tensor of a batch; pass metadata and non-tensors through; refuse the unknown.
 
@@ -48,18 +53,29 @@ def shard_batch(
     batch["cu_seqlens"]. thd / thd_zigzag keep batch["cu_seqlens"] unchanged (the model gets the GLOBAL
     offsets); thd_balanced plans the batch once (plan_documents) and returns the plan as batch["cu_seqlens"]
     (added when the batch had none), which the model must get in place of the offsets.
+
+    Made from the global batch before sharding (sharding/conventions.py): position_ids when the batch has none
+    (`position_ids=False`: never; per document for packed layouts), and for Hugging Face's own `labels=` loss
+    (`hf_loss`): "causal_lm" adds `shift_labels` (the global labels shifted by one, so the model shifts nothing)
+    and both "causal_lm" and "masked_lm" add `num_items_in_batch` (the global count of targets != ignore_index),
+    so each rank's `model(**batch).loss` is its share of the global mean: sum it (and the gradients) over ranks.
     """
     if strategy in THD_LAYOUTS and cu_seqlens is None:
         cu_seqlens = batch.get("cu_seqlens")
-    if is_packed(strategy, cu_seqlens, "shard_batch") and THD_LAYOUTS[strategy].carries_plan:
-        cu_seqlens = plan_documents(cu_seqlens, strategy=strategy, mesh=mesh, group=group)  # once for every key
-        batch = {**batch, "cu_seqlens": cu_seqlens}
     if not isinstance(seq_dim, int) or seq_dim < 0:
         raise CPCompileError(
             f"shard_batch(seq_dim={seq_dim!r}): the batch's tensors have different ranks (input_ids (batch, seq), "
             "inputs_embeds (batch, seq, hidden)), so a negative dim would name a different dim in each. "
             "Fix: pass the non-negative index of the sequence dim (1 for (batch, seq, ...), 0 for packed tokens)."
         )
+    packed = is_packed(strategy, cu_seqlens, "shard_batch")
+    if position_ids and (not packed or isinstance(cu_seqlens, torch.Tensor)):  # from the offsets, before any plan
+        batch = with_position_ids(dict(batch), seq_dim, cu_seqlens if packed else None)
+    if packed and THD_LAYOUTS[strategy].carries_plan:
+        cu_seqlens = plan_documents(cu_seqlens, strategy=strategy, mesh=mesh, group=group)  # once for every key
+        batch = {**batch, "cu_seqlens": cu_seqlens}
+    if hf_loss is not None:
+        batch = with_hf_labels(dict(batch), seq_dim, hf_loss, ignore_index)
     seq = SEQUENCE_KEYS | set(seq_keys)
     meta = METADATA_KEYS | set(passthrough_keys)
     out: dict[str, object] = {}

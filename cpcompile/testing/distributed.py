@@ -70,28 +70,108 @@ def run_ranks(
     ]
     for p in procs:
         p.start()
-    collected: dict[int, Any] = {}
     try:
-        deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout)
-        while len(collected) < world:
-            left = (deadline - datetime.datetime.now()).total_seconds()
-            if left <= 0:
-                raise TimeoutError(f"ranks {sorted(set(range(world)) - set(collected))} did not finish in {timeout}s")
-            try:
-                rank, status, value = results.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in collected]
-                if dead:
-                    codes = [procs[r].exitcode for r in dead]
-                    raise RuntimeError(f"rank(s) {dead} died with exit codes {codes}") from None
-                continue
-            if status == "error":
-                raise RuntimeError(f"rank {rank} failed:\n{value}")
-            collected[rank] = torch.load(io.BytesIO(value), weights_only=False)
+        return _collect(procs, results, timeout)
     finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _stop(procs)
+
+
+def _collect(procs: list, results, timeout: float) -> list[Any]:
+    """Every rank's result, in rank order; raises on a rank's error, a dead rank or the timeout."""
+    world = len(procs)
+    collected: dict[int, Any] = {}
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout)
+    while len(collected) < world:
+        left = (deadline - datetime.datetime.now()).total_seconds()
+        if left <= 0:
+            raise TimeoutError(f"ranks {sorted(set(range(world)) - set(collected))} did not finish in {timeout}s")
+        try:
+            rank, status, value = results.get(timeout=min(left, 1.0))
+        except queue.Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in collected]
+            if dead:
+                codes = [procs[r].exitcode for r in dead]
+                raise RuntimeError(f"rank(s) {dead} died with exit codes {codes}") from None
+            continue
+        if status == "error":
+            raise RuntimeError(f"rank {rank} failed:\n{value}")
+        collected[rank] = torch.load(io.BytesIO(value), weights_only=False)
     return [collected[r] for r in range(world)]
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _pool_worker(rank, world, port, backend, tasks, results, threads):
+    torch.set_num_threads(threads)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=120),
+        )
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+        return
+    while True:  # until RankPool.close kills the process
+        fn, args = tasks.get()
+        try:
+            results.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
+        except BaseException:
+            results.put((rank, "error", traceback.format_exc()))
+
+
+class RankPool:
+    """`world` ranks spawned once that run one function after another (`run`, same contract as run_ranks): for
+    a test module whose every test would otherwise pay the spawn and the imports again. After a failure the
+    ranks are stopped (the others may wait in a collective) and the next `run` spawns fresh ones."""
+
+    def __init__(self, world: int, backend: str = "gloo", threads: int = 1) -> None:
+        self.world, self.backend, self.threads = world, backend, threads
+        self._procs: list = []
+        self._tasks: list = []
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(self.world)]
+        port = free_port()
+        self._procs = [
+            ctx.Process(
+                target=_pool_worker,
+                args=(r, self.world, port, self.backend, self._tasks[r], self._results, self.threads),
+                daemon=True,
+            )
+            for r in range(self.world)
+        ]
+        for p in self._procs:
+            p.start()
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
+        """fn(rank, world, *args) on every rank; their results in rank order."""
+        if not self._procs or any(not p.is_alive() for p in self._procs):
+            self.close()
+            self._start()
+        for t in self._tasks:
+            t.put((fn, args))
+        try:
+            return _collect(self._procs, self._results, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the ranks. Killed, not asked to leave: they hold nothing worth a graceful exit, and a rank left
+        waiting in a collective by a failed run would never read the request."""
+        for p in self._procs:
+            p.kill()
+            p.join()
+        self._procs, self._tasks = [], []

@@ -134,7 +134,7 @@ def test_token_mixing_is_refused(no_comm, fn, node, op):
     assert op in rule and ("mixes tokens" in rule or "reduction over tokens" in rule), msg
     assert "cpcompile.mark_token_local" in fix, msg
     if fn in (multihead, encoder_layer, hand_written):
-        assert 'attn_implementation="sdpa"' in fix and "scaled_dot_product_attention" in fix, msg
+        assert 'attn_implementation="cpcompile"' in fix and "scaled_dot_product_attention" in fix, msg
 
 
 def test_refusal_names_the_line(no_comm):

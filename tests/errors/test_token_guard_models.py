@@ -118,7 +118,7 @@ def test_hugging_face_eager_attention_is_refused(name):
         compile_cp(_hf_step(_hf_model(name, "eager")), *_hf_inputs())
     msg = str(_cp_error(excinfo))
     assert "node 'matmul'" in msg and "in eager_attention_forward" in msg and "aten.bmm" in msg, msg
-    assert 'attn_implementation="sdpa"' in msg, msg
+    assert 'attn_implementation="cpcompile"' in msg, msg
 
 
 class _Checked(Exception):

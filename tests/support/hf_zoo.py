@@ -1,0 +1,98 @@
+"""Tiny random Hugging Face models for the HF zoo tests: one builder per architecture, the same weights for any
+attn_implementation (the reference runs HF's own "eager" attention, CP runs "cpcompile")."""
+
+from __future__ import annotations
+
+import torch
+
+import cpcompile  # noqa: F401  (registers attn_implementation="cpcompile")
+
+WINDOW = 5
+"""The sliding windows of the windowed models: shorter than a zigzag chunk at cp=2 (8 tokens) and spanning
+chunks at cp=4 (4 tokens), so windows cut blocks both ways."""
+VOCAB = 128
+
+
+def _llama_sizes(**extra) -> dict:
+    sizes = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_dropout=0.0,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return {**sizes, **extra}
+
+
+def _config(name: str):
+    import transformers as T
+
+    if name == "llama":
+        return T.LlamaForCausalLM, T.LlamaConfig(**_llama_sizes())
+    if name == "qwen2":  # layer 0 full attention, layer 1 sliding (max_window_layers=1)
+        cfg = _llama_sizes(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+        return T.Qwen2ForCausalLM, T.Qwen2Config(**cfg)
+    if name == "qwen3":
+        return T.Qwen3ForCausalLM, T.Qwen3Config(**_llama_sizes(head_dim=16))
+    if name == "mistral":
+        return T.MistralForCausalLM, T.MistralConfig(**_llama_sizes(sliding_window=None))
+    if name == "mistral_sw":
+        return T.MistralForCausalLM, T.MistralConfig(**_llama_sizes(sliding_window=WINDOW))
+    if name == "gemma2":  # softcapped scores (50), sliding and full layers, final logit softcapping
+        return T.Gemma2ForCausalLM, T.Gemma2Config(**_llama_sizes(head_dim=16, sliding_window=WINDOW))
+    if name == "gemma3":
+        layers = ["sliding_attention", "full_attention"]
+        cfg = _llama_sizes(head_dim=16, sliding_window=WINDOW, layer_types=layers)
+        return T.Gemma3ForCausalLM, T.Gemma3TextConfig(**cfg)
+    if name == "phi3":
+        return T.Phi3ForCausalLM, T.Phi3Config(**_llama_sizes(resid_pdrop=0.0, embd_pdrop=0.0))
+    if name == "gpt_neox":
+        cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+        return T.GPTNeoXForCausalLM, T.GPTNeoXConfig(**cfg, attention_dropout=0.0, hidden_dropout=0.0)
+    if name == "gpt2":
+        drop = dict(attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+        ids = dict(bos_token_id=1, eos_token_id=2)
+        return T.GPT2LMHeadModel, T.GPT2Config(
+            vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, **ids, **drop
+        )
+    if name == "olmo2":
+        return T.Olmo2ForCausalLM, T.Olmo2Config(**_llama_sizes())
+    if name == "bert":
+        drop = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+        return T.BertForMaskedLM, T.BertConfig(**cfg, max_position_embeddings=64, **drop)
+    raise KeyError(name)
+
+
+CAUSAL = ("llama", "qwen2", "qwen3", "mistral", "mistral_sw", "gemma2", "gemma3", "phi3", "gpt_neox", "gpt2", "olmo2")
+MODELS = (*CAUSAL, "bert")
+
+
+def build(name: str, attn_implementation: str, seed: int = 0, dtype: torch.dtype = torch.float64):
+    """The tiny model `name` with seeded random weights, in `dtype`, in training mode (all dropout is 0)."""
+    cls, cfg = _config(name)
+    cfg._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = cls(cfg).to(dtype).train()
+    if name == "gpt2":  # HF finds no loss_type for GPT2LMHeadModel and logs a warning, which fullgraph cannot trace
+        model.loss_type = "ForCausalLM"
+    return model
+
+
+def batch(name: str, batch_size: int, seq: int, seed: int = 1) -> dict:
+    """input_ids and labels as a user passes them to an HF model: causal LMs labels = input_ids (the model shifts),
+    a masked LM labels at 15% of the tokens, -100 elsewhere; some causal labels ignored (-100) as well."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch_size, seq), generator=g)
+    if name in CAUSAL:
+        labels = ids.clone()
+        labels[torch.rand(batch_size, seq, generator=g) < 0.1] = -100
+    else:
+        labels = torch.where(torch.rand(batch_size, seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+        labels[:, 0] = ids[:, 0]  # every rank holds at least one target at cp <= 4
+    return {"input_ids": ids, "labels": labels}
