@@ -118,8 +118,9 @@ def _parse() -> argparse.Namespace:
                    "attention is varlen_attn over the GLOBAL cu_seqlens (TinyLlama only)")  # fmt: skip
     p.add_argument("--strategy", choices=DENSE + PACKED,
                    help="token layout (default: zigzag; thd with --packed)%(default).0s")  # fmt: skip
-    p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a"],
-                   help="all_gather of K/V, or a2a (Ulysses: heads for sequence)")  # fmt: skip
+    p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring"],
+                   help="all_gather of K/V, a2a (Ulysses: heads for sequence), or ring (K/V chunks passed around "
+                   "the ranks while each step computes: the least memory)")  # fmt: skip
     p.add_argument(
         "--model",
         default="tiny",
