@@ -5,6 +5,7 @@ model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=m
 
 from .backend import CPBackend, backend
 from .errors import CPCompileError
+from .explain import explain
 from .sharding import pad_cu_seqlens, pad_documents, pad_to_multiple, shard, shard_batch, unshard
 from .token_local import mark_token_local
 
@@ -14,6 +15,7 @@ __all__ = [
     "CPBackend",
     "CPCompileError",
     "backend",
+    "explain",
     "mark_token_local",
     "pad_cu_seqlens",
     "pad_documents",

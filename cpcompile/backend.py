@@ -72,6 +72,17 @@ class CPBackend:
         return _inner_compiler(self.inner)(self.transform(gm), example_inputs)
 
 
+def check_choices(strategy: str, comm: str, kernel: str) -> None:
+    """A CPCompileError naming the valid values for an unknown strategy, comm or kernel."""
+    for what, value, allowed in (
+        ("strategy", strategy, STRATEGIES),
+        ("comm", comm, (*COMMS, "auto")),
+        ("kernel", kernel, KERNEL_NAMES),
+    ):
+        if value not in allowed:
+            raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
+
+
 def backend(
     strategy: str = "flat",
     comm: str = "all_gather",
@@ -84,20 +95,15 @@ def backend(
     """A torch.compile backend that runs every attention node context-parallel.
 
     strategy: token layout across ranks ("flat", "zigzag"; "thd", "thd_zigzag" for packed documents under
-    torch.nn.attention.varlen.varlen_attn); comm: "all_gather" (gather K/V) or "a2a" (Ulysses: trade heads for
-    sequence); mesh: a 1-D DeviceMesh or one
-    with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" or a provider
-    name; inner: the compiler after the pass ("inductor", "aot_eager", "eager", or any torch.compile backend
-    callable, e.g. one that records aot_autograd graphs).
-    """
-    for what, value, allowed in (
-        ("strategy", strategy, STRATEGIES),
-        ("comm", comm, tuple(COMMS)),
-        ("kernel", kernel, KERNEL_NAMES),
-        ("inner", inner, INNER),
-    ):
-        if not (what == "inner" and callable(value)) and value not in allowed:
-            raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
+    torch.nn.attention.varlen.varlen_attn); comm: "all_gather" (gather K/V), "a2a" (Ulysses: trade heads for
+    sequence) or "auto" (per site, the comm the cost model estimates fastest, cost/choose.py); mesh: a 1-D
+    DeviceMesh or one with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto"
+    (per site, the fastest estimate among the providers that can run it) or a provider name; inner: the
+    compiler after the pass ("inductor", "aot_eager", "eager", or any torch.compile backend callable, e.g. one
+    that records aot_autograd graphs)."""
+    check_choices(strategy, comm, kernel)
+    if not callable(inner) and inner not in INNER:
+        raise CPCompileError(f"unknown inner {inner!r}. Fix: use one of {list(INNER)}.")
     check_mesh_or_group(mesh, group)
     return CPBackend(CPConfig(strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group), inner=inner)
 

@@ -56,6 +56,20 @@ def unsupported_reason(
     return reason
 
 
+def supported_kernels(
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int | None = None,
+    *,
+    varlen: bool = False,
+    v_head_dim: int | None = None,
+) -> list[str]:
+    """The providers kernel="auto" may pick here, in AUTO_ORDER / VARLEN_AUTO_ORDER (the cost model chooses among
+    them where there are several, cost/choose.py; resolve_kernel("auto") takes the first)."""
+    order = VARLEN_AUTO_ORDER if varlen else AUTO_ORDER
+    return [p for p in order if unsupported_reason(p, device, dtype, head_dim, varlen, v_head_dim) is None]
+
+
 def resolve_kernel(
     name: str,
     device: torch.device,
@@ -111,4 +125,5 @@ __all__ = [
     "get_kernel",
     "get_varlen_kernel",
     "resolve_kernel",
+    "supported_kernels",
 ]

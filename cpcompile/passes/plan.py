@@ -32,6 +32,6 @@ def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
     if dtensor:  # mesh and seq dim come from the placements
         site, group = localize_dtensor_site(site, config.strategy, config.mesh, config.group)
     else:
-        group = resolve_group(config.mesh, config.group)
+        group = config.cp_group or resolve_group(config.mesh, config.group)
     plan = (plan_varlen_site if site.kind == "varlen" else plan_dense_site)(site, config, group)
     return dataclasses.replace(plan, dtensor=True) if dtensor else plan

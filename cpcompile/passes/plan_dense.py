@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 
 from ..comm.registry import get_comm
+from ..cost import SiteShape
 from ..errors import site_error
 from ..layouts import THD_LAYOUTS, get_layout
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
-from .checks import constant, is_static, site_kernel
+from .auto import resolve, site_comms, site_kernels
+from .checks import constant, is_static
 from .match import AttentionSite
 from .plans import CPConfig, CPPlan
 
@@ -72,10 +74,12 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             f"q head dim {d} and k head dim {site.k_shape[-1]} differ; attention scores need one q/k head dim",
             "give q and k the same head dim (v's may differ, as in MLA)",
         )
-    if get_comm(config.comm).splits_heads and (
-        problem := head_split_problem(site.q_shape[1], site.k_shape[1], group.size)
-    ):
-        raise site_error(node, *problem)
+
+    def comm_problem(comm: str) -> tuple[str, str] | None:
+        heads = site.q_shape[1], site.k_shape[1], group.size
+        return head_split_problem(*heads) if get_comm(comm).splits_heads else None
+
+    comms = site_comms(site, config.comm, comm_problem)
     layout = get_layout(config.strategy)
     if sq % layout.chunks_per_rank != 0:
         raise site_error(
@@ -85,8 +89,9 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             f"pad the global sequence to a multiple of {layout.required_multiple(group.size)} tokens "
             "(cpcompile.pad_to_multiple) before cpcompile.shard",
         )
-    kernel = site_kernel(site, config.kernel, d)
+    kernels = site_kernels(site, config.kernel, d, varlen=False)
+    comm, kernel, choice = resolve(SiteShape.of_site(site, causal, group.size), layout.name, comms, kernels)
     scale = float(constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
     return CPPlan(
-        site=site, layout=layout.name, comm=config.comm, kernel=kernel, causal=causal, scale=scale, group=group
+        site=site, layout=layout.name, comm=comm, kernel=kernel, causal=causal, scale=scale, group=group, choice=choice
     )

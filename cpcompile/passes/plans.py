@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..comm.registry import get_comm
 from ..kernels.base import NO_WINDOW
@@ -20,6 +20,9 @@ class CPConfig:
     kernel: str
     mesh: object = None
     group: object = None
+    cp_group: CPGroup | None = None
+    """A CP group given as it is, not resolved from torch.distributed: explain() plans for a stand-in group of
+    `world` ranks this way, without any process group."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class CPPlan:
     group: CPGroup
     dtensor: bool = False
     """q/k/v are DTensors: the region runs on their local shards (regions.dtensor.dtensor_region)."""
+    choice: object = field(default=None, compare=False, repr=False)
+    """The cost model's cost.Choice when comm="auto" / kernel="auto" had several options (None: no choice)."""
 
     def region_target(self):
         return get_comm(self.comm).region

@@ -29,6 +29,22 @@ def _as_thd(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.squeeze(1).unflatten(-1, (heads, -1))
 
 
+def rank_blocks(
+    layout: str,
+    causal: bool,
+    rank: int,
+    world: int,
+    local_len: int,
+    cu_seqlens: torch.Tensor,
+    max_doc: int | None = None,
+    window: tuple[int, int] = NO_WINDOW,
+) -> list:
+    """The varlen blocks every rank runs after the exchange: cp=1's, over all world * local_len tokens (for its
+    Hq/cp heads)."""
+    del layout, rank
+    return whole_sequence_blocks(cu_seqlens, world * local_len, causal, tuple(window), max_doc)
+
+
 def a2a_varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -54,11 +70,10 @@ def a2a_varlen_attention(
     bounds the kernel's grid as on one device; without it the grid spans the whole packed length. The planner
     checked layout, heads and window.
     """
-    del rank, layout
     split = HeadSplit(q.shape[1], k.shape[1], world)
     k_h, v_h = replicate_kv(_as_bhsd(k), _as_bhsd(v), split)
     q_b, k_b, v_b = send_heads(_as_bhsd(q), k_h, v_h, split, group_name)  # (T, 1, h*D) each, global order
-    blocks = whole_sequence_blocks(cu_seqlens, q_b.shape[0], causal, tuple(window), max_doc)
+    blocks = rank_blocks(layout, causal, rank, world, q.shape[0], cu_seqlens, max_doc, window)
     out, lse = torch.ops.cpcompile.attend_varlen_blocks(
         _as_thd(q_b, split.q_per_rank),
         [_as_thd(k_b, split.kv_per_rank)],
