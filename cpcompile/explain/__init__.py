@@ -15,6 +15,7 @@ H200 kernel rates, an assumed link bandwidth); packed sites are costed with the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 import torch
@@ -60,9 +61,11 @@ def _site_report(graph: int, plan: CPPlan, cu: torch.Tensor | None) -> SiteRepor
     )
 
 
-def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu) -> list:
+def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, device) -> list:
     """Plan every site of one graph for every rank (refusals recorded), rewrite it, run the token guard."""
     sites = find_attention_sites(gm)
+    if device is not None:  # kernels for the device the model will run on (meta example tensors)
+        sites = [dataclasses.replace(s, device=torch.device(device)) for s in sites]
     plans, refused = [], False
     for site in sites:
         try:
@@ -119,6 +122,7 @@ def explain(
     cu_seqlens: torch.Tensor | None = None,
     seq_keys=(),
     passthrough_keys=(),
+    device: str | torch.device | None = None,
     **example_kwargs,
 ) -> Report:
     """What cpcompile.backend(strategy=strategy, comm=comm, kernel=kernel) would do with `model` on `world` CP
@@ -126,7 +130,8 @@ def explain(
 
     seq_dim: the sequence dim of the example tensors (default 1; packed strategies 0); cu_seqlens: the global
     document offsets the model takes (packed strategies; the same tensor, or the `cu_seqlens` keyword);
-    seq_keys / passthrough_keys: keyword tensors to cut like the tokens / keep whole (as in shard_batch).
+    seq_keys / passthrough_keys: keyword tensors to cut like the tokens / keep whole (as in shard_batch);
+    device: plan the kernels for this device instead of the example tensors' (e.g. "cuda" for meta tensors).
     Unknown names and a world below 2 raise CPCompileError; everything the pass would refuse is a refusal.
     """
     check_choices(strategy, comm, kernel)
@@ -147,7 +152,9 @@ def explain(
     if error is not None:
         report.refusals.append(Refusal("eager attention", str(error)))
     report.graphs = len(graphs)
-    sites = [s for g, gm in enumerate(graphs) for s in _plan_graph(report, g, gm, configs, cu)]
+    sites = [s for g, gm in enumerate(graphs) for s in _plan_graph(report, g, gm, configs, cu, device)]
+    if device is None and any(s.device.type == "meta" for s in sites):
+        report.notes.append("the example tensors are on the meta device: pass device='cuda' (or 'cpu') to plan kernels")
     kinds = {s.kind for s in sites}
     if len(kinds) > 1:
         report.notes.append("the model has SDPA and varlen_attn sites; the recommendation covers the SDPA ones")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cost import Choice, Estimate
+from ..cost.rates import provenance
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ def render(report: Report) -> str:
                 extra.append(f"rates of {s.estimate.rates}")
             if extra:
                 lines.append(f"  site {i}: " + "; ".join(extra))
+        lines.append(f"  estimates: {provenance()}; forward + backward, slowest rank + time on the wire")
     lines.append("")
     if report.refusals:
         lines.append("Refused:")

@@ -311,6 +311,7 @@ def track(gm: torch.fx.GraphModule, seeds: dict[str, int]) -> Result:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [_traced(n) for n in placeholders]
     device = next((v.device.type for v in values if isinstance(v, torch.Tensor)), "cpu")
+    device = "cpu" if device == "meta" else device  # a meta graph (explain() of a meta model): any real mesh type
     tracker = Tracker(_mesh(device))
     with torch.no_grad():
         inputs = [_fresh(v) for v in values]
