@@ -6,7 +6,7 @@ model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=m
 from .backend import CPBackend, backend
 from .errors import CPCompileError
 from .explain import explain
-from .sharding import pad_cu_seqlens, pad_documents, pad_to_multiple, shard, shard_batch, unshard
+from .sharding import pad_cu_seqlens, pad_documents, pad_to_multiple, shard, shard_batch, shard_block_mask, unshard
 from .token_local import mark_token_local
 
 __version__ = "0.1.0"
@@ -22,5 +22,6 @@ __all__ = [
     "pad_to_multiple",
     "shard",
     "shard_batch",
+    "shard_block_mask",
     "unshard",
 ]

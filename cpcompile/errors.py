@@ -9,8 +9,7 @@ import torch
 import torch.fx
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
-_TESTING_DIR = os.path.join(_OWN_DIR, "testing")
+_EAGER_GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eager_guard.py")
 
 
 class CPCompileError(ValueError):
@@ -24,9 +23,8 @@ def _user_frame(node: torch.fx.Node) -> tuple[str, str, str, str] | None:
     """(path, line, function, code) of the user's innermost frame Dynamo recorded for `node`, or None."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
-    # torch's frames (varlen_attn's own) and cpcompile's (the eager guard's SDPA wrapper) are not the user's;
-    # cpcompile.testing's models are (the tests' and the demo's)
-    user = [f for f in frames if f[0].startswith(_TESTING_DIR) or not f[0].startswith((_TORCH_DIR, _OWN_DIR))]
+    # torch's frames (varlen_attn's own) and the eager guard's SDPA wrapper (Dynamo inlines it) are not the user's
+    user = [f for f in frames if not f[0].startswith(_TORCH_DIR) and f[0] != _EAGER_GUARD]
     return (user or frames)[-1] if frames else None
 
 

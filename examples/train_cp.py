@@ -1,12 +1,15 @@
 """Demo: train a small Llama-style model with context parallelism and check it against one process.
 
-    python examples/train_cp.py                 # 2 CPU ranks (gloo), or one rank per GPU when GPUs exist
+    python examples/train_cp.py                  # 2 CPU ranks (gloo), or one rank per GPU when GPUs exist
     python examples/train_cp.py --ranks 4 --strategy flat --inner inductor
-    python examples/train_cp.py --ranks 4 --comm a2a   # Ulysses: trade heads for sequence around attention
+    python examples/train_cp.py --ranks 4 --comm a2a     # Ulysses: trade heads for sequence around attention
+    python examples/train_cp.py --packed --ranks 3       # packed documents through varlen_attn (thd)
+    python examples/train_cp.py --model hf-llama         # transformers' LlamaForCausalLM (needs transformers)
 
-Every rank feeds its shard of each batch (cpcompile.shard_batch); torch.compile with the cpcompile backend
-rewrites each attention call into a CP region. At the end the same training runs on one process over the
-full sequences and the demo prints how closely the CP run matches it.
+Every rank feeds its shard of each batch; torch.compile with the cpcompile backend rewrites each attention call
+into a CP region. Sequences the layout cannot split are padded (labels ignored) and the demo says so. At the
+end the same training runs on one process over the full, unpadded sequences and the demo prints how closely
+the CP run matches it. torchtitan's Llama3: examples/train_torchtitan.py.
 """
 
 from __future__ import annotations
@@ -17,16 +20,59 @@ import time
 
 import torch
 
+from cpcompile.integrations.rows import pack_rows
 from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.model import TinyConfig
-from cpcompile.testing.training import make_batches, train
+from cpcompile.testing.packed_training import chain_rows, train_packed
+from cpcompile.testing.training import MODELS, make_batches, train
+
+DENSE, PACKED = ("flat", "zigzag"), ("thd", "thd_zigzag")
 
 
-def _bar(step: int, steps: int, loss: float, started: float, width: int = 30) -> None:
-    done = (step + 1) * width // steps
-    rate = (step + 1) / max(time.time() - started, 1e-9)
-    line = f"\r[{'#' * done}{'.' * (width - done)}] step {step + 1}/{steps}  loss {loss:.4f}  {rate:.1f} steps/s"
-    print(line, end="" if step + 1 < steps else "\n", file=sys.stderr, flush=True)
+class _Progress:
+    """Rank 0's progress bar; the first step includes compiling, so the rate counts the steps after it."""
+
+    def __init__(self, steps: int, width: int = 30):
+        self.steps, self.width, self.started, self.first_done = steps, width, time.time(), None
+
+    def __call__(self, step: int, loss: float) -> None:
+        now = time.time()
+        if step == 0:
+            self.first_done = now
+            print(f"compiled and ran step 1 in {now - self.started:.1f} s", file=sys.stderr, flush=True)
+        rate = f"{step / (now - self.first_done):.1f} steps/s" if step > 0 else "..."
+        done = (step + 1) * self.width // self.steps
+        line = f"\r[{'#' * done}{'.' * (self.width - done)}] step {step + 1}/{self.steps}  loss {loss:.4f}  {rate}"
+        print(line, end="" if step + 1 < self.steps else "\n", file=sys.stderr, flush=True)
+
+
+def _dense_batches(args: argparse.Namespace, cfg: TinyConfig, cp: int) -> list[dict]:
+    """The demo's batches, padded for the layout on cp ranks (cp=1: as they are)."""
+    batches = make_batches(cfg, args.steps, args.batch, args.seq, seed=0)
+    if cp == 1:
+        return batches
+    out = []
+    for b in batches:
+        full = pack_rows(b["input_ids"], b["labels"], b["position_ids"], strategy=args.strategy, cp=cp)
+        out.append({"input_ids": full.tokens, "labels": full.labels, "position_ids": full.positions})
+    return out
+
+
+def _packed_batches(args: argparse.Namespace, cfg: TinyConfig) -> list[dict]:
+    return chain_rows(cfg.vocab, args.steps, args.batch, args.seq, documents=True, seed=0)
+
+
+def _train(args: argparse.Namespace, cfg: TinyConfig, strategy: str | None, device: str, on_step=None):
+    if args.packed:
+        return train_packed(
+            cfg, _packed_batches(args, cfg), strategy=strategy, comm=args.comm,
+            inner=args.inner if strategy else "eager", max_documents=args.max_documents, device=device, on_step=on_step,
+        )  # fmt: skip
+    cp = args.ranks if strategy else 1
+    return train(
+        cfg, _dense_batches(args, cfg, cp), strategy=strategy, comm=args.comm,
+        inner=args.inner if strategy else "eager", device=device, on_step=on_step, model=args.model,
+    )  # fmt: skip
 
 
 def _rank_main(rank: int, world: int, args: argparse.Namespace):
@@ -34,35 +80,87 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace):
     if args.device == "cuda":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    cfg = TinyConfig(layers=args.layers)
-    batches = make_batches(cfg, args.steps, args.batch, args.seq, seed=0)
-    started = time.time()
-    on_step = (lambda i, loss: _bar(i, args.steps, loss, started)) if rank == 0 else None
-    res = train(cfg, batches, strategy=args.strategy, comm=args.comm, inner=args.inner, device=device, on_step=on_step)
-    return res
+    on_step = _Progress(args.steps) if rank == 0 else None
+    return _train(args, TinyConfig(layers=args.layers), args.strategy, device, on_step)
+
+
+def _padding_line(args: argparse.Namespace, cfg: TinyConfig) -> str | None:
+    """What the layout needs padded, said before training (None when nothing is)."""
+    if args.packed:
+        full = pack_rows(**_packed_batches(args, cfg)[0], strategy=args.strategy, cp=args.ranks,
+                         max_documents=args.max_documents)  # fmt: skip
+        rows = f"{args.batch} rows of {args.seq} tokens packed into one buffer"
+        if args.strategy == "thd":
+            rule = f"thd on {args.ranks} ranks needs a multiple of {args.ranks}"
+        else:
+            rule = f"thd_zigzag pads every document to a multiple of {2 * args.ranks}, to a fixed total"
+        return f"padding: {rows} of {full.tokens.shape[1]} tokens ({rule}; padding labels are ignored)"
+    b = _dense_batches(args, cfg, 1)[0]
+    full = pack_rows(b["input_ids"], b["labels"], b["position_ids"], strategy=args.strategy, cp=args.ranks)
+    if not full.padding:
+        return None
+    need = args.ranks * (2 if args.strategy == "zigzag" else 1)
+    return (
+        f"padding: each sequence {args.seq} -> {full.tokens.shape[1]} tokens ({args.strategy} on {args.ranks} ranks "
+        f"needs a multiple of {need}; padding labels are ignored)"
+    )
+
+
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def _parse() -> argparse.Namespace:
+    gpus = torch.cuda.device_count()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_Help)
+    p.add_argument("--ranks", type=int, default=gpus if gpus > 1 else 2, help="CP ranks (processes)")
+    p.add_argument("--packed", action="store_true", help="packed documents: each batch's rows hold random documents, "
+                   "attention is varlen_attn over the GLOBAL cu_seqlens (TinyLlama only)")  # fmt: skip
+    p.add_argument("--strategy", choices=DENSE + PACKED,
+                   help="token layout (default: zigzag; thd with --packed)%(default).0s")  # fmt: skip
+    p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a"],
+                   help="all_gather of K/V, or a2a (Ulysses: heads for sequence)")  # fmt: skip
+    p.add_argument(
+        "--model",
+        default="tiny",
+        choices=MODELS,
+        help="tiny: the built-in TinyLlama; hf-llama: transformers' LlamaForCausalLM (SDPA) of its sizes",
+    )
+    p.add_argument("--inner", default="inductor" if gpus else "aot_eager", choices=["inductor", "aot_eager", "eager"],
+                   help="the compiler cpcompile hands the rewritten graph to")  # fmt: skip
+    p.add_argument("--steps", type=int, default=20, help="training steps")
+    p.add_argument("--seq", type=int, default=256, help="tokens per sequence (row)")
+    p.add_argument("--batch", type=int, default=2, help="sequences (rows) per batch")
+    p.add_argument("--layers", type=int, default=2, help="transformer layers")
+    p.add_argument("--max-documents", type=int, default=64,
+                   help="--packed: the most documents a batch holds (fixes the cu_seqlens length)")  # fmt: skip
+    args = p.parse_args()
+    args.strategy = args.strategy or ("thd" if args.packed else "zigzag")
+    if (args.strategy in PACKED) != args.packed:
+        p.error(f"--strategy {args.strategy} is for {'un' if args.packed else ''}packed sequences: "
+                f"use {PACKED if args.packed else DENSE}")  # fmt: skip
+    if args.packed and args.model != "tiny":
+        p.error("--packed runs the built-in TinyLlama over varlen_attn only (--model tiny)")
+    args.device = "cuda" if gpus >= args.ranks else "cpu"
+    return args
 
 
 def main() -> int:
-    gpus = torch.cuda.device_count()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=gpus if gpus > 1 else 2)
-    p.add_argument("--strategy", default="zigzag", choices=["flat", "zigzag"])
-    p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a"])
-    p.add_argument("--inner", default="inductor" if gpus else "aot_eager", choices=["inductor", "aot_eager", "eager"])
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--layers", type=int, default=2)
-    args = p.parse_args()
-    args.device = "cuda" if gpus >= args.ranks else "cpu"
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    print(
-        f"cpcompile demo: TinyLlama ({args.layers} layers), {args.steps} steps of {args.batch}x{args.seq} tokens, "
-        f"strategy={args.strategy} comm={args.comm} inner={args.inner}, {args.ranks} {args.device} ranks ({backend})"
-    )
-    results = run_ranks(_rank_main, args.ranks, args, backend=backend, timeout=1800)
+    args = _parse()
     cfg = TinyConfig(layers=args.layers)
-    ref = train(cfg, make_batches(cfg, args.steps, args.batch, args.seq, seed=0), strategy=None, inner="eager")
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    what = f"{'packed documents, ' if args.packed else ''}{args.steps} steps of {args.batch}x{args.seq} tokens"
+    print(
+        f"cpcompile demo: {'TinyLlama' if args.model == 'tiny' else 'HF LlamaForCausalLM'} ({args.layers} layers), "
+        f"{what}, strategy={args.strategy} comm={args.comm} inner={args.inner}, {args.ranks} {args.device} ranks "
+        f"({backend})"
+    )
+    padding = _padding_line(args, cfg)
+    if padding:
+        print(padding)
+    print(f"compiling: each rank traces the model, cpcompile rewrites its attention, {args.inner} compiles it ...")
+    results = run_ranks(_rank_main, args.ranks, args, backend=backend, timeout=1800)
+    ref = _train(args, cfg, None, "cpu")
     loss_diff = max(abs(a - b) for r in results for a, b in zip(r.losses, ref.losses))
     weight_diff = max((p - ref.params[n]).abs().max().item() for r in results for n, p in r.params.items())
     print(f"attention nodes rewritten per rank: {[r.rewritten for r in results]}")

@@ -22,6 +22,28 @@ FOLDER_MARKERS = {"parity": "multirank", "gpu": "gpu"}
 TESTS = Path(__file__).resolve().parent
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch: Dynamo marks a length dynamic once a second length of the same code was
+    compiled in this process, so without a reset a test's outcome would depend on the tests run before it."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+
+
+@pytest.fixture
+def no_comm(monkeypatch):
+    """Fail the test if cpcompile issues an all-gather or reduce-scatter: errors must come before communication."""
+    import cpcompile.comm.collectives as collectives
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a collective ran before the error was raised")
+
+    for name in ("_all_gather", "_reduce_scatter"):
+        monkeypatch.setattr(collectives, name, boom)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")

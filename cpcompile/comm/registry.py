@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import CPCompileError
-from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen
+from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class Comm:
     per forward, per backward), for the cost model (cost/model.py); a comm without it is never picked by "auto"."""
     varlen_rank_blocks: Callable | None = None
     """(layout, causal, rank, world, local_len, cu_seqlens, max_doc, window) -> the varlen blocks a rank runs."""
+    flex_region: Callable | None = None
+    """The flex_attention region (q, k, v, score_mod, mask_mod, tables, extras, score_buffers, mask_buffers, *,
+    layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
 
 
 COMMS: dict[str, Comm] = {
@@ -49,6 +52,7 @@ COMMS: dict[str, Comm] = {
         varlen_region=all_gather_varlen.all_gather_varlen_attention,
         wire_bytes=all_gather.wire_bytes,
         varlen_rank_blocks=all_gather_varlen.rank_blocks,
+        flex_region=flex.all_gather_flex_attention,
     ),
     "a2a": Comm(
         name="a2a",
@@ -60,6 +64,7 @@ COMMS: dict[str, Comm] = {
         varlen_lse_on_demand=True,
         wire_bytes=a2a.wire_bytes,
         varlen_rank_blocks=a2a_varlen.rank_blocks,
+        flex_region=flex.a2a_flex_attention,
         varlen_refusals={
             "thd_zigzag": (
                 "comm='a2a' runs the whole sequence on every rank (for H/cp of the heads), so causal work is "

@@ -12,6 +12,7 @@ than waiting. The fake process group (graph snapshots, one process) has no peers
 
 from __future__ import annotations
 
+import ast
 import datetime
 import os
 from collections import defaultdict
@@ -33,6 +34,13 @@ def _shape(shape: tuple) -> tuple:
     return tuple(d if isinstance(d, int) else "dyn" for d in shape)
 
 
+FIELDS = (
+    "kind", "layout", "comm", "kernel", "causal", "scale", "dtensor", "q shape", "k shape", "v shape", "dtype",
+    "device", "cp", "window", "max_doc",
+)  # fmt: skip
+"""The names of plan_summary's fields, in order."""
+
+
 def plan_summary(plan: CPPlan) -> str:
     """Everything about a plan that must be the same on every rank (not the rank itself)."""
     s = plan.site
@@ -42,6 +50,37 @@ def plan_summary(plan: CPPlan) -> str:
         getattr(plan, "window", None), getattr(plan, "max_doc", None),
     ]  # fmt: skip
     return repr(tuple(fields))
+
+
+def _sites(summary: str) -> list[tuple] | None:
+    try:
+        return [ast.literal_eval(site) for site in summary[len("sites:") :].split(";") if site]
+    except (ValueError, SyntaxError):
+        return None
+
+
+def differences(mine: str, theirs: str, rank: int, other: int) -> str:
+    """The first site whose plans differ, by field name (e.g. "site 0 differs in max_doc: rank 0 has 21, rank 1
+    has 18"), plus the likely cause when only varlen's max_q/max_k differ; "" when the summaries do not parse."""
+    a, b = _sites(mine), _sites(theirs)
+    if a is None or b is None:
+        return ""
+    if len(a) != len(b):
+        return f"rank {rank} planned {len(a)} attention sites, rank {other} {len(b)}. "
+    for i, (x, y) in enumerate(zip(a, b)):
+        diff = [(name, u, v) for name, u, v in zip(FIELDS, x, y) if u != v]
+        names = [name for name, _, _ in diff]
+        if diff:
+            said = ", ".join(f"{n}: rank {rank} has {u!r}, rank {other} {v!r}" for n, u, v in diff)
+            hint = ""
+            if names == ["max_doc"]:
+                hint = (
+                    " (varlen_attn's max_q/max_k: they and cu_seqlens must describe the GLOBAL packed batch, the "
+                    "same on every rank, not a rank's local tokens, e.g. not torchtitan's get_attention_masks of "
+                    "local positions)"
+                )
+            return f"site {i} differs in {said}{hint}. "
+    return ""
 
 
 def _store_and_peers(group: dist.ProcessGroup):
@@ -83,7 +122,8 @@ def agree(group: dist.ProcessGroup, group_name: str, rank: int, summary: str) ->
     if differ:
         r, theirs = next(iter(differ.items()))
         raise CPCompileError(
-            f"CP ranks planned graph #{index} differently: rank {rank} has {summary}, rank {r} has {theirs} "
+            f"CP ranks planned graph #{index} differently: {differences(summary, theirs, rank, r)}"
+            f"Rank {rank} has {summary}, rank {r} has {theirs} "
             "(per site: kind, layout, comm, kernel, causal, scale, dtensor, q/k/v local shapes, dtype, device, cp, "
             "window, max_doc). Fix: give every rank the same strategy/comm/kernel, dtype, batch size and local "
             "length (shard with cpcompile.shard_batch, which cuts every rank's part of one global batch)."

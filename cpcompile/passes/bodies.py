@@ -10,6 +10,7 @@ attend to its own tokens. The pass searches every body it can reach:
   collectives on every rank;
 - torch.cond branches: rewritten, and the condition is checked to be the same on every rank before the
   branch runs (passes/rewrite.py), since ranks taking different branches would issue different collectives;
+- flex_attention's score_mod / mask_mod graphs are not bodies: they score one (q, kv) pair;
 - any other body (while_loop, scan, map, a user autograd.Function traced by Dynamo, ...): attention inside it
   is refused with one CPCompileError (its trip count or its backward is not the pass's to rewrite).
 """
@@ -34,6 +35,10 @@ ONCE = frozenset(
     }
 )
 """Higher-order ops that run their body exactly once per call, in place: attention inside is rewritten."""
+
+MODS = frozenset({"flex_attention", "flex_attention_backward"})
+"""Higher-order ops whose graph operands are score/mask functions, not bodies: they hold no attention (a
+flex_attention call is itself a site, passes/match.py)."""
 
 BRANCHES = frozenset({"cond"})
 """Higher-order ops that run one of their bodies: rewritten, with the condition agreed across ranks."""
@@ -88,7 +93,7 @@ def bodies(gm: torch.fx.GraphModule) -> Iterator[Body]:
         seen.add(id(body.module))
         yield body
         for node in body.module.graph.nodes:
-            if hop_name(node) is None:
+            if hop_name(node) is None or hop_name(node) in MODS:
                 continue
             for arg in (*node.args, *node.kwargs.values()):
                 sub = _submodule(body.module, arg)

@@ -27,7 +27,9 @@ rule:
    `x - x.mean(dim=seq)` (normalising over tokens) or mixing it into attention inputs.
 3. A higher-order op with a body (torch.utils.checkpoint, wrap, invoke_subgraph) is looked into, its body run with
    the same placements; any other higher-order op fed a sequence-carrying value is refused (cannot be analysed).
-   A `flex_attention` node is refused outright: FlexAttention is not rewritten yet.
+   A `flex_attention` node left after the rewrite is refused outright (the rewrite did not reach it); a flex
+   region whose score_mod/mask_mod buffers carry the sharded sequence is refused (the mods index them by GLOBAL
+   position, so they must be whole).
 4. An op without a DTensor sharding rule (a custom kernel) fed sequence-carrying values is refused: cpcompile
    cannot tell. Code that is token-local but refused is exempted with `cpcompile.mark_token_local(fn_or_op)`.
 
@@ -63,7 +65,7 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import CPCompileError, site_error
 from ..mesh import resolve_group
-from .match import is_sdpa, is_varlen
+from .match import is_flex, is_sdpa, is_varlen
 from .token_flow import BODY_OPERANDS, Flag, Result, track
 
 log = logging.getLogger("cpcompile")
@@ -95,15 +97,15 @@ def _walk(gm: torch.fx.GraphModule):
 
 
 def refuse_flex_attention(gm: torch.fx.GraphModule) -> None:
-    """A flex_attention node anywhere is refused: cpcompile does not rewrite FlexAttention yet."""
-    flex = getattr(torch.ops.higher_order, "flex_attention", None)
+    """A flex_attention node left after the rewrite is refused: the pass rewrites every one it finds (or refuses
+    it when planning), so one left sits where the rewrite does not reach, and would attend to local tokens."""
     for node in _walk(gm):
-        if node.op == "call_function" and flex is not None and node.target is flex:
+        if is_flex(node):
             raise site_error(
                 node,
-                "FlexAttention (torch.nn.attention.flex_attention) is not rewritten by cpcompile yet; under CP it "
-                "would attend over this rank's tokens only",
-                _SDPA_FIX + " (for document masks: varlen_attn with cu_seqlens)",
+                "this flex_attention call was not rewritten into a CP region (it sits inside a higher-order op the "
+                "pass does not search), so it would attend over this rank's tokens only",
+                "call flex_attention in the compiled graph itself or inside torch.utils.checkpoint",
                 what="flex_attention node",
             )
 
@@ -148,6 +150,8 @@ def _cu_only_inputs(gm: torch.fx.GraphModule) -> set[str]:
             qkv |= _top_inputs(gm, node.args[:3])
             if plan.site.kind == "varlen":
                 cu |= _top_inputs(gm, node.args[3:4])
+            if plan.site.kind == "flex":  # the global BlockMask's tensors
+                cu |= _top_inputs(gm, [t for t in node.args[5] if isinstance(t, torch.fx.Node)])
     return cu - qkv
 
 
@@ -232,7 +236,7 @@ def check_graph(gm: torch.fx.GraphModule, plans: list) -> Flag | None:
     if not inputs:
         return None
     if plans:
-        lengths = {p.site.q_shape[2] if p.site.kind == "sdpa" else p.site.q_shape[0] for p in plans}
+        lengths = {p.site.q_shape[0] if p.site.kind == "varlen" else p.site.q_shape[2] for p in plans}
         results = []
         for seeds in _assignments(inputs, lengths, _cu_only_inputs(gm)):
             result = _track(gm, seeds)
@@ -309,8 +313,17 @@ def refusal(flag: Flag) -> CPCompileError:
             f"propagation has no rule for it here: {flag.detail})"
         )
         fix = _MARK_FIX
+    elif flag.kind == "flex_buffer":
+        rule = (
+            f"{op} holds this rank's tokens only ({_moves(flag)}), but under CP the score_mod/mask_mod index it by "
+            "GLOBAL position, so it would be read out of range or at the wrong tokens"
+        )
+        fix = "pass the whole tensor (built for the global sequence, as for one GPU), not its shard_batch shard"
+        return site_error(node, rule, fix)
     elif flag.kind == "hop":
         rule = f"the higher-order op {op} takes sequence-sharded values and cpcompile cannot look inside it"
+        if flag.detail:
+            rule = f"the higher-order op {op} takes sequence-sharded values and {flag.detail}"
         fix = _SDPA_FIX + "; " + _MARK_FIX
     else:
         how = "it relates tokens to each other, as attention does" if flag.pairwise else "it needs other ranks' tokens"
@@ -328,7 +341,7 @@ def refusal(flag: Flag) -> CPCompileError:
 SUPPORTED = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
 """The analysis follows DTensor's sharding rules, and torch 2.11's have no rule for views that flatten a sharded
 dim with another (every nn.Linear on (batch, seq, hidden) does): there it would refuse ordinary models, so on
-older torch the guard is off (flex_attention is still refused) and says so once (H200, torch 2.11)."""
+older torch the guard is off (unrewritten flex_attention is still refused) and says so once (H200, torch 2.11)."""
 _said = []
 
 

@@ -1,7 +1,8 @@
 """Plan each attention site: resolve its CP group, pick layout x comm x kernel, check every rule.
 
-SDPA sites go to plan_dense, varlen_attn sites to plan_varlen; DTensor sites first get their CP group and local
-shapes from their placements (passes/dtensor.py). Every violation is one CPCompileError naming the node.
+SDPA sites go to plan_dense, varlen_attn sites to plan_varlen, flex_attention sites to plan_flex; DTensor sites
+first get their CP group and local shapes from their placements (passes/dtensor.py). Every violation is one
+CPCompileError naming the node.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ..mesh import resolve_group
 from .dtensor import is_dtensor_site, localize_dtensor_site
 from .match import AttentionSite
 from .plan_dense import plan_dense_site
+from .plan_flex import plan_flex_site
 from .plan_varlen import plan_varlen_site
 from .plans import CPConfig, CPPlan
 
@@ -29,9 +31,16 @@ def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
             f"move the attention call out of the {refused} body",
         )
     dtensor = is_dtensor_site(site)
+    if dtensor and site.kind == "flex":
+        raise site_error(
+            site.node,
+            "its q/k/v are DTensors; cpcompile rewrites flex_attention on plain local tensors only",
+            "feed the model plain tensors from cpcompile.shard_batch and the mask from cpcompile.shard_block_mask",
+        )
     if dtensor:  # mesh and seq dim come from the placements
         site, group = localize_dtensor_site(site, config.strategy, config.mesh, config.group)
     else:
         group = config.cp_group or resolve_group(config.mesh, config.group)
-    plan = (plan_varlen_site if site.kind == "varlen" else plan_dense_site)(site, config, group)
+    planner = {"varlen": plan_varlen_site, "flex": plan_flex_site}.get(site.kind, plan_dense_site)
+    plan = planner(site, config, group)
     return dataclasses.replace(plan, dtensor=True) if dtensor else plan

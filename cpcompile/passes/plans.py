@@ -58,6 +58,9 @@ class CPPlan:
             world=self.group.size,
         )
 
+    def prepare_rewrite(self) -> None:
+        """Whatever the region needs changed in the graph before its call replaces the node (nothing here)."""
+
     def block_count(self) -> int:
         """How many attention blocks this rank runs (what the logs report)."""
         local = self.site.q_shape[-2]
@@ -89,3 +92,34 @@ class VarlenPlan(CPPlan):
 
     def block_count(self) -> int:
         return 1  # every packed region runs one varlen block a rank (layouts.thd)
+
+
+@dataclass(frozen=True)
+class FlexPlan(CPPlan):
+    """A CPPlan for a flex_attention site: the mods and BlockMask are region inputs, the mask's geometry constants."""
+
+    masked: bool = True
+    """The BlockMask came from shard_block_mask (its tables are derived per rank); False: no mask was given."""
+    block_size: tuple[int, int] = (128, 128)
+    kernel_options: dict | None = None
+
+    def region_target(self):
+        return get_comm(self.comm).flex_region
+
+    def region_args(self) -> tuple:
+        f = self.site.flex
+        return (*super().region_args(), f.score_mod, f.mask_mod, f.tables, f.extras, f.score_buffers, f.mask_buffers)
+
+    def region_kwargs(self) -> dict:
+        kwargs = super().region_kwargs()
+        del kwargs["causal"], kwargs["kernel"]
+        return dict(kwargs, kernel_options=self.kernel_options, block_size=self.block_size, masked=self.masked)
+
+    def prepare_rewrite(self) -> None:
+        """The region calls the global mask_mod itself: strip shard_block_mask's marker from the traced graph."""
+        from ..sharding.flex import strip_marker
+
+        strip_marker(self.site.node.graph.owning_module, self.site.flex.mask_mod)
+
+    def block_count(self) -> int:
+        return 1  # one flex_attention call a rank

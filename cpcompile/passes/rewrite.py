@@ -19,6 +19,7 @@ def _replace(plan: CPPlan) -> torch.fx.Node:
     node = plan.site.node
     graph = node.graph
     target, kwargs = plan.region_target(), plan.region_kwargs()
+    plan.prepare_rewrite()
     if plan.dtensor:  # DTensor q/k/v: the region runs on their local shards
         target, kwargs = dtensor_region, dict(comm=plan.comm, **kwargs)
     with graph.inserting_before(node):

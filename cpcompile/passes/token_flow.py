@@ -14,8 +14,9 @@ factories of the graph are sent to the meta device, its constants and real param
 
 cpcompile's region calls are not run: a stand-in returns a fresh output of the traced shape placed on the
 sequence dim (SDPA out dim 2; varlen out dim 0, lse dim 1). Higher-order ops with a body (checkpoint,
-wrap, invoke_subgraph) run their body with the same tracking; any other higher-order op with a sequence-
-carrying operand is a Flag (it cannot be looked into). Code marked with cpcompile.mark_token_local runs
+wrap, invoke_subgraph) run their body with the same tracking, torch.cond both of its branches (the ranks
+agree on the predicate at run time: passes/agree.py); any other higher-order op with a sequence-carrying
+operand is a Flag (it cannot be looked into). Code marked with cpcompile.mark_token_local runs
 without tracking and hands the sequence dim on to its outputs (token_local.py).
 """
 
@@ -50,8 +51,9 @@ class Flag:
 
     kind: "gather" (a sequence-sharded input must be gathered or re-sharded), "partial" (a per-rank reduction
     over tokens is used as if it were the total), "unknown" (no sharding rule: cannot tell), "hop" (a
-    higher-order op that cannot be looked into). pairwise: two sequence-sharded operands meet along their
-    sequence dims (every token against every token, as attention does).
+    higher-order op that cannot be looked into), "flex_buffer" (a flex mod buffer holds this rank's tokens only).
+    pairwise: two sequence-sharded operands meet along their sequence dims (every token against every token, as
+    attention does).
     """
 
     node: torch.fx.Node
@@ -84,7 +86,7 @@ def _tensors(args, kwargs):
         if isinstance(a, torch.Tensor):
             yield a
         elif isinstance(a, (list, tuple)):
-            yield from (b for b in a if isinstance(b, torch.Tensor))
+            yield from _tensors(a, {})
 
 
 META = torch.device("meta")
@@ -281,7 +283,7 @@ class Runner(torch.fx.Interpreter):
 
     def _region(self, plan, node: torch.fx.Node, args):
         """A CP region: q/k/v must arrive on their sequence dim; the output is placed on it."""
-        seq = 2 if plan.site.kind == "sdpa" else 0
+        seq = 0 if plan.site.kind == "varlen" else 2
         for t in args[:3]:
             p = self.tracker.placement(t)
             if p is not None and p.is_partial():
@@ -291,6 +293,13 @@ class Runner(torch.fx.Interpreter):
         out = _fresh(_traced(node))
         if plan.site.kind == "sdpa":
             self.tracker.place(out, Shard(seq))
+        elif plan.site.kind == "flex":  # (out, lse, max_scores); the mods index their buffers by GLOBAL position
+            for t in _tensors(args[5:], {}):
+                if (p := self.tracker.placement(t)) is not None:
+                    what = "a flex_attention score_mod/mask_mod buffer"
+                    self.tracker.flag(what, "flex_buffer", moves=((p, Replicate()),))
+            for t in out:
+                self.tracker.place(t, Shard(seq))
         else:
             for t, p in zip(out, (Shard(0), Shard(1))):
                 self.tracker.place(t, p)
@@ -300,9 +309,24 @@ class Runner(torch.fx.Interpreter):
         start = BODY_OPERANDS.get(hop.name())
         if start is not None and isinstance(args[0], torch.fx.GraphModule):
             return Runner(args[0], self.tracker).run(*args[start:])
+        if hop.name() == "cond" and all(isinstance(b, torch.fx.GraphModule) for b in args[1:3]):
+            return self._cond(node, *args[1:4])
         if any(self.tracker.placement(t) is not None for t in _tensors(args, {})):
             self.tracker.flag(hop.name(), "hop")
         return _fresh(_traced(node))
+
+    def _cond(self, node: torch.fx.Node, true_fn, false_fn, operands):
+        """Both branches run on the same operands. An output carries the tokens where either branch's does (a
+        branch may return a token-wise constant instead); the two must not put them on different dims."""
+        outs = [Runner(body, self.tracker).run(*operands) for body in (true_fn, false_fn)]
+        leaves = [[t for t in pytree.tree_leaves(o) if isinstance(t, torch.Tensor)] for o in outs]
+        for first, second in zip(*leaves):
+            p, q = self.tracker.placement(first), self.tracker.placement(second)
+            if p is not None and q is not None and p != q:
+                detail = f"its two branches place the sequence dim differently ({p} and {q})"
+                self.tracker.flag("cond", "hop", moves=((p, q),), detail=detail)
+            self.tracker.place(first, p if p is not None else q)
+        return outs[0]
 
 
 def track(gm: torch.fx.GraphModule, seeds: dict[str, int]) -> Result:

@@ -41,7 +41,7 @@ DIFFERS = "cpcompile: cu_seqlens differs between CP ranks; pass the same GLOBAL 
 
 def bad_cu_message(total: int, max_doc: int | None, doc_multiple_per_cp: int, world: int) -> str:
     """The packed check's assert message: the rules for this site, within MAX_MESSAGE characters."""
-    rules = [f"cu[0]=0, non-decreasing, cu[-1]={total} (global packed length)"]
+    rules = [f"cu[0]=0, non-decreasing, cu[-1]={total} (the GLOBAL packed length, not a rank's local one)"]
     if max_doc is not None:
         rules.append(f"docs <= max_q/max_k={max_doc}")
     if doc_multiple_per_cp > 1:

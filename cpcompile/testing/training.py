@@ -45,8 +45,22 @@ def make_batches(cfg: TinyConfig, steps: int, batch: int, seq: int, seed: int = 
     return out
 
 
-def _model(cfg: TinyConfig, seed: int, dtype: torch.dtype, device: torch.device) -> TinyLlama:
+def _tiny_logits(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids, position_ids)
+
+
+MODELS = ("tiny", "hf-llama")
+"""train(model=...): TinyLlama, or transformers' LlamaForCausalLM of the same sizes (testing/hf_llama.py)."""
+
+
+def _model(cfg: TinyConfig, seed: int, dtype: torch.dtype, device: torch.device, model: str) -> torch.nn.Module:
     torch.manual_seed(seed)
+    if model == "hf-llama":
+        from .hf_llama import hf_llama
+
+        return hf_llama(cfg).to(device=device, dtype=dtype)
+    if model != "tiny":
+        raise ValueError(f"model must be one of {MODELS}, not {model!r}")
     return TinyLlama(cfg).to(device=device, dtype=dtype)
 
 
@@ -62,10 +76,15 @@ def train(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     on_step: Callable[[int, float], None] | None = None,
+    model: str = "tiny",
 ) -> TrainResult:
-    """Train on `batches`: single-process when strategy is None, else CP over the default group."""
+    """Train `model` (see MODELS) on `batches`: single-process when strategy is None, else CP over the default
+    group."""
     device = torch.device(device)
-    model = _model(cfg, seed, dtype, device)
+    forward = _tiny_logits
+    if model == "hf-llama":
+        from .hf_llama import hf_logits as forward
+    model = _model(cfg, seed, dtype, device, model)
     opt = torch.optim.SGD(model.parameters(), lr=lr)  # plain SGD: weight error tracks gradient error
     backend = None
     if strategy is None:
@@ -78,7 +97,7 @@ def train(
         n_tokens = int((full["labels"] != -100).sum())
         batch = full if strategy is None else cpcompile.shard_batch(full, strategy=strategy)
         batch = {k: v.to(device) for k, v in batch.items()}
-        logits = step_model(batch["input_ids"], batch["position_ids"])
+        logits = forward(step_model, batch["input_ids"], batch["position_ids"])
         loss = token_loss_sum(logits, batch["labels"]) / n_tokens
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -10,27 +10,8 @@ import torch.nn.functional as F
 import cpcompile
 from cpcompile import CPCompileError
 from cpcompile.kernels import resolve_kernel
+from tests.support.errors import cp_error as _cp_error
 from tests.support.fake_pg import fake_group
-
-
-def _cp_error(excinfo) -> CPCompileError:
-    """Dynamo wraps backend errors (BackendCompilerFailed); find ours in the chain."""
-    err = excinfo.value
-    while err is not None and not isinstance(err, CPCompileError):
-        err = err.__cause__ or err.__context__
-    assert err is not None, f"no CPCompileError in {excinfo.value!r}"
-    return err
-
-
-@pytest.fixture
-def no_comm(monkeypatch):
-    """Fail the test if any collective is issued: errors must come before communication."""
-
-    def boom(*args, **kwargs):
-        raise AssertionError("a collective ran before the error was raised")
-
-    monkeypatch.setattr(cpcompile.comm.collectives, "_all_gather", boom)
-    monkeypatch.setattr(cpcompile.comm.collectives, "_reduce_scatter", boom)
 
 
 def _compile_error(fn, *args, strategy="flat", rank=0, world=2, dynamic=False, **kwargs) -> str:

@@ -12,34 +12,14 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import cpcompile
-from cpcompile import CPCompileError
 from cpcompile.passes import guard_tokens as _guard
 from cpcompile.token_local import clear_token_local_marks
+from tests.support.errors import cp_error as _cp_error
 from tests.support.fake_pg import fake_group
 
 pytestmark = pytest.mark.skipif(not _guard.SUPPORTED, reason="the token guard needs torch >= 2.13")
 
 B, L, D = 2, 8, 8  # the sequence dim is 1 of (B, L, D)
-
-
-def _cp_error(excinfo) -> CPCompileError:
-    """Dynamo wraps backend errors (BackendCompilerFailed); find ours in the chain."""
-    err = excinfo.value
-    while err is not None and not isinstance(err, CPCompileError):
-        err = err.__cause__ or err.__context__
-    assert err is not None, f"no CPCompileError in {excinfo.value!r}"
-    return err
-
-
-@pytest.fixture
-def no_comm(monkeypatch):
-    """Fail the test if any collective is issued: the refusal must come before communication."""
-
-    def boom(*args, **kwargs):
-        raise AssertionError("a collective ran before the error was raised")
-
-    for name in ("_all_gather", "_reduce_scatter"):
-        monkeypatch.setattr(cpcompile.comm.collectives, name, boom)
 
 
 @pytest.fixture(autouse=True)
@@ -162,16 +142,17 @@ def test_refusal_names_the_line(no_comm):
     assert "in cumsum: `return attend(x).cumsum(dim=1)`" in msg, msg
 
 
-def test_flex_attention_is_refused(no_comm):
+def test_flex_attention_is_rewritten_not_refused():
+    """flex_attention is a CP region now (tests/parity/test_flex.py); what cannot be rewritten is refused by the
+    planner (tests/errors/test_flex_errors.py), and a flex call the rewrite did not reach by the guard."""
     from torch.nn.attention.flex_attention import flex_attention
 
     def flex(x):
         q = x.view(B, L, 2, -1).transpose(1, 2)
         return flex_attention(q, q, q)
 
-    msg = refusal(flex, torch.randn(B, L, D))
-    assert f"flex_attention node 'flex_attention' at {__file__}" in msg, msg
-    assert "FlexAttention" in msg and "not rewritten" in msg and "scaled_dot_product_attention" in msg, msg
+    be = compile_cp(flex, torch.randn(B, L, D))
+    assert [p.site.kind for p in be.plans] == ["flex"]
 
 
 def token_wise(x):
@@ -307,6 +288,38 @@ def test_attention_in_a_checkpoint_body_is_rewritten_and_passes_the_guard():
         return checkpoint(attend, x, use_reentrant=False)
 
     assert len(compile_cp(checkpointed, torch.randn(B, L, D, requires_grad=True)).plans) == 1
+
+
+def test_attention_in_cond_branches_passes_the_guard():
+    def clean(x, flag):
+        return torch.cond(flag.sum() > 0, lambda x: attend(x), lambda x: 2 * attend(x), (x,))
+
+    def constant_branch(x, flag):  # one branch returns no tokens at all: a token-wise constant
+        return attend(x) + torch.cond(flag.sum() > 0, lambda x: x * 2, lambda x: torch.ones(B, L, D), (x,))
+
+    assert len(compile_cp(clean, torch.randn(B, L, D), torch.ones(1)).plans) == 2
+    compile_cp(constant_branch, torch.randn(B, L, D), torch.ones(1))
+
+
+def test_cond_branches_are_looked_into(no_comm):
+    def mixing(x, flag):
+        return attend(x) + torch.cond(flag.sum() > 0, body_cumsum, body_token_wise, (x,))
+
+    msg = refusal(mixing, torch.randn(B, L, D), torch.ones(1))
+    assert f"node 'cumsum' at {__file__}" in msg and "in body_cumsum" in msg, msg
+
+
+def test_cond_branches_that_place_the_sequence_differently_are_refused(no_comm):
+    """One branch keeps the tokens on dim 1, the other moves them to dim 2 (L == D): after the cond nobody can
+    tell where they are, so what follows cannot be checked."""
+
+    def diverging(x, flag):
+        y = torch.cond(flag.sum() > 0, lambda x: x * 2, lambda x: x.transpose(1, 2).contiguous(), (x,))
+        return attend(x) + y
+
+    assert L == D
+    msg = refusal(diverging, torch.randn(B, L, D), torch.ones(1))
+    assert "higher-order op cond" in msg and "two branches place the sequence dim differently" in msg, msg
 
 
 @torch.library.custom_op("cpcompile_test::fused_scale", mutates_args=())

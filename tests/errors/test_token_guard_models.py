@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import cpcompile
-from cpcompile import CPCompileError
 from cpcompile.passes import guard_tokens as _guard
 from cpcompile.passes.guard_tokens import check_graph
 from cpcompile.passes.match import find_attention_sites
@@ -18,6 +17,7 @@ from cpcompile.passes.plan import plan_site
 from cpcompile.passes.rewrite import rewrite_graph
 from cpcompile.testing.model import TinyConfig, TinyLlama, token_loss_sum
 from cpcompile.testing.varlen_model import VarlenTinyLlama, document_position_ids
+from tests.support.errors import cp_error as _cp_error
 from tests.support.fake_pg import fake_group
 
 pytestmark = pytest.mark.skipif(not _guard.SUPPORTED, reason="the token guard needs torch >= 2.13")
@@ -31,14 +31,6 @@ def compile_cp(fn, *args, strategy="zigzag", comm="all_gather", world=2, rank=0)
         torch._dynamo.reset()
         torch.compile(fn, backend=be, fullgraph=True)(*args)
     return be
-
-
-def _cp_error(excinfo) -> CPCompileError:
-    err = excinfo.value
-    while err is not None and not isinstance(err, CPCompileError):
-        err = err.__cause__ or err.__context__
-    assert err is not None, f"no CPCompileError in {excinfo.value!r}"
-    return err
 
 
 @pytest.mark.parametrize(

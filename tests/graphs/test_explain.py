@@ -55,7 +55,9 @@ def test_report_table_snapshot():
     with torch.device("meta"):
         model, x = Attend(heads=(16, 4), head_dim=64), torch.randn(1, 32768, 32)
     report = cpcompile.explain(model, x, strategy="zigzag", comm="auto", world=4, device="cpu")
-    assert_expected_inline(str(report), """\
+    assert_expected_inline(
+        str(report),
+        """\
 cpcompile.explain: strategy=zigzag comm=auto kernel=auto world=4: 1 attention site(s) in 1 graph(s), 0 refusal(s)
 
 #  node  source              q / k / v (local)                         layout  comm        kernel     blocks/rank  sent fwd / bwd per rank  FLOPs/rank (fwd+bwd)  max/mean  est. ms
@@ -65,7 +67,8 @@ cpcompile.explain: strategy=zigzag comm=auto kernel=auto world=4: 1 attention si
 
 Refused: nothing
 
-Recommended layout: flat (estimated forward + backward over 1 site(s) for these shapes: flat 6.83 ms with a2a + cpu_flash, FLOPs max/mean per rank 1.00; zigzag 7.37 ms with all_gather + cpu_flash, FLOPs max/mean per rank 1.00)""")
+Recommended layout: flat (estimated forward + backward over 1 site(s) for these shapes: flat 6.83 ms with a2a + cpu_flash, FLOPs max/mean per rank 1.00; zigzag 7.37 ms with all_gather + cpu_flash, FLOPs max/mean per rank 1.00)""",
+    )
 
 
 def test_sites_are_what_the_backend_plans_on_every_rank():

@@ -11,3 +11,16 @@ def test_assert_messages_fit():
     assert "cu[-1]=1000000000000" in longest and "2*cp=2000000" in longest
     for message in (DIFFERS, COND_DIFFERS, longest, bad_cu_message(8, None, 0, 2)):
         assert len(message) <= MAX_MESSAGE, (len(message), message)
+
+
+def test_rank_disagreement_names_the_field():
+    from cpcompile.passes.agree import differences
+
+    site = "('varlen', 'thd', 'all_gather', 'cpu_varlen_ref', True, 0.25, False, (48, 16, 16), (48, 16, 16), (48, 16, 16), 'torch.bfloat16', 'cpu', 2, (-1, 0), {})"
+    said = differences("sites:" + site.format(21), "sites:" + site.format(18), 0, 1)
+    assert said.startswith("site 0 differs in max_doc: rank 0 has 21, rank 1 18 (varlen_attn's max_q/max_k")
+    assert "GLOBAL packed batch" in said and "get_attention_masks" in said
+    said = differences("sites:" + site.format(21), "sites:" + site.format(21).replace("'thd'", "'thd_zigzag'"), 1, 0)
+    assert said == "site 0 differs in layout: rank 1 has 'thd', rank 0 'thd_zigzag'. "
+    assert differences("sites:" + site.format(21), "sites:", 0, 1) == "rank 0 planned 1 attention sites, rank 1 0. "
+    assert differences("error:x", "sites:", 0, 1) == ""
