@@ -39,10 +39,18 @@ from .trace import capture_graphs
 __all__ = ["Recommendation", "Refusal", "Report", "SiteReport", "explain"]
 
 
-def _site_report(graph: int, plan: CPPlan, cu: torch.Tensor | None) -> SiteReport:
+def _site_estimate(plan: CPPlan, cu: torch.Tensor | None):
+    """The cost model's estimate of the planned site; None for flex_attention (the BlockMask sets its work)."""
     site = plan.site
+    if site.kind == "flex":
+        return None
     extra = {} if site.kind == "sdpa" else dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse)
     shape = SiteShape.of_site(site, plan.causal, plan.group.size, **extra)
+    return estimate(shape, plan.layout, plan.comm, plan.kernel, cu)
+
+
+def _site_report(graph: int, plan: CPPlan, cu: torch.Tensor | None) -> SiteReport:
+    site = plan.site
     return SiteReport(
         graph=graph,
         node=site.node.name,
@@ -56,8 +64,8 @@ def _site_report(graph: int, plan: CPPlan, cu: torch.Tensor | None) -> SiteRepor
         kernel=plan.kernel,
         causal=plan.causal,
         window=getattr(plan, "window", None),
-        estimate=estimate(shape, plan.layout, plan.comm, plan.kernel, cu),
-        choice=plan.choice,
+        estimate=_site_estimate(plan, cu),
+        choice=getattr(plan, "choice", None),
     )
 
 
@@ -156,11 +164,20 @@ def explain(
     if device is None and any(s.device.type == "meta" for s in sites):
         report.notes.append("the example tensors are on the meta device: pass device='cuda' (or 'cpu') to plan kernels")
     kinds = {s.kind for s in sites}
-    if len(kinds) > 1:
+    costed = next((kind for kind in ("sdpa", "varlen") if kind in kinds), None)
+    if "flex" in kinds:
+        report.notes.append(
+            "flex_attention sites are planned but not costed (their work is set by the BlockMask's blocks): no "
+            "blocks, FLOPs or estimate for them, and comm='auto' refuses them"
+        )
+    if {"sdpa", "varlen"} <= kinds:
         report.notes.append("the model has SDPA and varlen_attn sites; the recommendation covers the SDPA ones")
-    report.recommendation = recommend([s for s in sites if s.kind == min(kinds)], configs[0], cu) if sites else None
+    chosen = [s for s in sites if s.kind == costed]
+    report.recommendation = recommend(chosen, configs[0], cu) if chosen else None
     if not graphs:
         report.notes.append("Dynamo captured no graph of this call (nothing was compiled, so nothing is rewritten)")
     elif not sites:
-        report.notes.append("no scaled_dot_product_attention or varlen_attn call was found in the traced graphs")
+        report.notes.append(
+            "no scaled_dot_product_attention, varlen_attn or flex_attention call was found in the traced graphs"
+        )
     return report

@@ -27,22 +27,23 @@ class SiteReport:
     kernel: str
     causal: bool
     window: tuple[int, int] | None
-    estimate: Estimate
-    """blocks, FLOPs and time per rank, bytes a rank sends per forward / backward (cost/model.py)."""
+    estimate: Estimate | None
+    """blocks, FLOPs and time per rank, bytes a rank sends per forward / backward (cost/model.py); None for
+    flex_attention sites (not costed: the BlockMask sets their work)."""
     choice: Choice | None = None
     """What comm="auto" / kernel="auto" weighed (the planner's shape-only estimates); None: nothing to choose."""
 
     @property
-    def blocks(self) -> tuple[int, ...]:
-        return self.estimate.blocks
+    def blocks(self) -> tuple[int, ...] | None:
+        return None if self.estimate is None else self.estimate.blocks
 
     @property
-    def flops(self) -> tuple[float, ...]:
-        return self.estimate.flops
+    def flops(self) -> tuple[float, ...] | None:
+        return None if self.estimate is None else self.estimate.flops
 
     @property
-    def balance(self) -> float:
-        return self.estimate.balance
+    def balance(self) -> float | None:
+        return None if self.estimate is None else self.estimate.balance
 
 
 @dataclass(frozen=True)
@@ -127,13 +128,18 @@ def render(report: Report) -> str:
         ]  # fmt: skip
         for i, s in enumerate(report.sites):
             e = s.estimate
+            costs = ["-"] * 5 if e is None else [
+                _per_rank(e.blocks), f"{_bytes(e.sent_fwd)} / {_bytes(e.sent_bwd)}", _per_rank(e.flops, _flops),
+                f"{e.balance:.2f}", f"{e.total_ms:.3g}",
+            ]  # fmt: skip
             rows.append([
                 str(i), s.node, s.source, " / ".join(_shape(x) for x in (s.q_shape, s.k_shape, s.v_shape)), s.layout,
-                s.comm, s.kernel, _per_rank(e.blocks), f"{_bytes(e.sent_fwd)} / {_bytes(e.sent_bwd)}",
-                _per_rank(e.flops, _flops), f"{e.balance:.2f}", f"{e.total_ms:.3g}",
+                s.comm, s.kernel, *costs,
             ])  # fmt: skip
         lines += _table(rows)
         for i, s in enumerate(report.sites):
+            if s.estimate is None:
+                continue
             extra = []
             if s.choice is not None:
                 basis = f", {s.choice.chosen.documents}" if s.choice.chosen.documents else ""

@@ -15,24 +15,13 @@ from torch.nn.attention.varlen import AuxRequest, varlen_attn
 import cpcompile
 from cpcompile.comm.registry import get_comm
 from tests.support.fake_pg import capture_graphs, fake_group
-from tests.support.graphs import _collectives
+from tests.support.graphs import sent_bytes
 
 WORLD, RANK = 4, 1
 
 
 def _sent(gm) -> int:
-    total = 0
-    for node in _collectives(gm):
-        x = node.args[0].meta["val"]
-        size = x.numel() * x.element_size()
-        name = str(node.target)
-        if "all_gather" in name:
-            if x.dtype == torch.int64 and x.numel() == 2:  # the cu_seqlens check (regions/guards.py)
-                continue
-            total += (WORLD - 1) * size
-        else:  # reduce_scatter, all_to_all
-            total += (WORLD - 1) * size // WORLD
-    return total
+    return sent_bytes(gm, WORLD)
 
 
 def _dense(layout, comm, heads, dtype):

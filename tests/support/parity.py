@@ -43,11 +43,14 @@ def reference(q, k, v, dout, causal: bool, dtype: torch.dtype, scale=None):
     return [out.detach()] + [t.grad for t in leaves]
 
 
-def cp_attention(q, k, v, dout, *, strategy, causal, dtype, inner="aot_eager", scale=None, comm="all_gather"):
-    """(out, dq, dk, dv) of the compiled CP region on this rank's shards, in local layout."""
+def cp_attention(
+    q, k, v, dout, *, strategy, causal, dtype, inner="aot_eager", scale=None, comm="all_gather", backend=None
+):
+    """(out, dq, dk, dv) of the compiled CP region on this rank's shards, in local layout (`backend`: this
+    cpcompile backend instead of one made from strategy, comm and inner)."""
     shard = lambda t: cpcompile.shard(t.to(dtype), strategy=strategy, seq_dim=2)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
-    be = cpcompile.backend(strategy=strategy, comm=comm, inner=inner)
+    be = backend or cpcompile.backend(strategy=strategy, comm=comm, inner=inner)
 
     def attn(a, b, c):
         return F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=True, scale=scale)
