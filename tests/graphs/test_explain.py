@@ -193,3 +193,19 @@ def test_bad_arguments_raise():
         cpcompile.explain(Attend(), torch.randn(2, 64, 32), strategy="ring", world=2)
     with pytest.raises(cpcompile.CPCompileError, match="at least 2 ranks"):
         cpcompile.explain(Attend(), torch.randn(2, 64, 32), world=1)
+
+
+def test_flex_sites_are_planned_not_costed():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def attend(q, k, v):
+        return flex_attention(q, k, v, enable_gqa=True)  # no BlockMask: full attention
+
+    q, k, v = (torch.randn(1, h, 64, 8) for h in (4, 2, 2))
+    report = cpcompile.explain(attend, q, k, v, strategy="zigzag", comm="all_gather", world=2, seq_dim=2)
+    (site,) = report.sites
+    assert (site.kind, site.comm, site.kernel, site.q_shape) == ("flex", "all_gather", "flex", (1, 4, 32, 8))
+    assert site.estimate is None and site.blocks is None and report.recommendation is None
+    assert "not costed" in report.notes[0] and "  -  " in str(report)
+    report = cpcompile.explain(attend, q, k, v, strategy="zigzag", comm="auto", world=2, seq_dim=2)
+    assert "does not cost flex_attention" in report.refusals[0].message and "comm='a2a'" in report.refusals[0].fix
