@@ -1,5 +1,6 @@
 """What the cpcompile pass adds to a compile: TinyLlama (2 to 32 layers) compiled cold with the cpcompile
-backend (inner Inductor) and with plain Inductor, in one process, on CPU, as rank 0 of a fake process group.
+backend (inner Inductor) and with plain Inductor, in one process, on CPU (--device cuda: a GPU), as rank 0 of a
+fake process group.
 
 A compile is timed as the first forward + backward of a fresh model (Dynamo, the pass, aot_autograd, Inductor's
 forward and backward codegen and C++ builds; the run itself is milliseconds), after `torch._dynamo.reset()`
@@ -14,6 +15,7 @@ and every row reports the median over the repeats and the spread (min, max). The
 find, plan, agree_ranks, rewrite, guard) is timed inside the same compile.
 
     python -m bench.compile_time --out bench/results/compile_time.json [--layers 2 4 8 16 32] [--repeats 3]
+        [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -78,14 +80,19 @@ def timed_steps(spent: dict[str, float]):
         passes.PASSES = steps
 
 
+DEVICE = "cpu"
+"""Where the model runs (--device): "cpu" (fp32, C++ kernels) or "cuda" (bf16, Triton kernels)."""
+
+
 def compile_once(layers: int, backend: str) -> dict:
     """One cold compile (first forward + backward) of a fresh TinyLlama: seconds, sites, the pass's steps."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = TinyLlama(TinyConfig(layers=layers))
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    model = TinyLlama(TinyConfig(layers=layers)).to(DEVICE, dtype)
     local = SEQ // WORLD
-    ids = torch.randint(0, model.cfg.vocab, (BATCH, local))
-    pos = torch.arange(local).expand(BATCH, local)
+    ids = torch.randint(0, model.cfg.vocab, (BATCH, local), device=DEVICE)
+    pos = torch.arange(local, device=DEVICE).expand(BATCH, local)
     spent: dict[str, float] = {}
     be = cpcompile.backend(strategy="zigzag", inner="inductor") if backend == "cpcompile" else "inductor"
     metrics.reset()
@@ -148,8 +155,10 @@ def _machine() -> dict:
         with open("/proc/cpuinfo") as f:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else None
     return {
-        "device": "cpu",
+        "device": DEVICE,
+        "gpu": gpu,
         "cpu": cpu,
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
@@ -167,7 +176,10 @@ def main() -> None:
     parser.add_argument("--layers", nargs="*", type=int, default=[2, 4, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, help="write the records here (JSON)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: bf16, Triton kernels")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     machine = _machine()
     print(f"torch {machine['torch']}, {machine['cpu']}, {machine['threads']} threads, caches off")
     records = []

@@ -35,8 +35,8 @@ def main(src: str = "bench/results/compile_time.json", png: str = "docs/compile_
     right.set_title("labels: cpcompile / Inductor - 1", fontsize=8)
     first = recs[0]
     fig.suptitle(
-        f"What the cpcompile pass adds to a compile: {first['cpu']}, torch {first['torch']}, caches off, "
-        f"median of {first['repeats']}",
+        f"What the cpcompile pass adds to a compile: {first.get('gpu') or first['cpu']}, torch {first['torch']}, "
+        f"caches off, median of {first['repeats']}",
         fontsize=9,
     )
     fig.tight_layout()

@@ -139,7 +139,8 @@ def explain(
     seq_dim: the sequence dim of the example tensors (default 1; packed strategies 0); cu_seqlens: the global
     document offsets the model takes (packed strategies; the same tensor, or the `cu_seqlens` keyword);
     seq_keys / passthrough_keys: keyword tensors to cut like the tokens / keep whole (as in shard_batch);
-    device: plan the kernels for this device instead of the example tensors' (e.g. "cuda" for meta tensors).
+    device: plan the kernels for this device instead of the example tensors' (meta tensors: "cpu", or "cuda" in a
+    process where CUDA is available, since the kernels' availability checks run here).
     Unknown names and a world below 2 raise CPCompileError; everything the pass would refuse is a refusal.
     """
     check_choices(strategy, comm, kernel)

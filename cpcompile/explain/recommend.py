@@ -16,7 +16,7 @@ import dataclasses
 import torch
 
 from ..cost import TIE, Estimate, SiteShape, estimate
-from ..errors import CPCompileError
+from ..errors import CPCompileError, node_origin
 from ..layouts import LAYOUTS, THD_LAYOUTS
 from ..passes.match import AttentionSite
 from ..passes.plan import plan_site
@@ -53,6 +53,16 @@ def _layout_cost(sites, layout: str, config: CPConfig, cu: torch.Tensor | None) 
     return best, note
 
 
+def _rule(message: str, sites: list[AttentionSite]) -> str:
+    """The rule a site error names, without the node's origin and the fix (the refusals list has both)."""
+    for site in sites:
+        origin = node_origin(site.node) + ": "
+        if origin in message:
+            message = message.split(origin, 1)[1]
+            break
+    return message.split(". Fix: ", 1)[0][:200]
+
+
 def recommend(sites: list[AttentionSite], config: CPConfig, cu: torch.Tensor | None) -> Recommendation | None:
     """The recommended layout for `sites` (all of one kind: SDPA or varlen_attn), or None without sites."""
     if not sites:
@@ -64,11 +74,12 @@ def recommend(sites: list[AttentionSite], config: CPConfig, cu: torch.Tensor | N
         try:
             best, note = _layout_cost(sites, layout, config, cu)
         except CPCompileError as e:
-            refused[layout] = str(e).split(": ", 1)[-1][:160]
+            refused[layout] = _rule(str(e), sites)
             continue
         costs[layout] = (sum(e.total_ms for e in best), best, note)
     if not costs:
-        return Recommendation("none", "no layout can take these sites: " + "; ".join(refused.values()))
+        reasons = "; ".join(f"{name}: {why}" for name, why in refused.items())
+        return Recommendation("none", "no layout can take these sites: " + reasons)
     fastest = min(total for total, _, _ in costs.values())
     chosen = next(name for name, (total, _, _) in costs.items() if total <= fastest * (1 + TIE))
     parts = []

@@ -154,7 +154,9 @@ def render(report: Report) -> str:
     lines.append("")
     if report.refusals:
         lines.append("Refused:")
-        lines += [f"  - [{r.where}] {r.message}" for r in report.refusals]
+        lines += [
+            f"  - {r.message}" if r.where in r.message else f"  - [{r.where}] {r.message}" for r in report.refusals
+        ]
     else:
         lines.append("Refused: nothing")
     if report.recommendation is not None:
