@@ -8,11 +8,15 @@ CUDA events, warm-up, median.
 
     python -m bench.single_gpu --out bench/results/single_gpu.json [--seqs 32768,65536] [--cps 2,4,8] [--quick]
 
-Packed documents (--layouts thd,thd_zigzag; bench/thd_cases.py): the varlen executor ops on each rank's
+Packed documents (--layouts thd,thd_zigzag,thd_balanced; bench/thd_cases.py): the varlen executor ops on each rank's
 packed inputs for realistic document-length mixes (--mixes), on --thd-kernels ("auto": cudnn_varlen where
 cudnn-frontend is installed, else flash_varlen), against the ideal = the fastest single-GPU kernel's fwd+bwd of
 every document in full over the whole packed sequence (cuDNN THD or FA2 varlen, `ideal_source`; the FA2 ideal
-is kept as `ideal_fa2_full_ms`), / cp. all_gather rows also record the balance ceiling (mean / max rank work).
+is kept as `ideal_fa2_full_ms`), / cp. all_gather rows also record the balance ceiling (mean / max rank work);
+thd_balanced rows the host time of its per-batch plan (`plan_ms`). Its rows alone (about 2 minutes on an H200):
+
+    python -m bench.single_gpu --layouts thd_balanced --seqs 32768,65536,131072 --cps 2,4,8 \
+        --mixes docs-median-1K,docs-median-8K --thd-comms all_gather --thd-kernels cudnn_varlen
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from bench.common import (
 from cpcompile import executor  # (registers torch.ops.cpcompile.*)
 from cpcompile.executor import streams
 from cpcompile.kernels import get_kernel, resolve_kernel
-from cpcompile.layouts import get_layout
+from cpcompile.layouts import get_layout, get_packed_layout
 
 SCALE = 1 / math.sqrt(D)
 HEADS = {"gqa": (HQ, HKV), "mha": (HQ, HQ)}
@@ -268,6 +272,8 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                         hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=args.iters,
                         device=device, torch=torch.__version__, measured_at=_now(),
                     )  # fmt: skip
+                    if get_packed_layout(layout).carries_plan:  # thd_balanced: the data loader's cost a batch
+                        rec["plan_ms"] = thd_cases.model_cu(layout, lengths, cp)[1]
                     if t["work"]:  # all_gather: ranks do unequal work; time follows work at best
                         rec["rank_work"] = t["work"]
                         rec["balance_ceiling"] = sum(t["work"]) / len(t["work"]) / max(t["work"])

@@ -2,14 +2,16 @@
 
 A mix draws document lengths from a log-normal (long tail: many short documents, a few of tens of thousands of
 tokens), rounded to multiples of 16 so one mix is valid for thd_zigzag at every cp <= 8, the last document cut
-to fill S exactly. The ideal is the fastest single-GPU kernel run once over the whole packed sequence (every
-document in full), divided by cp: cuDNN THD where cudnn-frontend is installed (`provider_full_fn`), else FA2
-varlen (`full_fn`, always timed as a second column).
+to fill S exactly. thd_balanced's blocks come from its per-batch plan (`model_cu`: made on the host as
+shard_batch makes it, its time recorded as `plan_ms`). The ideal is the fastest single-GPU kernel run once
+over the whole packed sequence (every document in full), divided by cp: cuDNN THD where cudnn-frontend is
+installed (`provider_full_fn`), else FA2 varlen (`full_fn`, always timed as a second column).
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -22,6 +24,8 @@ from cpcompile.regions.all_gather_varlen import attend_gathered, fold_key_grads
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
 SCALE = 1 / math.sqrt(D)
 UNIT = 16
+DEVICE = "cuda"
+"""Where the rank inputs live ("cpu" only to smoke-test the index math without a GPU)."""
 MIXES = {"docs-median-1K": (1024, 1.5), "docs-median-8K": (8192, 1.0)}
 """name: (median document length, sigma of log length): means ~3.1K and ~13.5K tokens before the cut at S."""
 
@@ -39,7 +43,7 @@ def doc_lengths(seq: int, mix: str, seed: int = 2) -> list[int]:
 
 
 def cu_seqlens(lengths: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
 
 
 def doc_flops(lengths: list[int]) -> float:
@@ -48,18 +52,33 @@ def doc_flops(lengths: list[int]) -> float:
 
 
 def packed(t: int, h: int) -> torch.Tensor:
-    return torch.randn(t, h, D, device="cuda", dtype=DTYPE)
+    return torch.randn(t, h, D, device=DEVICE, dtype=DTYPE)
+
+
+_PLANS: dict[tuple, tuple[torch.Tensor, float]] = {}
+
+
+def model_cu(layout: str, lengths: list[int], cp: int) -> tuple[torch.Tensor, float]:
+    """(what the model's varlen_attn gets as cu_seqlens, host ms to make it): the offsets, or thd_balanced's
+    plan made from them on the host as shard_batch makes it (once per layout x mix x cp, then cached)."""
+    key = (layout, tuple(lengths), cp)
+    if key not in _PLANS:
+        offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        t0 = time.perf_counter()
+        cu = get_packed_layout(layout).prepare(offsets, sum(lengths), cp)
+        _PLANS[key] = cu.to(DEVICE), (time.perf_counter() - t0) * 1e3
+    return _PLANS[key]
 
 
 def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
     """A rank's packed q/dout, the gathered K/V exactly as the region's all-gather delivers them ((T, 2, Hkv, D),
-    rank-major), the layout's key-buffer index (thd_zigzag) and its block, bounded by the longest document as
-    the region does with varlen_attn's max_q/max_k."""
+    rank-major), the layout's key-buffer index (thd_zigzag, thd_balanced) and its block, bounded by the longest
+    document as the region does with varlen_attn's max_q/max_k."""
     total = sum(lengths)
     local = total // cp
     q, dout = packed(local, HQ), packed(local, HQ)
-    gathered = torch.randn(total, 2, HKV, D, device="cuda", dtype=DTYPE)
-    lay, cu = get_packed_layout(layout), cu_seqlens(lengths)
+    gathered = torch.randn(total, 2, HKV, D, device=DEVICE, dtype=DTYPE)
+    lay, cu = get_packed_layout(layout), model_cu(layout, lengths, cp)[0]
     blocks = lay.blocks(cu, local, cp, rank, True, max(lengths))
     key_maps = lay.key_buffer(cu, local, cp, rank, True) or (None, None)
     return q, gathered, key_maps, dout, [b.ranges for b in blocks], encode_varlen(blocks)

@@ -6,7 +6,16 @@ model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=m
 from .backend import CPBackend, backend
 from .errors import CPCompileError
 from .explain import explain
-from .sharding import pad_cu_seqlens, pad_documents, pad_to_multiple, shard, shard_batch, shard_block_mask, unshard
+from .sharding import (
+    pad_cu_seqlens,
+    pad_documents,
+    pad_to_multiple,
+    plan_documents,
+    shard,
+    shard_batch,
+    shard_block_mask,
+    unshard,
+)
 from .token_local import mark_token_local
 
 __version__ = "0.1.0"
@@ -20,6 +29,7 @@ __all__ = [
     "pad_cu_seqlens",
     "pad_documents",
     "pad_to_multiple",
+    "plan_documents",
     "shard",
     "shard_batch",
     "shard_block_mask",

@@ -17,9 +17,18 @@ from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
 from .passes import CPConfig, CPPlan
 from .passes.dtensor_rules import register_cpu_sdpa_rules
+from .passes.plans import FlexPlan
 from .passes.varlen_fake import fix_varlen_fake
 
 INNER = ("inductor", "aot_eager", "eager")
+OVERLAP_COMMS = ("ring", "all_gather")
+INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
+"""Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
+allocating its output: the ring's shift and the all-gather then run with nothing between issue and wait, no
+overlap (seen on a plain SDPA layer: bench/probes/ring_trace.py, tests/graphs/test_ring.py). Graphs holding
+those regions (not flex_attention's, which overlaps nothing) are compiled in program order, which already
+issues each collective before the blocks it overlaps and keeps at most two K/V chunks in flight; Inductor's
+other passes stay on."""
 
 register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
 fix_varlen_fake()  # at import: Dynamo traces varlen_attn with MLA head dims before any backend is called
@@ -69,7 +78,13 @@ class CPBackend:
         return gm
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
-        return _inner_compiler(self.inner)(self.transform(gm), example_inputs)
+        before = len(self.plans)
+        gm = self.transform(gm)
+        compiler = _inner_compiler(self.inner)
+        overlapped = [p for p in self.plans[before:] if p.comm in OVERLAP_COMMS and not isinstance(p, FlexPlan)]
+        if self.inner == "inductor" and overlapped:
+            return compiler(gm, example_inputs, config_patches=INDUCTOR_OVERLAP_PATCHES)
+        return compiler(gm, example_inputs)
 
 
 def check_choices(strategy: str, comm: str, kernel: str) -> None:
@@ -91,21 +106,31 @@ def backend(
     group: dist.ProcessGroup | None = None,
     kernel: str = "auto",
     inner: str | Callable = "inductor",
+    regather: bool = False,
 ) -> CPBackend:
     """A torch.compile backend that runs every attention node context-parallel.
 
     strategy: token layout across ranks ("flat", "zigzag"; "thd", "thd_zigzag" for packed documents under
     torch.nn.attention.varlen.varlen_attn); comm: "all_gather" (gather K/V), "a2a" (Ulysses: trade heads for
-    sequence) or "auto" (per site, the comm the cost model estimates fastest, cost/choose.py); mesh: a 1-D
-    DeviceMesh or one with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto"
-    (per site, the fastest estimate among the providers that can run it) or a provider name; inner: the
-    compiler after the pass ("inductor", "aot_eager", "eager", or any torch.compile backend callable, e.g. one
-    that records aot_autograd graphs)."""
+    sequence), "ring" (K/V chunks passed around the ring, overlapped with the blocks) or "auto" (per site, the
+    comm the cost model estimates fastest among those it costs, cost/choose.py); mesh: a 1-D DeviceMesh or one
+    with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" (per site, the
+    fastest estimate among the providers that can run it) or a provider name; inner: the compiler after the
+    pass ("inductor", "aot_eager", "eager", or any torch.compile backend callable, e.g. one that records
+    aot_autograd graphs); regather: with comm="all_gather", save only the local K/V for backward and gather
+    them again there (one layer's gathered K/V alive at a time, one more gather).
+    """
     check_choices(strategy, comm, kernel)
     if not callable(inner) and inner not in INNER:
         raise CPCompileError(f"unknown inner {inner!r}. Fix: use one of {list(INNER)}.")
+    if regather and (comm == "auto" or not COMMS[comm].regathers):
+        raise CPCompileError(
+            f"regather=True with comm={comm!r}: only {[n for n, c in COMMS.items() if c.regathers]} keep gathered "
+            "K/V for backward. Fix: drop regather, or use comm='all_gather'."
+        )
     check_mesh_or_group(mesh, group)
-    return CPBackend(CPConfig(strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group), inner=inner)
+    config = CPConfig(strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group, regather=bool(regather))
+    return CPBackend(config, inner=inner)
 
 
 def default_backend(gm: torch.fx.GraphModule, example_inputs):

@@ -11,7 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import CPCompileError
-from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex
+from ..layouts import THD_LAYOUTS
+from ..layouts.ring import RING_PACKED_LAYOUTS
+from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex, ring, ring_varlen
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,10 @@ class Comm:
     per forward, per backward), for the cost model (cost/model.py); a comm without it is never picked by "auto"."""
     varlen_rank_blocks: Callable | None = None
     """(layout, causal, rank, world, local_len, cu_seqlens, max_doc, window) -> the varlen blocks a rank runs."""
+    varlen_sliding_windows: bool = True
+    """Whether the varlen region takes sliding windows (left >= 0) at all; False: only causal and full."""
+    regathers: bool = False
+    """Whether the regions take `regather` (keep only the local K/V for backward, gather them again there)."""
     flex_region: Callable | None = None
     """The flex_attention region (q, k, v, score_mod, mask_mod, tables, extras, score_buffers, mask_buffers, *,
     layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
@@ -52,6 +58,7 @@ COMMS: dict[str, Comm] = {
         varlen_region=all_gather_varlen.all_gather_varlen_attention,
         wire_bytes=all_gather.wire_bytes,
         varlen_rank_blocks=all_gather_varlen.rank_blocks,
+        regathers=True,
         flex_region=flex.all_gather_flex_attention,
     ),
     "a2a": Comm(
@@ -72,6 +79,21 @@ COMMS: dict[str, Comm] = {
                 "only add a reorder of q/k/v and the output after each exchange",
                 "use strategy='thd' with comm='a2a' (shard with cpcompile.shard(..., strategy='thd', cu_seqlens=...))",
             )
+        },
+    ),
+    "ring": Comm(
+        name="ring",
+        region=ring.ring_attention,
+        rank_blocks=ring.rank_blocks,
+        varlen_region=ring_varlen.ring_varlen_attention,
+        varlen_sliding_windows=False,
+        varlen_refusals={
+            name: (
+                f"comm='ring' has no ring steps for the packed layout {name!r}",
+                f"use strategy in {list(RING_PACKED_LAYOUTS)} with comm='ring', or comm='all_gather'",
+            )
+            for name in THD_LAYOUTS
+            if name not in RING_PACKED_LAYOUTS
         },
     ),
 }

@@ -6,7 +6,8 @@ provider, same-shaped blocks batched into one call (calls.py), the calls spread 
 (streams), and merges partial outputs by LSE in fp32 registers (merge). Its registered backward calls each
 block's kernel backward with the FINAL output and LSE, which yields the exact partial gradients (the
 ring-attention identity), and sums them per row segment, rounding once; autograd never differentiates
-through the merge.
+through the merge. `acc_out` / `acc_dq` return out / dq in the accumulation dtype (fp32 for bf16), for a
+caller that merges several calls (the ring's steps) and must round once, at the end.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def attend_blocks(
     scale: float,
     kernel: str,
     packed_kv: torch.Tensor | None = None,
+    acc_out: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_kernel(kernel)
     ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
@@ -113,7 +115,7 @@ def attend_blocks(
         for i, o_i, l_i in zip(c.members, _unbatch(o, c), _unbatch(lse, c)):
             outs.append((decoded[i][0], decoded[i][1], o_i))
             lses.append((decoded[i][0], decoded[i][1], l_i))
-    out = _empty_like_layout(q, vs[0].shape[-1], q.dtype)
+    out = _empty_like_layout(q, vs[0].shape[-1], acc_dtype(q.dtype) if acc_out else q.dtype)
     lse_all = q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
     pieces = list(zip(outs, lses))
     for a, b, cover in segments(q.shape[-2], [(s, n) for s, n, _ in outs]):
@@ -128,9 +130,9 @@ def attend_blocks(
 
 
 @attend_blocks.register_fake
-def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None):
+def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None, acc_out=False):
     vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])[1]
-    out = _empty_like_layout(q, vs[0].shape[-1], q.dtype)
+    out = _empty_like_layout(q, vs[0].shape[-1], acc_dtype(q.dtype) if acc_out else q.dtype)
     return out, q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
 
 
@@ -146,6 +148,7 @@ def attend_blocks_backward(
     scale: float,
     kernel: str,
     packed_kv: torch.Tensor | None = None,
+    acc_dq: bool = False,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     impl = get_kernel(kernel)
     n_explicit = len(ks)
@@ -163,7 +166,7 @@ def attend_blocks_backward(
             dq_pieces.append((q0, qn, dq_i))
             dk_pieces[src].append((k0, kn, dk_i))
             dv_pieces[src].append((k0, kn, dv_i))
-    dq = torch.empty_like(q)
+    dq = torch.empty_like(q, dtype=acc_dtype(q.dtype) if acc_dq else q.dtype)
     _assemble(dq, dq_pieces, -2, sum_into)
     # explicit sources get gradients in their dtype; packed sources straight into the packed layout, in fp32
     dpacked = _packed_grad_like(packed_kv, q)
@@ -177,9 +180,9 @@ def attend_blocks_backward(
 
 
 @attend_blocks_backward.register_fake
-def _attend_blocks_backward_fake(dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv=None):
+def _attend_blocks_backward_fake(dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv=None, acc_dq=False):
     return (
-        torch.empty_like(q),
+        torch.empty_like(q, dtype=acc_dtype(q.dtype) if acc_dq else q.dtype),
         [torch.empty_like(k) for k in ks],
         [torch.empty_like(v) for v in vs],
         _packed_grad_like(packed_kv, q),
@@ -212,8 +215,11 @@ def with_packed_sources(
 
 
 def _setup_context(ctx, inputs, output):
-    q, ks, vs, blocks, scale, kernel, packed_kv = inputs
+    q, ks, vs, blocks, scale, kernel, packed_kv, acc_out = inputs
     out, lse = output
+    # autograd wants one gradient per argument PASSED: packed_kv counts when given (or followed by acc_out),
+    # acc_out when True (callers pass it only to set it)
+    ctx.n_args = 6 + int(packed_kv is not None or acc_out) + int(acc_out)
     ctx.has_packed = packed_kv is not None
     ctx.save_for_backward(q, out, lse, *([packed_kv] if ctx.has_packed else []), *ks, *vs)
     ctx.n_sources = len(ks)
@@ -225,10 +231,10 @@ def _backward(ctx, dout, _dlse):
     packed_kv = rest.pop(0) if ctx.has_packed else None
     ks, vs = rest[: ctx.n_sources], rest[ctx.n_sources :]
     dq, dks, dvs, dpacked = torch.ops.cpcompile.attend_blocks_backward(
-        dout, q, ks, vs, out, lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv
+        dout.to(q.dtype), q, ks, vs, out.to(q.dtype), lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv
     )
-    grads = (dq, dks, dvs, None, None, None)
-    return (*grads, dpacked.to(packed_kv.dtype)) if ctx.has_packed else grads
+    grads = (dq, dks, dvs, None, None, None, dpacked.to(packed_kv.dtype) if ctx.has_packed else None, None)
+    return grads[: ctx.n_args]
 
 
 attend_blocks.register_autograd(_backward, setup_context=_setup_context)

@@ -35,6 +35,12 @@ def packed_offsets(strategy: str, cu_seqlens, kwargs: dict) -> torch.Tensor | No
                 f"Fix: use strategy in {sorted(THD_LAYOUTS)} for varlen_attn models, or drop cu_seqlens=."
             )
         return None
+    if THD_LAYOUTS[strategy].carries_plan:
+        raise CPCompileError(
+            f"explain(strategy={strategy!r}) does not cut batches whose cu_seqlens carry a per-batch plan yet. "
+            "Fix: explain the model with strategy='thd' (the same sites and refusals) and compare the layouts in "
+            "its recommendation."
+        )
     cu = cu_seqlens if cu_seqlens is not None else kwargs.get("cu_seqlens")
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.is_floating_point():
         raise CPCompileError(

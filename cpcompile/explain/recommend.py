@@ -6,7 +6,8 @@ of the sites' kind (flat / zigzag for SDPA, thd / thd_zigzag for varlen_attn) is
 the kernel asked for), so the planner's rules decide what it may use; a layout within cost.TIE of the fastest
 loses only to one listed before it (flat before zigzag, thd before thd_zigzag: fewer blocks, no padding).
 thd_zigzag needs every document to be a multiple of 2*cp: for a batch that is not, it is costed on the batch
-padded by pad_documents, and the reason says how many tokens that adds.
+padded by pad_documents, and the reason says how many tokens that adds. thd_balanced (blocks from each batch's
+plan) is not costed, so never recommended.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def recommend(sites: list[AttentionSite], config: CPConfig, cu: torch.Tensor | N
     """The recommended layout for `sites` (all of one kind: SDPA or varlen_attn), or None without sites."""
     if not sites:
         return None
-    layouts = THD_LAYOUTS if sites[0].kind == "varlen" else LAYOUTS
+    layouts = (
+        [name for name, lay in THD_LAYOUTS.items() if not lay.carries_plan] if sites[0].kind == "varlen" else LAYOUTS
+    )  # a layout with a per-batch plan (thd_balanced) is not costed
     costs: dict[str, tuple[float, list[Estimate], str]] = {}
     refused: dict[str, str] = {}
     for layout in layouts:

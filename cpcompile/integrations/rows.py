@@ -85,8 +85,9 @@ def pack_rows(
 ) -> GlobalBatch:
     """Pad the GLOBAL batch for `strategy` on `cp` ranks and, for packed documents, build its global offsets.
 
-    flat / zigzag: each row is padded at its end to the layout's multiple (cp, 2*cp). thd / thd_zigzag: the rows
-    are flattened into one packed buffer (1, B*L); thd pads it to a multiple of cp (one more document),
+    flat / zigzag: each row is padded at its end to the layout's multiple (cp, 2*cp). thd / thd_zigzag /
+    thd_balanced: the rows are flattened into one packed buffer (1, B*L); thd and thd_balanced pad it to a
+    multiple of cp (one more document; thd_balanced's plan is made from these offsets by plan_documents),
     thd_zigzag pads every document to a multiple of 2*cp and the buffer to a length fixed by `max_documents`.
     cu_seqlens always has max_documents + 2 entries (default max_documents for thd: B*L, every token could
     start a document; thd_zigzag needs it given, as it sizes the padded buffer), so neither its shape nor the
@@ -104,7 +105,8 @@ def pack_rows(
     cu = document_offsets(positions)
     flat = [t.reshape(1, total) for t in (tokens, labels, positions)]
     docs = cu.numel() - 1
-    if max_documents is None and strategy == "thd":
+    any_length = get_packed_layout(strategy).doc_multiple_per_cp == 0  # thd, thd_balanced
+    if max_documents is None and any_length:
         max_documents = total
     if not isinstance(max_documents, int) or max_documents < 1:
         raise CPCompileError(
@@ -117,7 +119,7 @@ def pack_rows(
             f"this batch holds {docs} documents (rows and position resets), more than max_documents="
             f"{max_documents}. Fix: pass a larger max_documents (a new value recompiles once)."
         )
-    if strategy == "thd":
+    if any_length:
         fixed = total + (-total % get_packed_layout(strategy).required_multiple(cp))
         max_seqlen = max(length, fixed - total)
     else:

@@ -25,7 +25,7 @@ import torch
 from ..errors import CPCompileError
 from ..layouts import LAYOUTS, THD_LAYOUTS
 from ..mesh import resolve_group
-from ..sharding import shard
+from ..sharding import plan_documents, shard
 from ..token_local import mark_token_local
 from .rows import check_strategy, pack_rows
 
@@ -140,10 +140,10 @@ def shard_batch(
     0..seq-1 per row), for `model` compiled with cpcompile.backend(strategy=strategy, ...).
 
     The strategy must fit the model's attention: ScaledDotProductAttention takes "flat" / "zigzag" (causal over
-    each row; it ignores documents), VarlenAttention "thd" / "thd_zigzag" (causal within each document, where
-    positions reset to 0 or a row starts). Padding and offsets: integrations.rows.pack_rows. inputs holds tokens=,
-    the GLOBAL positions of this rank's tokens, and attention_masks= (packed: VarlenMetadata of the GLOBAL
-    offsets, the same on every rank; SDPA: None)."""
+    each row; it ignores documents), VarlenAttention "thd" / "thd_zigzag" / "thd_balanced" (causal within each
+    document, where positions reset to 0 or a row starts). Padding and offsets: integrations.rows.pack_rows.
+    inputs holds tokens=, the GLOBAL positions of this rank's tokens, and attention_masks= (packed: VarlenMetadata
+    of the GLOBAL offsets, thd_balanced's with this batch's plan, the same on every rank; SDPA: None)."""
     check_strategy(strategy)
     kind = check_model(model)
     if strategy not in ATTENTION_STRATEGIES[kind]:
@@ -164,13 +164,15 @@ def shard_batch(
         pad_id=pad_id,
     )
     _check_rope(model, full.positions)
+    cu = full.cu_seqlens  # thd_balanced: the offsets and this batch's plan, made once, for shard and the model
+    cu = None if cu is None else plan_documents(cu, strategy=strategy, mesh=mesh, group=group)
     local = [
-        shard(t, strategy=strategy, seq_dim=1, mesh=mesh, group=group, cu_seqlens=full.cu_seqlens)
+        shard(t, strategy=strategy, seq_dim=1, mesh=mesh, group=group, cu_seqlens=cu)
         for t in (full.tokens, full.labels, full.positions)
     ]
     masks = None
-    if full.cu_seqlens is not None:
-        masks = varlen_metadata(full.cu_seqlens.to(tokens.device), full.max_seqlen)
+    if cu is not None:
+        masks = varlen_metadata(cu.to(tokens.device), full.max_seqlen)
     inputs = {"tokens": local[0], "positions": local[2], "attention_masks": masks}
     return TitanBatch(inputs=inputs, labels=local[1], num_tokens=full.num_tokens, padding=full.padding)
 

@@ -9,6 +9,8 @@ user-side sharding helpers.
 - thd: rank r owns the contiguous tokens [r*L, (r+1)*L), L = T / cp. Documents of any length.
 - thd_zigzag: every document is cut into 2*cp chunks and rank r owns chunks r and 2*cp-1-r of each, in
   document order (the TE/Megatron layout); every document length must be a multiple of 2*cp.
+- thd_balanced (thd_balanced.py): equal tokens and equal causal work a rank, from a plan chosen per batch on
+  the host that rides in cu_seqlens (`carries_plan`).
 
 Under the all-gather region a rank's whole attention is ONE varlen block (no merge): each local q piece of a
 document attends the document's keys up to its own last token, bottom-right causal, in a key buffer where
@@ -34,7 +36,10 @@ class VarlenBlock:
     tokens of its key range); `window` (left, right) further limits key j of q row t to t-left <= j <= t+right
     (-1: unbounded). `covers_rows`: every q row lies in a range and sees at least one key; `covers_keys`: every
     key of the source lies in a range that has q rows. What a layout vouches for here the executor does not
-    mask (checked by tests/unit/test_thd_layouts.py for every layout)."""
+    mask (checked by tests/unit/test_thd_layouts.py for every layout). A source may end in an unused tail past the
+    last range's end (thd_balanced's key buffer has a static size for every batch): no kernel sequence reaches
+    it, so its gradient is left as the kernel leaves it, and `covers_keys` speaks for the keys before it; the
+    caller must not read the tail's gradient (the region's fold reads only the positions it copied)."""
 
     source: int
     causal: bool
@@ -54,12 +59,53 @@ def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack((a, b), 1).flatten()
 
 
+def offsets_ok(cu: torch.Tensor, total: int, doc_multiple: int, max_doc: int | None) -> torch.Tensor:
+    """0-dim bool, on device: offsets start at 0, never decrease, end at `total`, no document is longer than
+    `max_doc` (when given) and every length is a multiple of `doc_multiple` (when > 1)."""
+    cu = cu.long()
+    lengths = cu[1:] - cu[:-1]
+    ok = (cu[0] == 0) & (cu[-1] == total) & (lengths >= 0).all()
+    if max_doc is not None:
+        ok &= (lengths <= max_doc).all()
+    if doc_multiple > 1:
+        ok &= (lengths % doc_multiple == 0).all()
+    return ok
+
+
 class PackedLayout:
     """Base of the THD layouts; subclasses define the total-length rule, sharding, key buffer and blocks."""
 
     name: str = ""
     doc_multiple_per_cp: int = 0
     """Every document length must be a multiple of this times cp (0: any length)."""
+    carries_plan: bool = False
+    """Whether the model's cu_seqlens is a per-batch plan (offsets and more) rather than the plain offsets."""
+    comms: tuple[str, ...] | None = None
+    """The comms whose regions know this layout (None: every comm with a varlen region)."""
+
+    def cu_problem(self, length: object, cp: int) -> tuple[str, str] | None:
+        """(rule, fix) when a cu_seqlens of `length` entries (an int, or symbolic) cannot be this layout's."""
+        return None
+
+    def offsets(self, cu_seqlens: torch.Tensor, cp: int) -> torch.Tensor:
+        """The GLOBAL document offsets in what the model was given (on device, static slicing)."""
+        return cu_seqlens
+
+    def is_plan(self, cu_seqlens: torch.Tensor) -> bool:
+        """Host: whether `cu_seqlens` is already this layout's plan (never, for layouts without one)."""
+        return False
+
+    def prepare(self, cu_seqlens: torch.Tensor, total: int, cp: int) -> torch.Tensor:
+        """Host: what the model and the index math take, from checked plain offsets or a plan (checked here)."""
+        return cu_seqlens
+
+    def metadata_ok(self, cu_seqlens: torch.Tensor, total: int, cp: int, max_doc: int | None) -> torch.Tensor:
+        """0-dim bool, on device, no sync: whether the model's cu_seqlens is valid for this layout."""
+        return offsets_ok(cu_seqlens, total, self.doc_multiple_per_cp * cp, max_doc)
+
+    def bad_metadata_message(self, total: int, max_doc: int | None, cp: int) -> str:
+        """The run-time check's assert message for layouts with a plan (under 255 characters)."""
+        return f"cpcompile: bad cu_seqlens for {self.name} (T={total}, cp={cp})"
 
     def required_multiple(self, cp: int) -> int:
         """The packed total T must be a multiple of this."""

@@ -41,6 +41,15 @@ def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
         site, group = localize_dtensor_site(site, config.strategy, config.mesh, config.group)
     else:
         group = config.cp_group or resolve_group(config.mesh, config.group)
+    if site.kind == "flex" and config.regather:
+        raise site_error(
+            site.node,
+            "regather=True: the flex_attention region keeps its gathered K/V for backward and cannot gather again",
+            "drop regather for models with flex_attention (or use per-block activation checkpointing)",
+        )
     planner = {"varlen": plan_varlen_site, "flex": plan_flex_site}.get(site.kind, plan_dense_site)
     plan = planner(site, config, group)
-    return dataclasses.replace(plan, dtensor=True) if dtensor else plan
+    changes = {"dtensor": True} if dtensor else {}
+    if config.regather:
+        changes["regather"] = True
+    return dataclasses.replace(plan, **changes) if changes else plan

@@ -16,7 +16,7 @@ from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
-from .auto import resolve, site_comms, site_kernels
+from .auto import AUTO, resolve, site_comms, site_kernels
 from .checks import is_static
 from .match import AttentionSite
 from .plans import CPConfig, VarlenPlan
@@ -53,7 +53,14 @@ def _mask(site: AttentionSite) -> tuple[bool, tuple[int, int], tuple[int, int]]:
 
 def _window_problem(window: tuple[int, int], causal: bool, comm: Comm) -> tuple[str, str] | None:
     """Under all_gather causal (-1, 0), sliding causal (w, 0) and full (-1, -1) (a rank's q pieces end their key
-    ranges, so the bottom-right window is right); under a2a any flash-attn window, a cp=1 mask after the exchange."""
+    ranges, so the bottom-right window is right); under a2a any flash-attn window, a cp=1 mask after the exchange;
+    under a comm without sliding windows (ring) only causal and full."""
+    if window not in ((-1, 0), NO_WINDOW) and not comm.varlen_sliding_windows:
+        return (
+            f"window_size={window}: comm={comm.name!r} attends one held chunk per step, and a sliding window's "
+            "band is not aligned with the kernel's diagonal on a chunk that is not the query's own",
+            "use comm='all_gather' (causal windows (w, 0)) or comm='a2a' with strategy='thd' (any window)",
+        )
     if not causal and window != NO_WINDOW and not comm.varlen_any_window:
         return (
             f"window_size={window}: a sliding window that reaches right of the diagonal is not supported by the "
@@ -72,7 +79,7 @@ def _comm_problem(
     site: AttentionSite, strategy: str, comm: Comm, cp: int, window: tuple[int, int], causal: bool
 ) -> tuple[str, str] | None:
     """The comm's rules for packed documents (a varlen region, the windows it takes, layouts it refuses, head
-    splits): (rule broken, fix) or None."""
+    splits) and the layout's (the comms it knows): (rule broken, fix) or None."""
     if comm.varlen_region is None:
         return (
             f"comm={comm.name!r} has no varlen region yet",
@@ -82,6 +89,14 @@ def _comm_problem(
         return problem
     if strategy in comm.varlen_refusals:
         return comm.varlen_refusals[strategy]
+    known = THD_LAYOUTS[strategy].comms
+    if known is not None and comm.name not in known:
+        return (
+            f"strategy={strategy!r} has no {comm.name!r} region yet (its per-batch plan runs under "
+            f"{' and '.join(known)} only)",
+            f"use comm in {list(known)} with strategy={strategy!r}, or strategy='thd' / 'thd_zigzag' with "
+            f"comm={comm.name!r}",
+        )
     return head_split_problem(site.q_shape[1], site.k_shape[1], cp) if comm.splits_heads else None
 
 
@@ -92,8 +107,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
         raise site_error(
             node,
             f"varlen_attn packs documents, but strategy={config.strategy!r} lays out one unpacked sequence",
-            "use strategy='thd' (any document lengths) or 'thd_zigzag' (documents of multiples of 2*cp), "
-            "and shard with cpcompile.shard(..., cu_seqlens=cu_seqlens)",
+            "use strategy='thd' (any document lengths), 'thd_zigzag' (documents of multiples of 2*cp) or "
+            "'thd_balanced' (equal work a rank), and shard with cpcompile.shard_batch(..., cu_seqlens=cu_seqlens)",
         )
     if site.inference_args:
         raise site_error(
@@ -161,6 +176,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
         site, config.comm, lambda c: _comm_problem(site, config.strategy, get_comm(c), group.size, asked, causal)
     )
     layout = THD_LAYOUTS[config.strategy]
+    if problem := layout.cu_problem(cu_val.shape[0], group.size):
+        raise site_error(node, *problem)
     local_multiple = layout.required_multiple(group.size) // group.size
     if tq % local_multiple:
         raise site_error(
@@ -187,7 +204,17 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     max_doc = max(bounds) if len(bounds) == 2 and all(type(b) is int and b > 0 for b in bounds) else None
     lse = _reads_lse(node)
     shape = SiteShape.of_site(site, causal, group.size, window=window, max_doc=max_doc, return_lse=lse)
-    comm, kernel, choice = resolve(shape, layout.name, comms, kernels)
+    if layout.carries_plan:  # its blocks come from each batch's plan, which the planner does not see
+        if config.comm == AUTO:
+            raise site_error(
+                node,
+                f"comm='auto' chooses by the cost model, which does not cost strategy={layout.name!r} (its blocks "
+                "come from each batch's plan)",
+                f"name the comm for strategy={layout.name!r}: comm in {list(layout.comms or COMMS)}",
+            )
+        comm, kernel, choice = comms[0], kernels[0], None  # kernel="auto": the first provider, today's order
+    else:
+        comm, kernel, choice = resolve(shape, layout.name, comms, kernels)
     return VarlenPlan(
         site=site,
         layout=layout.name,

@@ -23,6 +23,8 @@ class CPConfig:
     cp_group: CPGroup | None = None
     """A CP group given as it is, not resolved from torch.distributed: explain() plans for a stand-in group of
     `world` ranks this way, without any process group."""
+    regather: bool = False
+    """all_gather: keep only the local K/V for backward and gather them again there (backend(regather=...))."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class CPPlan:
     """q/k/v are DTensors: the region runs on their local shards (regions.dtensor.dtensor_region)."""
     choice: object = field(default=None, compare=False, repr=False)
     """The cost model's cost.Choice when comm="auto" / kernel="auto" had several options (None: no choice)."""
+    regather: bool = False
+    """The region gathers K/V again in backward instead of saving them (comms whose entry `regathers`)."""
 
     def region_target(self):
         return get_comm(self.comm).region
@@ -48,7 +52,7 @@ class CPPlan:
         return (self.site.query, self.site.key, self.site.value)
 
     def region_kwargs(self) -> dict:
-        return dict(
+        kwargs = dict(
             layout=self.layout,
             causal=self.causal,
             scale=self.scale,
@@ -57,6 +61,7 @@ class CPPlan:
             rank=self.group.rank,
             world=self.group.size,
         )
+        return {**kwargs, "regather": True} if self.regather else kwargs
 
     def prepare_rewrite(self) -> None:
         """Whatever the region needs changed in the graph before its call replaces the node (nothing here)."""

@@ -66,6 +66,8 @@ def _check_packed(regions: list[tuple[torch.fx.Node, VarlenPlan]]) -> None:
             group_name=plan.group.name,
             world=plan.group.size,
         )
+        if layout.carries_plan:  # cu_seqlens is a plan (thd_balanced): the layout checks all of it
+            kwargs["layout"] = layout.name
         with first.graph.inserting_before(first):
             checked = first.graph.call_function(check_packed_metadata, (cu,), kwargs)
         checked.meta = dict(cu.meta)

@@ -1,9 +1,12 @@
-"""The all-to-all (Ulysses) CP region for packed documents: varlen_attn under the contiguous `thd` layout.
+"""The all-to-all (Ulysses) CP region for packed documents: varlen_attn under the `thd` and `thd_balanced` layouts.
 
 thd shards the packed buffer rank-major, so after the heads<->tokens exchange every rank holds all T tokens
 in GLOBAL order for its heads: the attention is that of cp=1, one varlen block over the whole buffer with
 the global cu_seqlens unchanged (causal, full or sliding-window), and no reorder. Packing, the exchange and
 GQA replication are comm.heads' (shared with the dense a2a region), on (T, H, D) tensors seen as (1, H, T, D).
+thd_balanced's ranks hold pieces, so the received buffer is put in global order first (one index_select of
+q, k and v each, from the plan) and the output back in rank-major order after (one of the output and lse):
+it works, but a2a balances causal work by itself, so thd_balanced only adds these copies over thd.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_ba
 from ..executor.blocks import encode_varlen
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
-from ..layouts.thd import whole_sequence_blocks
+from ..layouts.thd import get_packed_layout, whole_sequence_blocks
 
 
 def _as_bhsd(x: torch.Tensor) -> torch.Tensor:
@@ -40,7 +43,7 @@ def rank_blocks(
     window: tuple[int, int] = NO_WINDOW,
 ) -> list:
     """The varlen blocks every rank runs after the exchange: cp=1's, over all world * local_len tokens (for its
-    Hq/cp heads)."""
+    Hq/cp heads), from the GLOBAL offsets (thd_balanced's buffer is put in global order first)."""
     del layout, rank
     return whole_sequence_blocks(cu_seqlens, world * local_len, causal, tuple(window), max_doc)
 
@@ -62,7 +65,7 @@ def a2a_varlen_attention(
     return_lse: bool = True,
     max_doc: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """varlen_attn of this rank's packed tokens (thd layout), computed head-parallel after an all-to-all.
+    """varlen_attn of this rank's packed tokens (thd or thd_balanced), computed head-parallel after an all-to-all.
 
     Returns what torch_attn._varlen_attn returns: (out (L, Hq, Dv), lse (Hq, L) fp32, rng_state). The lse
     costs one more (small) all-to-all, so the planner asks for it only when the graph reads it
@@ -70,10 +73,18 @@ def a2a_varlen_attention(
     bounds the kernel's grid as on one device; without it the grid spans the whole packed length. The planner
     checked layout, heads and window.
     """
+    del rank
     split = HeadSplit(q.shape[1], k.shape[1], world)
     k_h, v_h = replicate_kv(_as_bhsd(k), _as_bhsd(v), split)
-    q_b, k_b, v_b = send_heads(_as_bhsd(q), k_h, v_h, split, group_name)  # (T, 1, h*D) each, global order
-    blocks = rank_blocks(layout, causal, rank, world, q.shape[0], cu_seqlens, max_doc, window)
+    q_b, k_b, v_b = send_heads(_as_bhsd(q), k_h, v_h, split, group_name)  # (T, 1, h*D) each, rank-major
+    lay, total = get_packed_layout(layout), q_b.shape[0]
+    where = None  # thd: rank-major is global order
+    if lay.carries_plan:  # the global position of each rank-major token, and its inverse
+        where = torch.cat([lay.shard_index(cu_seqlens, total, world, p) for p in range(world)])
+        order = torch.empty_like(where).scatter_(0, where, torch.arange(total, device=where.device))
+        q_b, k_b, v_b = (t.index_select(0, order) for t in (q_b, k_b, v_b))
+        cu_seqlens = lay.offsets(cu_seqlens, world)
+    blocks = whole_sequence_blocks(cu_seqlens, total, causal, tuple(window), max_doc)
     out, lse = torch.ops.cpcompile.attend_varlen_blocks(
         _as_thd(q_b, split.q_per_rank),
         [_as_thd(k_b, split.kv_per_rank)],
@@ -83,6 +94,8 @@ def a2a_varlen_attention(
         scale,
         kernel,
     )
+    if where is not None:  # back to rank-major order
+        out, lse = out.index_select(0, where), lse.index_select(1, where)
     heads = send_tokens_back(out.unsqueeze(1), world, group_name)  # (world, L, 1, h*Dv)
     out_local = heads_to_bshd(heads, q.shape[1])[0]
     if return_lse:  # (h, T) of every token -> (Hq, L) of this rank's tokens, heads rank-major

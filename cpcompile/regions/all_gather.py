@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.collectives import all_gather_dim0, reduce_scatter_dim0, slots_tokens_first
+from ..comm.collectives import slots_tokens_first
+from ..comm.pending import in_backward, start_all_gather, start_reduce_scatter, wait
 from ..executor.blocks import encode_dense
 from ..executor.packed_kv import pack_kv, unpack_kv
-from ..layouts import Block, get_layout
+from ..layouts import LOCAL_SOURCE, Block, get_layout
+from ..precision import acc_dtype
+from .partials import add_part, merge_step
 
 
-def _pack(k: torch.Tensor, v: torch.Tensor, slots: int) -> torch.Tensor:
+def pack_slots(k: torch.Tensor, v: torch.Tensor, slots: int) -> torch.Tensor:
     """(B, H, slots*C, D) K and V -> the send buffer (C, slots, 2, B, H, D): tokens outermost (MLA: (C, slots,
     B, H, D + Dv), executor.packed_kv).
 
@@ -21,8 +26,8 @@ def _pack(k: torch.Tensor, v: torch.Tensor, slots: int) -> torch.Tensor:
     return pack_kv(slots_tokens_first(k, slots), slots_tokens_first(v, slots), dim=2)
 
 
-def _unpack(packed: torch.Tensor, qk_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of _pack: (C, slots, 2, B, H, D) -> K and V (B, H, slots*C, D)."""
+def unpack_slots(packed: torch.Tensor, qk_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of pack_slots: (C, slots, 2, B, H, D) -> K and V (B, H, slots*C, D)."""
     if packed.dim() == 6:
         c, slots, _, b, h, d = packed.shape
         kv = packed.permute(2, 3, 4, 1, 0, 5).reshape(2, b, h, slots * c, d)
@@ -32,31 +37,76 @@ def _unpack(packed: torch.Tensor, qk_dim: int) -> tuple[torch.Tensor, torch.Tens
     return tuple(t.permute(2, 3, 1, 0, 4).reshape(b, h, slots * c, t.shape[-1]) for t in (k, v))
 
 
+def split_blocks(blocks: list[Block]) -> tuple[list[int], list[int]]:
+    """(the blocks on the local K/V, the blocks on the gathered slots renumbered from source 0), encoded: the
+    first run while the gather is in flight."""
+    local = [b for b in blocks if b.source == LOCAL_SOURCE]
+    gathered = [dataclasses.replace(b, source=b.source - 1) for b in blocks if b.source != LOCAL_SOURCE]
+    return encode_dense(local), encode_dense(gathered)
+
+
 class _PackedAllGatherAttention(torch.autograd.Function):
     """Gather packed K/V, attend; backward: executor gradients in fp32, straight into the reduce-scatter.
 
-    The executor's backward writes the gradient of the gathered buffer in its packed layout and in fp32,
-    so the reduce-scatter needs no pack kernel and sums the ranks' partial dK/dV without rounding them to
-    the input dtype first.
+    The local blocks (causal squares) run between issuing the gather and waiting for it, and in backward
+    between issuing the reduce-scatter and waiting for it (with `regather`: between issuing the second
+    gather and waiting for it), so the collectives overlap them. The executor's backward writes the gradient
+    of the gathered buffer in its packed layout and in fp32, so the reduce-scatter needs no pack kernel and
+    sums the ranks' partial dK/dV without rounding them to the input dtype first. `regather` saves only the
+    local K/V for backward and gathers them again there: one layer's gathered K/V is then alive at a time
+    instead of every layer's.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, blocks, scale, kernel, slots, group_name):
-        gathered = all_gather_dim0(_pack(k, v, slots), group_name)
-        out, lse = torch.ops.cpcompile.attend_blocks(q, [k], [v], blocks, scale, kernel, gathered)
-        ctx.save_for_backward(q, k, v, gathered, out, lse)
-        ctx.args = (blocks, scale, kernel, group_name)
+    def forward(ctx, q, k, v, local, remote, scale, kernel, slots, group_name, world, regather):
+        pending = start_all_gather(pack_slots(k, v, slots), group_name, world)
+        acc = lse = None
+        if local:
+            acc, lse = torch.ops.cpcompile.attend_blocks(q, [k], [v], local, scale, kernel, None, True)
+        gathered = wait(pending)
+        if remote:
+            o, l = torch.ops.cpcompile.attend_blocks(q, [], [], remote, scale, kernel, gathered, True)
+            acc, lse = merge_step(acc, lse, o, l)
+        out = acc.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, *([] if regather else [gathered]))
+        ctx.args = (local, remote, scale, kernel, slots, group_name, world, regather)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, gathered, out, lse = ctx.saved_tensors
-        blocks, scale, kernel, group_name = ctx.args
-        dq, (dk,), (dv,), dgathered = torch.ops.cpcompile.attend_blocks_backward(
-            dout, q, [k], [v], out, lse, blocks, scale, kernel, gathered
-        )
-        dk_gathered, dv_gathered = _unpack(reduce_scatter_dim0(dgathered, group_name), k.shape[-1])
-        return dq, (dk + dk_gathered).to(k.dtype), (dv + dv_gathered).to(v.dtype), None, None, None, None, None
+        q, k, v, out, lse, *kept = ctx.saved_tensors
+        local, remote, scale, kernel, slots, group_name, world, regather = ctx.args
+        dout = dout.contiguous()
+
+        def local_part():
+            if not local:
+                return None, None, None
+            dq_l, (dk_l,), (dv_l,), _ = torch.ops.cpcompile.attend_blocks_backward(
+                dout, q, [k], [v], out, lse, local, scale, kernel, None, True
+            )
+            return dq_l, dk_l, dv_l
+
+        if regather:  # the local squares' backward runs while the K/V are gathered again
+            packed = in_backward(pack_slots(k, v, slots), dout)  # stays in backward (comm/pending.py)
+            pending = start_all_gather(packed, group_name, world)
+            dq, dk, dv = local_part()
+            gathered = wait(pending)
+        else:
+            (gathered,) = kept
+        dq_g = None
+        if remote:
+            dq_g, _, _, dgathered = torch.ops.cpcompile.attend_blocks_backward(
+                dout, q, [], [], out, lse, remote, scale, kernel, gathered, True
+            )
+        else:  # this rank reads no gathered K/V, but the other ranks' gradients still come home through it; tied
+            # to dout, or the partitioner would run this rank's reduce-scatter in the forward (comm/pending.py)
+            dgathered = in_backward(gathered.new_zeros(gathered.shape, dtype=acc_dtype(q.dtype)), dout)
+        reduced = start_reduce_scatter(dgathered, group_name, world)
+        if not regather:  # the local squares' backward runs while the reduce-scatter is in flight
+            dq, dk, dv = local_part()
+        dk_g, dv_g = unpack_slots(wait(reduced), k.shape[-1])
+        dq = add_part(dq, dq_g)
+        return dq.to(q.dtype), add_part(dk, dk_g).to(k.dtype), add_part(dv, dv_g).to(v.dtype), *([None] * 8)
 
 
 def all_gather_attention(
@@ -71,16 +121,18 @@ def all_gather_attention(
     group_name: str,
     rank: int,
     world: int,
+    regather: bool = False,
 ) -> torch.Tensor:
     """Causal or full attention of this rank's q over the whole sequence's K/V, in the given layout.
 
     K/V of all local slots (one per chunk a rank owns) travel in one all-gather, and each slot's gathered
     tokens form one strided buffer, so a block's key range is always a slice of one buffer: no reorder
-    copy. Causal squares read the local K/V, so they do not wait for the gather.
+    copy. Causal squares read the local K/V, so they do not wait for the gather. `regather`: keep only the
+    local K/V for backward and gather them again there.
     """
     slots = get_layout(layout).chunks_per_rank
-    blocks = encode_dense(rank_blocks(layout, causal, rank, world, q.shape[-2]))
-    return _PackedAllGatherAttention.apply(q, k, v, blocks, scale, kernel, slots, group_name)
+    local, remote = split_blocks(rank_blocks(layout, causal, rank, world, q.shape[-2]))
+    return _PackedAllGatherAttention.apply(q, k, v, local, remote, scale, kernel, slots, group_name, world, regather)
 
 
 def rank_blocks(layout: str, causal: bool, rank: int, world: int, local_len: int) -> list[Block]:

@@ -13,6 +13,7 @@ import torch
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import all_gather_dim0 as _gather
 from ..comm.collectives import reduce_scatter_dim0 as _reduce
+from ..comm.pending import in_backward
 from ..executor.blocks import encode_varlen
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..kernels.base import NO_WINDOW
@@ -61,20 +62,24 @@ class _GatherAttend(torch.autograd.Function):
     the K/V gradient in fp32 from the kernel through the reduce-scatter and rounds once."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_index, key_fold, spec, scale, kernel, group_name, *ranges):
-        gathered = _gather(pack_kv(k, v, 1), group_name)  # (T, 2, Hkv, D); MLA: (T, Hkv, D + Dv)
+    def forward(ctx, q, k, v, key_index, key_fold, spec, scale, kernel, group_name, regather, *ranges):
+        packed = pack_kv(k, v, 1)  # (L, 2, Hkv, D); MLA: (L, Hkv, D + Dv)
+        gathered = _gather(packed, group_name)
         out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, scale, kernel)
-        ctx.save_for_backward(q, keys, out, lse, key_fold, *ranges)
-        ctx.spec, ctx.scale, ctx.kernel, ctx.group_name = spec, scale, kernel, group_name
+        # regather: only the local K/V stay alive until backward (keys: the key buffer, T or more tokens)
+        ctx.save_for_backward(q, packed if regather else keys, out, lse, key_index, key_fold, *ranges)
+        ctx.spec, ctx.scale, ctx.kernel, ctx.group_name, ctx.regather = spec, scale, kernel, group_name, regather
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, keys, out, lse, key_fold, *ranges = ctx.saved_tensors  # key_fold None: saved as None
+        q, keys, out, lse, key_index, key_fold, *ranges = ctx.saved_tensors  # None index/fold: saved as None
+        if ctx.regather:  # the local K/V tied to a backward value, or the partitioner saves the forward's gather
+            keys = read_keys(_gather(in_backward(keys, dout), ctx.group_name), key_index)
         dq, dkeys = attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, ctx.spec, ctx.scale, ctx.kernel)
         dkv = _reduce(dkeys, ctx.group_name).to(keys.dtype)  # (L, 2, Hkv, D): this rank's K/V gradient
-        return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (6 + len(ranges))))
+        return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (7 + len(ranges))))
 
 
 def rank_blocks(
@@ -106,9 +111,11 @@ def all_gather_varlen_attention(
     world: int,
     max_doc: int | None = None,
     window: tuple[int, int] = NO_WINDOW,
+    regather: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """varlen_attn of this rank's packed q over every rank's K/V, same document only (causal when asked,
-    within a (left, 0) sliding window when given).
+    within a (left, 0) sliding window when given); `regather`: keep only the local K/V for backward and gather
+    them again there.
 
     cu_seqlens are the GLOBAL document offsets. The layout turns them into the block's ranges and the key
     buffer's index with device ops of static shape (no host sync, no recompiles when documents change).
@@ -121,6 +128,7 @@ def all_gather_varlen_attention(
     blocks = rank_blocks(layout, causal, rank, world, local, cu_seqlens, max_doc, window)
     key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)
     spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
-    out, lse = _GatherAttend.apply(q, k, v, key_index, key_fold, spec, scale, kernel, group_name, *ranges)
+    args = (key_index, key_fold, spec, scale, kernel, group_name, regather)
+    out, lse = _GatherAttend.apply(q, k, v, *args, *ranges)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state

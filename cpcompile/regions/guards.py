@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..comm.collectives import all_gather_dim0
+from ..layouts.thd import get_packed_layout, offsets_ok
 
 
 def _agreed(values: torch.Tensor, group_name: str, message: str) -> torch.Tensor:
@@ -57,26 +58,33 @@ def _checksum(cu: torch.Tensor) -> torch.Tensor:
 
 
 def check_packed_metadata(
-    cu_seqlens: torch.Tensor, *, total: int, max_doc: int | None, doc_multiple_per_cp: int, group_name: str, world: int
+    cu_seqlens: torch.Tensor,
+    *,
+    total: int,
+    max_doc: int | None,
+    doc_multiple_per_cp: int,
+    group_name: str,
+    world: int,
+    layout: str | None = None,
 ) -> torch.Tensor:
     """cu_seqlens, once every rank has checked that it is the same on every CP rank and that it describes
     documents tiling the packed buffer: starts at 0, never decreases, ends at `total` (the global packed
     length), no document longer than `max_doc` (varlen_attn's max_q/max_k: the kernels size their grids by
     it), every length a multiple of `doc_multiple_per_cp` * cp when the layout asks (thd_zigzag: 2*cp).
+    `layout` (given for layouts whose cu_seqlens carries a plan: thd_balanced) checks the whole plan instead.
 
     Returned through a where() on the verdict, so the regions depend on the check (it runs before them) and,
     should a CUDA assert be late, see empty documents rather than out-of-range offsets."""
-    doc_multiple = doc_multiple_per_cp * world
     cu = cu_seqlens.long()
-    lengths = cu[1:] - cu[:-1]
-    ok = (cu[0] == 0) & (cu[-1] == total) & (lengths >= 0).all()
-    if max_doc is not None:
-        ok &= (lengths <= max_doc).all()
-    if doc_multiple > 1:
-        ok &= (lengths % doc_multiple == 0).all()
+    if layout is None:
+        ok = offsets_ok(cu, total, doc_multiple_per_cp * world, max_doc)
+        message = bad_cu_message(total, max_doc, doc_multiple_per_cp, world)
+    else:
+        lay = get_packed_layout(layout)
+        ok, message = lay.metadata_ok(cu, total, world, max_doc), lay.bad_metadata_message(total, max_doc, world)
     gathered = all_gather_dim0(torch.stack((_checksum(cu), ok.long())).reshape(1, 2), group_name)
     same = (gathered[:, 0] == gathered[0, 0]).all()
     torch._assert_async(same, DIFFERS)
     valid = same & (gathered[:, 1] == 1).all()
-    torch._assert_async(valid, bad_cu_message(total, max_doc, doc_multiple_per_cp, world))
+    torch._assert_async(valid, message)
     return torch.where(valid, cu_seqlens, torch.zeros_like(cu_seqlens))

@@ -9,6 +9,7 @@ import torch
 from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from .api import is_packed, shard
+from .packed import plan_documents
 
 SEQUENCE_KEYS = frozenset(
     {
@@ -43,12 +44,16 @@ def shard_batch(
 
     Per-token keys: SEQUENCE_KEYS plus `seq_keys`. Passed through: METADATA_KEYS plus `passthrough_keys`,
     0-dim tensors and non-tensors. Any other tensor raises, since guessing wrong silently corrupts training.
-    Packed documents ("thd", "thd_zigzag"): the layout follows cu_seqlens= or else batch["cu_seqlens"], which
-    stays in the batch unchanged (the model gets the GLOBAL offsets).
+    Packed documents ("thd", "thd_zigzag", "thd_balanced"): the layout follows cu_seqlens= or else
+    batch["cu_seqlens"]. thd / thd_zigzag keep batch["cu_seqlens"] unchanged (the model gets the GLOBAL
+    offsets); thd_balanced plans the batch once (plan_documents) and returns the plan as batch["cu_seqlens"]
+    (added when the batch had none), which the model must get in place of the offsets.
     """
     if strategy in THD_LAYOUTS and cu_seqlens is None:
         cu_seqlens = batch.get("cu_seqlens")
-    is_packed(strategy, cu_seqlens, "shard_batch")
+    if is_packed(strategy, cu_seqlens, "shard_batch") and THD_LAYOUTS[strategy].carries_plan:
+        cu_seqlens = plan_documents(cu_seqlens, strategy=strategy, mesh=mesh, group=group)  # once for every key
+        batch = {**batch, "cu_seqlens": cu_seqlens}
     if not isinstance(seq_dim, int) or seq_dim < 0:
         raise CPCompileError(
             f"shard_batch(seq_dim={seq_dim!r}): the batch's tensors have different ranks (input_ids (batch, seq), "

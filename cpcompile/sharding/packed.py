@@ -1,7 +1,9 @@
-"""Sharding helpers for packed documents (thd, thd_zigzag): cu_seqlens-aware shard/unshard and padding.
+"""Sharding helpers for packed documents (thd, thd_zigzag, thd_balanced): cu_seqlens-aware shard/unshard,
+the per-batch plan (thd_balanced) and padding.
 
 These run in the user's data pipeline, so they may read cu_seqlens on the host to check the document rules
-and raise a clear CPCompileError (the compiled region cannot: it never syncs). unshard stays on device.
+and raise a clear CPCompileError (the compiled region cannot: it never syncs). unshard stays on device, except
+that thd_balanced reads (or plans) cu_seqlens on the host first.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch.nn.functional as F
 
 from ..comm.collectives import all_gather_dim0
 from ..errors import CPCompileError
-from ..layouts.thd import get_packed_layout
+from ..layouts.thd import THD_LAYOUTS, get_packed_layout
 from ..mesh import resolve_group
 from .dims import checked_dim
 
@@ -60,13 +62,40 @@ def check_documents(cu_seqlens: torch.Tensor, total: int, strategy: str, cp: int
     raise CPCompileError(f"cannot shard packed documents: {reason}. Fix: {fix}.")
 
 
+def model_cu_seqlens(cu_seqlens: torch.Tensor, total: int, strategy: str, cp: int) -> torch.Tensor:
+    """The cu_seqlens the compiled model and the index math take, checked on the host: the offsets themselves,
+    or for a layout with a per-batch plan (thd_balanced) the plan, made from plain offsets or checked as given."""
+    layout = get_packed_layout(strategy)
+    if layout.is_plan(cu_seqlens):
+        return layout.prepare(cu_seqlens, total, cp)
+    check_documents(cu_seqlens, total, strategy, cp)
+    return layout.prepare(cu_seqlens, total, cp)
+
+
+def plan_documents(cu_seqlens, *, strategy: str, mesh=None, group=None) -> torch.Tensor:
+    """The cu_seqlens to pass to the compiled model for this batch under `strategy`: the GLOBAL offsets as they
+    are for thd / thd_zigzag; for thd_balanced the offsets plus this batch's plan (which pieces of which
+    documents each rank owns), a longer tensor of the same dtype that shard/unshard also take. shard_batch
+    calls this and puts the result in batch["cu_seqlens"]."""
+    if strategy not in THD_LAYOUTS:
+        raise CPCompileError(
+            f"plan_documents(strategy={strategy!r}) is for packed documents. "
+            f"Fix: use strategy in {sorted(THD_LAYOUTS)}."
+        )
+    cp = resolve_group(mesh, group)
+    cu = _need_cu(cu_seqlens, strategy, "plan_documents")
+    layout = get_packed_layout(strategy)
+    offsets = layout.offsets(cu, cp.size) if layout.is_plan(cu) else cu
+    return model_cu_seqlens(cu, int(offsets[-1]) if offsets.numel() else 0, strategy, cp.size)
+
+
 def shard_packed(x: torch.Tensor, *, strategy: str, seq_dim: int, cu_seqlens, mesh=None, group=None) -> torch.Tensor:
     """This rank's tokens of the packed tensor `x` under a THD layout (a new tensor)."""
     cp = resolve_group(mesh, group)
     cu = _need_cu(cu_seqlens, strategy, "shard")
     seq_dim = checked_dim(x, seq_dim, "shard")
     total = x.shape[seq_dim]
-    check_documents(cu, total, strategy, cp.size)
+    cu = model_cu_seqlens(cu, total, strategy, cp.size)
     index = get_packed_layout(strategy).shard_index(cu.to(x.device), total, cp.size, cp.rank)
     return x.index_select(seq_dim, index)
 
@@ -92,8 +121,11 @@ class _UnshardPacked(torch.autograd.Function):
 def unshard_packed(x_local: torch.Tensor, *, strategy: str, seq_dim: int, cu_seqlens, mesh=None, group=None):
     """The packed tensor in global order on every rank, from each rank's local tokens (differentiable)."""
     cp = resolve_group(mesh, group)
-    cu = _need_cu(cu_seqlens, strategy, "unshard").to(x_local.device).long()
+    cu = _need_cu(cu_seqlens, strategy, "unshard")
     seq_dim = checked_dim(x_local, seq_dim, "unshard")
+    if get_packed_layout(strategy).carries_plan:  # the plan, read or made on the host
+        cu = model_cu_seqlens(cu, x_local.shape[seq_dim] * cp.size, strategy, cp.size)
+    cu = cu.to(x_local.device).long()
     return _UnshardPacked.apply(x_local, cu, seq_dim, strategy, cp.name, cp.rank, cp.size)
 
 
@@ -161,4 +193,12 @@ def pad_documents(
     return torch.cat(pieces, dim=dim), cu_seqlens.new_tensor(new_cu)
 
 
-__all__ = ["check_documents", "pad_cu_seqlens", "pad_documents", "shard_packed", "unshard_packed"]
+__all__ = [
+    "check_documents",
+    "model_cu_seqlens",
+    "pad_cu_seqlens",
+    "pad_documents",
+    "plan_documents",
+    "shard_packed",
+    "unshard_packed",
+]

@@ -38,7 +38,7 @@ def _worker(rank, world, port, backend, fn, args, results, threads):
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world,
-            timeout=datetime.timedelta(seconds=120),
+            timeout=datetime.timedelta(seconds=int(os.environ.get("CPCOMPILE_TEST_PG_TIMEOUT", "120"))),
         )
         try:
             results.put((rank, "ok", _to_bytes(fn(rank, world, *args))))

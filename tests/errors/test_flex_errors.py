@@ -118,3 +118,18 @@ def test_a_sequence_sharded_mod_buffer_is_refused():
         mask = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=32), strategy="flat")
         docs_local = torch.zeros(1, 16)
         _raises("score_mod/mask_mod buffer", attn, *_qkv(), docs_local, mask, strategy="flat")
+
+
+def test_regather_is_refused_for_flex():
+    """The flex region keeps its gathered K/V; regather=True there would be silently ignored, so it is refused."""
+    with fake_group(0, 2):
+        mask = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=32), strategy="flat")
+        msg = _raises("regather=True", attention(None), *_qkv(), mask, strategy="flat", regather=True)
+        assert "Fix: drop regather" in msg
+
+
+def test_ring_is_refused_for_flex():
+    with fake_group(0, 2):
+        mask = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=32), strategy="flat")
+        msg = _raises("comm='ring'", attention(None), *_qkv(), mask, strategy="flat", comm="ring")
+        assert "Fix:" in msg and "all_gather" in msg

@@ -192,3 +192,15 @@ def test_zigzag_region_asserts_document_lengths_on_device():
     torch._dynamo.reset()
     with pytest.raises(RuntimeError, match="multiple of 2\\*cp=4"):
         torch.compile(fn, backend=be, fullgraph=True)(*_qkv(), CU)
+
+
+@pytest.mark.parametrize("window", [(2, 0), (-1, 3), (2, 2)])
+def test_sliding_window_under_the_ring_is_refused(window):
+    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=window)  # noqa: E731
+    match = rf"window_size=\({window[0]}, {window[1]}\): comm='ring' attends one held chunk.*Fix: use comm='all_gather'"
+    _refused(fn, *_qkv(), CU, comm="ring", match=match)
+
+
+def test_regather_only_with_all_gather():
+    with pytest.raises(CPCompileError, match=r"regather=True with comm='ring'.*Fix: drop regather"):
+        cpcompile.backend(strategy="thd", comm="ring", regather=True)

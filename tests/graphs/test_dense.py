@@ -82,12 +82,18 @@ class GraphModule(torch.nn.Module):
         permute_1: "f32[4, 2, 1, 2, 16]" = torch.ops.aten.permute.default(view_1, [3, 2, 0, 1, 4])
         stack: "f32[4, 2, 2, 1, 2, 16]" = torch.ops.aten.stack.default([permute, permute_1], 2)
         all_gather_into_tensor: "f32[16, 2, 2, 1, 2, 16]" = torch.ops._c10d_functional.all_gather_into_tensor.default(stack, 4, '0')
-        wait_tensor: "f32[16, 2, 2, 1, 2, 16]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor)
-        attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [primals_2], [primals_3], [0, 4, 0, 0, 4, 1, 0, 4, 1, 0, 4, 0, 4, 4, 0, 4, 4, 1, 4, 4, 1, 0, 16, 0, 4, 4, 2, 8, 8, 0], 0.25, 'cpu_flash', wait_tensor)
+        attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [primals_2], [primals_3], [0, 4, 0, 0, 4, 1, 4, 4, 0, 4, 4, 1], 0.25, 'cpu_flash', None, True)
         getitem: "f32[1, 4, 8, 16]" = attend_blocks[0]
         getitem_1: "f32[1, 4, 8]" = attend_blocks[1]
-        detach: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(getitem)
-        return (getitem, primals_1, primals_2, primals_3, wait_tensor, getitem_1, detach)
+        wait_tensor: "f32[16, 2, 2, 1, 2, 16]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor)
+        attend_blocks_1 = torch.ops.cpcompile.attend_blocks.default(primals_1, [], [], [0, 4, 0, 0, 4, 0, 4, 4, 0, 0, 16, 0, 4, 4, 1, 8, 8, 0], 0.25, 'cpu_flash', wait_tensor, True)
+        getitem_2: "f32[1, 4, 8, 16]" = attend_blocks_1[0]
+        getitem_3: "f32[1, 4, 8]" = attend_blocks_1[1]
+        merge_partial = torch.ops.cpcompile.merge_partial.default(getitem, getitem_1, getitem_2, getitem_3, True)
+        getitem_4: "f32[1, 4, 8, 16]" = merge_partial[0]
+        getitem_5: "f32[1, 4, 8]" = merge_partial[1]
+        detach: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(getitem_4)
+        return (getitem_4, primals_1, primals_2, primals_3, wait_tensor, getitem_5, detach)
 """,
         )
 

@@ -61,8 +61,20 @@ def test_gathered_kv_feeds_the_executor_without_copies(generated_code):
     (buf,) = gathered
     readers = [name for name, args in _kernel_calls(fwd) if _uses(args, _names(fwd, buf))]
     assert readers == [], f"kernels copy the gathered K/V buffer {buf}: {readers}"
-    executor_call = re.search(r"torch\.ops\.cpcompile\.attend_blocks\.default\((.*)\)", fwd).group(1)
-    assert _uses(executor_call, buf)
+    executor_calls = re.findall(r"torch\.ops\.cpcompile\.attend_blocks\.default\((.*)\)", fwd)
+    assert [_uses(call, buf) for call in executor_calls] == [False, True], "local blocks, then gathered blocks"
+
+
+def test_local_blocks_run_while_the_gather_is_in_flight(generated_code):
+    """Inductor's schedule: issue the gather, run the local causal squares, wait, run the gathered blocks."""
+    fwd = generated_code[0]
+    events = re.findall(r"(all_gather_into_tensor\.default|wait_tensor\.default|attend_blocks\.default)\(", fwd)
+    assert events == [
+        "all_gather_into_tensor.default",
+        "attend_blocks.default",
+        "wait_tensor.default",
+        "attend_blocks.default",
+    ], events
 
 
 def test_send_buffer_is_written_by_a_fused_model_kernel(generated_code):

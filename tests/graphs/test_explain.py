@@ -209,3 +209,13 @@ def test_flex_sites_are_planned_not_costed():
     assert "not costed" in report.notes[0] and "  -  " in str(report)
     report = cpcompile.explain(attend, q, k, v, strategy="zigzag", comm="auto", world=2, seq_dim=2)
     assert "does not cost flex_attention" in report.refusals[0].message and "comm='a2a'" in report.refusals[0].fix
+
+
+def test_plan_carrying_layouts_are_not_explained_or_auto():
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    report = cpcompile.explain(Attend(), torch.randn(64, 32), strategy="thd_balanced", world=2, cu_seqlens=cu)
+    assert [r.where for r in report.refusals] == ["example inputs"] and "strategy='thd'" in report.refusals[0].fix
+    import pytest
+
+    with pytest.raises(cpcompile.CPCompileError, match="regather=True with comm='auto'"):
+        cpcompile.backend(comm="auto", regather=True)

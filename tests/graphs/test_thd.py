@@ -202,3 +202,46 @@ class GraphModule(torch.nn.Module):
         return (getitem_2, select_10, select_11, None)
 """,
         )
+
+
+def _plan(cu, world):
+    from cpcompile.layouts.thd_balanced import make_plan
+
+    return make_plan(torch.tensor(cu, dtype=torch.int32), world)
+
+
+class TestThdBalancedSnapshot(expecttest.TestCase):
+    def test_thd_balanced_region(self):
+        """cu_seqlens is the plan (offsets, then each rank's pieces, then the tag): the check reads all of it
+        (layout=...), the region gets it as it is, and every shape is static."""
+        q, k, v, _ = _inputs()
+        with fake_group(rank=1, world=4):
+            code = rewritten_graph(causal, q, k, v, _plan((0, 3, 16, 32), 4), strategy="thd_balanced")
+        self.assertExpectedInline(
+            code,
+            """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_q_: "f32[8, 2, 4]", L_k_: "f32[8, 2, 4]", L_v_: "f32[8, 2, 4]", L_cu_: "i32[45]"):
+        l_q_ = L_q_
+        l_k_ = L_k_
+        l_v_ = L_v_
+        l_cu_ = L_cu_
+        check_packed_metadata: "i32[45]" = cpcompile_regions_guards_check_packed_metadata(l_cu_, total = 32, max_doc = 16, doc_multiple_per_cp = 0, group_name = '0', world = 4, layout = 'thd_balanced')
+        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd_balanced', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16, window = (-1, -1))
+        out: "f32[8, 2, 4]" = all_gather_varlen_attention[0]
+        return (out,)
+""",
+        )
+
+    def test_thd_balanced_aot_collectives_and_no_sync(self):
+        """One metadata all-gather, one K/V all-gather, one key-buffer copy, one kernel call; backward: one
+        reduce-scatter, no scatter-add; no host sync anywhere."""
+        q, k, v, _ = _inputs(requires_grad=True)
+        with fake_group(rank=0, world=2):
+            fwd, bwd = aot_graphs(causal, q, k, v, _plan((0, 3, 16), 2), strategy="thd_balanced")
+        self.assertEqual(count_ops(fwd, r"all_gather_into_tensor\.default\("), 2)
+        self.assertEqual(count_ops(fwd, r"index_select\.default\("), 1)
+        self.assertEqual(count_ops(fwd, r"attend_varlen_blocks\.default\("), 1)
+        self.assertEqual(count_ops(bwd, r"aten\.(index_add|scatter|scatter_add)[_.]"), 0)
+        self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
+        self.assertEqual(count_ops(fwd + bwd, r"\.item\(|_local_scalar_dense"), 0)

@@ -1,6 +1,6 @@
 """torchtitan's Llama3 (debugmodel flavor, its own modules, 2 of its layers) trained with cpcompile on 2 ranks
-matches one process: dense causal SDPA with zigzag, packed documents through its VarlenAttention with thd and
-thd_zigzag (new documents every step, no recompile), with padding done by the adapter. Varlen metadata built
+matches one process: dense causal SDPA with zigzag, packed documents through its VarlenAttention with thd,
+thd_zigzag and thd_balanced (new documents every step, no recompile), with padding done by the adapter. Varlen metadata built
 from a rank's LOCAL positions fails every rank with an error that says so. One spawn for the whole module."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ CASES = [  # attention, strategy, documents in the rows
     ("sdpa", "zigzag", False),
     ("varlen", "thd", True),
     ("varlen", "thd_zigzag", True),
+    ("varlen", "thd_balanced", True),  # the adapter plans every batch; the plan rides in VarlenMetadata
 ]
 
 

@@ -46,8 +46,8 @@ def reference(q, k, v, dout, causal: bool, dtype: torch.dtype, scale=None):
 def cp_attention(
     q, k, v, dout, *, strategy, causal, dtype, inner="aot_eager", scale=None, comm="all_gather", backend=None
 ):
-    """(out, dq, dk, dv) of the compiled CP region on this rank's shards, in local layout (`backend`: this
-    cpcompile backend instead of one made from strategy, comm and inner)."""
+    """(out, dq, dk, dv) of the compiled CP region on this rank's shards, in local layout (`backend`: a
+    cpcompile backend to use instead of one made from strategy/comm/inner)."""
     shard = lambda t: cpcompile.shard(t.to(dtype), strategy=strategy, seq_dim=2)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
     be = backend or cpcompile.backend(strategy=strategy, comm=comm, inner=inner)

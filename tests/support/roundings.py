@@ -16,6 +16,7 @@ from collections import Counter
 from cpcompile.layouts import get_layout
 from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
 from cpcompile.layouts.heads import HeadSplit
+from cpcompile.layouts.ring import held_rank, ring_blocks
 
 
 def roundings(partials: int) -> int:
@@ -49,6 +50,10 @@ def dense_partials(layout_name: str, comm: str, cp: int, causal: bool, hq: int, 
         for qb, blocks in enumerate(exchange_blocks(buffers, 1, causal)):
             count(qb, blocks, buffers)
         kv_copies = HeadSplit(hq, hkv, cp).kv_replicas  # a replicated kv head's gradient sums over its ranks
+    elif comm == "ring":  # every step's blocks against the held rank's chunks (source 0)
+        for rank in range(cp):
+            for step, blocks in enumerate(ring_blocks(layout, cp, rank, 1, causal)):
+                count(rank, blocks, [list(layout.rank_chunks(held_rank(rank, step, cp), cp))])
     else:
         raise ValueError(f"unknown comm {comm!r}")
     q_side, k_side = _max_count(rows), _max_count(keys) * kv_copies

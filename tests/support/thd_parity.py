@@ -83,7 +83,8 @@ def cp_varlen(q, k, v, dout, cu, *, strategy, causal, dtype, backend=None, windo
     be = backend or cpcompile.backend(strategy=strategy, inner="aot_eager")
     fn = attn(causal) if window is None else windowed_attn(window)
     torch._dynamo.reset()
-    out = torch.compile(fn, backend=be, fullgraph=True)(*leaves, cu)
+    model_cu = cpcompile.plan_documents(cu, strategy=strategy)  # thd_balanced: the offsets and the plan
+    out = torch.compile(fn, backend=be, fullgraph=True)(*leaves, model_cu)
     out.backward(shard(dout))
     return [out.detach()] + [t.grad for t in leaves]
 

@@ -42,14 +42,15 @@ def _block_pairs(ranges: torch.Tensor, tq: int, tk: int, causal: bool, left: int
     return counts
 
 
-def _check_fold(fold: torch.Tensor | None, key_index: torch.Tensor | None, total: int) -> None:
-    """The fold inverts the index: every key-buffer position is listed once, under the token it copies."""
+def _check_fold(fold: torch.Tensor | None, key_index: torch.Tensor | None, total: int, used: int) -> None:
+    """The fold inverts the index: every key-buffer position before `used` (thd_balanced: a tail no range reads
+    follows) is listed once, under the token it copies."""
     if key_index is None:
         assert fold is None
         return
     assert fold.shape[1] == total
     listed = fold[fold >= 0]
-    assert torch.equal(listed.sort().values, torch.arange(key_index.numel())), "each copy folded exactly once"
+    assert torch.equal(listed.sort().values, torch.arange(used)), "each copy folded exactly once"
     tokens = torch.arange(total).expand_as(fold)[fold >= 0]
     assert torch.equal(key_index[listed], tokens), "a copy is folded onto the token it holds"
 
@@ -59,8 +60,9 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
     the packed sequence exactly once."""
     layout = THD_LAYOUTS[strategy]
     window = (left, 0) if left >= 0 else (-1, -1)
-    cu = _cu(lengths)
-    total = int(cu[-1])
+    offsets = _cu(lengths)
+    total = int(offsets[-1])
+    cu = layout.prepare(offsets, total, cp)  # thd_balanced: the offsets and this batch's plan
     local = total // cp
     index = [layout.shard_index(cu, total, cp, r) for r in range(cp)]
     assert torch.equal(torch.cat(index).sort().values, torch.arange(total)), "shard is not a permutation"
@@ -69,8 +71,9 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
     for r in range(cp):
         key_index, fold = layout.key_buffer(cu, local, cp, r, causal) or (None, None)
         keys = gathered if key_index is None else gathered[key_index]
-        _check_fold(fold, key_index, total)
         blocks = layout.blocks(cu, local, cp, r, causal, max(lengths), window)  # bounds from the longest doc
+        used = keys.numel() if not layout.carries_plan else int(blocks[0].ranges[3].max())
+        _check_fold(fold, key_index, total, used)
         assert len(blocks) == 1, "one kernel call a rank: nothing to merge"
         for b in blocks:
             qs, qe, ks, ke = b.ranges
@@ -84,17 +87,19 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
             pairs = _block_pairs(b.ranges, local, keys.numel(), b.causal, left)
             if b.covers_rows:  # the executor then skips the row masks: every row must see a key
                 assert bool((pairs.sum(1) > 0).all()), "a block that covers its rows left a row without keys"
+            used = int(ke.max())  # thd_balanced's static key buffer ends in a tail no range reads
             if b.covers_keys:  # ... and the key masks: every key must lie in a range that has q rows
-                in_range = torch.zeros(keys.numel(), dtype=torch.bool)
+                assert used == keys.numel() or layout.carries_plan, "only a plan's key buffer has an unused tail"
+                in_range = torch.zeros(used, dtype=torch.bool)
                 for a, z, rows in zip(ks.tolist(), ke.tolist(), (qe - qs).tolist()):
                     in_range[a:z] = rows > 0
                 assert bool(in_range.all()), "a block that covers its keys left a key outside every range with rows"
             if b.covers_rows and b.covers_keys:  # the executor passes tiled=True: cu_seqlens without gaps
                 cu_q, cu_k = tiled_cu_seqlens(b.ranges)
                 assert torch.equal(torch.stack((cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])).long(), b.ranges)
-                assert int(cu_q[0]) == int(cu_k[0]) == 0 and int(cu_q[-1]) == local and int(cu_k[-1]) == keys.numel()
+                assert int(cu_q[0]) == int(cu_k[0]) == 0 and int(cu_q[-1]) == local and int(cu_k[-1]) == used
             got.index_put_((index[r][:, None].expand_as(pairs), keys[None, :].expand_as(pairs)), pairs, True)
-    assert torch.equal(got, _expected_mask(cu, causal, left).long())
+    assert torch.equal(got, _expected_mask(offsets, causal, left).long())
 
 
 @st.composite
@@ -135,6 +140,27 @@ def test_thd_sliding_window_blocks_cover_windowed_mask(case, left):
 def test_thd_zigzag_sliding_window_blocks_cover_windowed_mask(case, left):
     cp, lengths = case
     _coverage("thd_zigzag", lengths, cp, True, left)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_documents(0), st.booleans())
+def test_thd_balanced_blocks_cover_document_mask(case, causal):
+    cp, lengths = case
+    _coverage("thd_balanced", lengths, cp, causal)
+
+
+@settings(max_examples=10, deadline=None)
+@given(_documents(0), st.integers(0, 5))
+def test_thd_balanced_sliding_window_blocks_cover_windowed_mask(case, left):
+    cp, lengths = case
+    _coverage("thd_balanced", lengths, cp, True, left)
+
+
+def test_thd_balanced_long_document_and_empty_documents():
+    _coverage("thd_balanced", [30, 1, 1], 4, True)  # a document longer than T/cp: pieces on every rank
+    _coverage("thd_balanced", [30, 1, 1], 4, False)
+    _coverage("thd_balanced", [0, 5, 0, 3, 0], 2, True)
+    _coverage("thd_balanced", [1] * 12, 3, True)
 
 
 def test_thd_zigzag_key_buffer_holds_each_chunk_prefix():

@@ -1,0 +1,144 @@
+"""Ring steps: which K/V chunk a rank holds at each step of the ring, and which of its q rows attend it.
+
+At step s rank r holds the K/V of rank (r - s) mod cp (every rank sends what it holds to r + 1 and receives
+from r - 1), so after cp steps every rank has seen every rank's K/V once. The held buffer is that rank's local
+K/V in its local order, so a step's blocks are rectangles of (local q rows, held keys): derived here from the
+layouts' own chunk assignment (`rank_chunks`) or packed documents (cu_seqlens), never from a table.
+
+Dense (flat, zigzag): blocks read source 0, the held buffer. Causal: a held chunk strictly before a local
+chunk is an unmasked block, the rank's own chunk a causal square (step 0 only), a later chunk nothing.
+Zigzag steps are balanced: step 0 is two causal squares plus one full chunk-square, every later step two
+full chunk-squares (the held rank's front chunk for both local chunks, or the back local chunk for both held
+chunks), the same on every rank.
+
+Packed (thd, thd_zigzag): varlen blocks over the held buffer, as device ops on cu_seqlens. thd: step 0 is each
+local document piece against itself (bottom-right causal); later steps the piece against the held rank's
+piece of the same document, unmasked (all of it precedes this rank's tokens), and nothing for a later rank
+under causal attention. thd_zigzag: every rank's local offsets of a document are the same, so a held front
+chunk (rank p < r) is seen by both local chunks, a held rank p > r is seen (both chunks) by the back chunk:
+per document the same work every step on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..kernels.base import NO_WINDOW
+from .base import Block, ChunkLayout
+from .thd import VarlenBlock, _bound, _interleave, _ranges, get_packed_layout
+
+HELD = 0
+"""The held buffer is source 0 of every step's executor call."""
+
+
+def held_rank(rank: int, step: int, cp: int) -> int:
+    """The rank whose local K/V `rank` holds at ring step `step`."""
+    return (rank - step) % cp
+
+
+def step_blocks(layout: ChunkLayout, cp: int, rank: int, step: int, chunk_len: int, causal: bool) -> list[Block]:
+    """Rank `rank`'s dense blocks at ring step `step` over the held buffer (source 0), coalesced into as few
+    rectangles as the chunk order allows."""
+    mine = layout.rank_chunks(rank, cp)
+    theirs = layout.rank_chunks(held_rank(rank, step, cp), cp)
+    blocks = []
+    for i, c in enumerate(mine):
+        for j, held in enumerate(theirs):
+            if not causal or held < c:
+                blocks.append(Block(i * chunk_len, chunk_len, HELD, j * chunk_len, chunk_len, False))
+            elif held == c:  # the rank's own chunk: only at step 0
+                blocks.append(Block(i * chunk_len, chunk_len, HELD, j * chunk_len, chunk_len, True))
+    return _coalesce(blocks)
+
+
+def ring_blocks(layout: ChunkLayout, cp: int, rank: int, chunk_len: int, causal: bool) -> list[list[Block]]:
+    """Every step's blocks (a step may have none: a causal rank whose held chunks all come later)."""
+    return [step_blocks(layout, cp, rank, s, chunk_len, causal) for s in range(cp)]
+
+
+def _coalesce(blocks: list[Block]) -> list[Block]:
+    """Merge unmasked blocks that share a q range and touch along the keys, or share a key range and touch
+    along q: one kernel call instead of two, the same (q, k) pairs."""
+    out = list(blocks)
+    merged = True
+    while merged:
+        merged = False
+        for a in out:
+            for b in out:
+                if a is b or a.causal or b.causal:
+                    continue
+                same_q = (a.q_start, a.q_len) == (b.q_start, b.q_len) and a.kv_start + a.kv_len == b.kv_start
+                same_k = (a.kv_start, a.kv_len) == (b.kv_start, b.kv_len) and a.q_start + a.q_len == b.q_start
+                if same_q:
+                    joined = dataclasses.replace(a, kv_len=a.kv_len + b.kv_len)
+                elif same_k:
+                    joined = dataclasses.replace(a, q_len=a.q_len + b.q_len)
+                else:
+                    continue
+                out = [x for x in out if x is not a and x is not b] + [joined]
+                merged = True
+                break
+            if merged:
+                break
+    return sorted(out, key=lambda b: (b.q_start, b.kv_start))
+
+
+def packed_step_blocks(
+    strategy: str,
+    cu_seqlens: torch.Tensor,
+    local_len: int,
+    cp: int,
+    rank: int,
+    step: int,
+    causal: bool,
+    max_doc: int | None = None,
+) -> list[VarlenBlock]:
+    """Rank `rank`'s varlen blocks at ring step `step` over the held buffer (source 0); [] when it has none."""
+    if strategy == "thd":
+        return _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc)
+    if strategy == "thd_zigzag":
+        return _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc)
+    raise ValueError(f"no ring steps for packed layout {strategy!r}")
+
+
+RING_PACKED_LAYOUTS = ("thd", "thd_zigzag")
+"""The packed layouts whose ring steps are defined here (the ring comm refuses the others)."""
+
+
+def _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc):
+    held = held_rank(rank, step, cp)
+    if causal and held > rank:
+        return []
+    cu = cu_seqlens.long()
+    piece = lambda r: ((cu[:-1] - r * local_len).clamp(0, local_len), (cu[1:] - r * local_len).clamp(0, local_len))  # noqa: E731
+    q0, q1 = piece(rank)
+    bound = _bound(local_len, max_doc)
+    if step == 0:  # every local piece against itself: a causal square per document piece, or unmasked
+        return [VarlenBlock(HELD, causal, _ranges(q0, q1, q0, q1), bound, bound, NO_WINDOW, True, True)]
+    k0, k1 = piece(held)  # the held rank's piece of each document: all before this rank's tokens when causal
+    return [VarlenBlock(HELD, False, _ranges(q0, q1, k0, k1), bound, bound)]
+
+
+def _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc):
+    layout = get_packed_layout("thd_zigzag")
+    start, mid, end, _ = layout._local_docs(cu_seqlens, cp)
+    one = _bound(local_len // 2, None if max_doc is None else max_doc // (2 * cp))  # one chunk, at most
+    full = dict(covers_rows=True, covers_keys=True)
+    if not causal:  # both local chunks against both held chunks of every document
+        return [VarlenBlock(HELD, False, _ranges(start, end, start, end), 2 * one, 2 * one, NO_WINDOW, **full)]
+    held = held_rank(rank, step, cp)
+    if step == 0:  # two causal squares (front, back), then the back chunk against the front chunk
+        squares = _ranges(
+            _interleave(start, mid), _interleave(mid, end), _interleave(start, mid), _interleave(mid, end)
+        )
+        back_front = _ranges(mid, end, start, mid)
+        return [
+            VarlenBlock(HELD, True, squares, one, one, NO_WINDOW, **full),
+            VarlenBlock(HELD, False, back_front, one, one),
+        ]
+    if held < rank:  # the held front chunk precedes both local chunks; its back chunk follows both
+        return [VarlenBlock(HELD, False, _ranges(start, end, start, mid), 2 * one, one, NO_WINDOW, covers_rows=True)]
+    # held > rank: both held chunks precede the local back chunk and follow the local front chunk
+    return [VarlenBlock(HELD, False, _ranges(mid, end, start, end), one, 2 * one, NO_WINDOW, covers_keys=True)]

@@ -1,0 +1,112 @@
+"""The ring CP region for packed documents (varlen_attn under thd / thd_zigzag, comm="ring").
+
+The same ring as regions/ring.py over the packed (L, 2, Hkv, D) K/V (MLA: (L, Hkv, D + Dv)): at each step the
+held rank's K/V are attended with that step's varlen blocks (layouts/ring.py, computed from the GLOBAL
+cu_seqlens with device ops, so documents change without recompiling), the partial outputs merged by LSE in
+fp32; backward sends each held chunk's K/V gradient on with the chunk, in fp32, home after one circle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ..comm.pending import in_backward, start_shift, wait
+from ..executor.blocks import encode_varlen
+from ..executor.packed_kv import pack_kv, unpack_kv
+from ..kernels.base import NO_WINDOW
+from ..layouts.ring import packed_step_blocks
+from .partials import add_part, merge_step
+
+
+def _step_inputs(spec: list[int], ranges, held, qk_dim):
+    k, v = unpack_kv(held, 1, qk_dim)
+    return [k], [v], list(ranges), spec
+
+
+class _RingVarlenAttention(torch.autograd.Function):
+    """Forward and backward of the packed ring; `counts[s]` ranges tensors belong to step s (0: no work)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, specs, counts, scale, kernel, group_name, rank, world, *ranges):
+        held = mine = pack_kv(k, v, 1)
+        d = q.shape[-1]
+        acc = lse = None
+        for s, (spec, rs) in enumerate(zip(specs, _per_step(ranges, counts))):
+            pending = start_shift(held, group_name, rank, world) if s + 1 < world else None
+            if rs:
+                ks, vs, rl, spec = _step_inputs(spec, rs, held, d)
+                o, l = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, rl, spec, scale, kernel)
+                acc, lse = merge_step(acc, lse, o, l, lse_last=False)
+            if pending is not None:
+                held = wait(pending).view(held.shape)
+        out = acc.to(q.dtype)
+        ctx.save_for_backward(q, mine, out, lse, *ranges)
+        ctx.args = (specs, counts, scale, kernel, group_name, rank, world)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, held, out, lse, *ranges = ctx.saved_tensors
+        specs, counts, scale, kernel, group_name, rank, world = ctx.args
+        dout, d = dout.contiguous(), q.shape[-1]
+        held = in_backward(held, dout)  # keeps the K/V shifts in the backward graph (comm/pending.py)
+        dq = travel = pending_grad = None
+        for s, (spec, rs) in enumerate(zip(specs, _per_step(ranges, counts))):
+            pending = start_shift(held, group_name, rank, world) if s + 1 < world else None
+            part = None
+            if rs:
+                ks, vs, rl, spec = _step_inputs(spec, rs, held, d)
+                dq_s, (dk,), (dv,) = torch.ops.cpcompile.attend_varlen_blocks_backward(
+                    dout, q, ks, vs, out, lse, rl, spec, scale, kernel
+                )
+                dq, part = add_part(dq, dq_s), add_part(None, pack_kv(dk, dv, 1))
+            if pending_grad is None:  # step 0: the rank's own K/V
+                travel = part
+            else:  # the held chunk's gradient so far arrived with it: add this rank's part, send it on
+                travel = add_part(wait(pending_grad).view(held.shape), part)
+            pending_grad = start_shift(travel, group_name, rank, world) if world > 1 else None
+            if pending is not None:
+                held = wait(pending).view(held.shape)
+        home = travel if pending_grad is None else wait(pending_grad).view(held.shape)
+        dk, dv = unpack_kv(home.to(held.dtype), 1, d)
+        return dq.to(q.dtype), dk, dv, *([None] * (7 + len(ranges)))
+
+
+def _per_step(ranges: tuple, counts: tuple[int, ...]) -> list[tuple]:
+    out, at = [], 0
+    for n in counts:
+        out.append(tuple(ranges[at : at + n]))
+        at += n
+    return out
+
+
+def ring_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    layout: str,
+    causal: bool,
+    scale: float,
+    kernel: str,
+    group_name: str,
+    rank: int,
+    world: int,
+    max_doc: int | None = None,
+    window: tuple[int, int] = NO_WINDOW,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """varlen_attn of this rank's packed q over every rank's K/V (same document only, causal when asked),
+    the K/V arriving one rank at a time. `window` must be NO_WINDOW (the planner refuses sliding windows
+    under the ring). Returns (out, lse (Hq, T_local) fp32, rng_state) like torch_attn._varlen_attn."""
+    assert tuple(window) == NO_WINDOW, "the planner refuses sliding windows under comm='ring'"
+    local = q.shape[0]
+    steps = [packed_step_blocks(layout, cu_seqlens, local, world, rank, s, causal, max_doc) for s in range(world)]
+    specs = tuple(encode_varlen(blocks) for blocks in steps)
+    counts = tuple(len(blocks) for blocks in steps)
+    ranges = [b.ranges for blocks in steps for b in blocks]
+    out, lse = _RingVarlenAttention.apply(q, k, v, specs, counts, scale, kernel, group_name, rank, world, *ranges)
+    rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
+    return out, lse.to(torch.float32), rng_state

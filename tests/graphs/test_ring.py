@@ -1,0 +1,172 @@
+"""The ring region's graphs (fake process group, one process): the rewritten call, collectives per forward and
+backward, what the forward saves for backward (never another rank's K/V), and Inductor's forward schedule (each
+step's shift issued before the held chunk's blocks run, waited after)."""
+
+from __future__ import annotations
+
+import re
+
+import expecttest
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
+
+import cpcompile
+from cpcompile.testing.model import TinyConfig, TinyLlama
+from tests.support.fake_pg import aot_graphs, capture_graphs, fake_group, rewritten_graph
+from tests.support.graphs import _collectives
+
+
+def gqa_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def _qkv(s=16, requires_grad=True):
+    return [torch.randn(1, h, s, 16, requires_grad=requires_grad) for h in (4, 2, 2)]
+
+
+def test_rewritten_graph_snapshot():
+    with fake_group(rank=1, world=4):
+        code = rewritten_graph(gqa_attention, *_qkv(8, False), strategy="zigzag", comm="ring")
+    assert "cpcompile_regions_ring_ring_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True" in code
+    assert "group_name = '0', rank = 1, world = 4)" in code
+
+
+class TestRingSnapshot(expecttest.TestCase):
+    def test_zigzag_aot_forward_backward(self):
+        """cp=2 zigzag: forward issues the shift, runs step 0's blocks on the local K/V, waits, runs step 1, merges
+        (saving only the local K/V); backward shifts the K/V (tied to dout) and sends each step's fp32 dK/dV on."""
+        with fake_group(rank=1, world=2):
+            fwd, bwd = aot_graphs(gqa_attention, *_qkv(8), strategy="zigzag", comm="ring", kernel="cpu_flash")
+        self.assertExpectedInline(
+            fwd,
+            """\
+class GraphModule(torch.nn.Module):
+    def forward(self, primals_1: "f32[1, 4, 8, 16]", primals_2: "f32[1, 2, 8, 16]", primals_3: "f32[1, 2, 8, 16]"):
+        view: "f32[1, 2, 1, 8, 16]" = torch.ops.aten.view.default(primals_2, [1, 2, 1, 8, 16])
+        permute: "f32[8, 1, 1, 2, 16]" = torch.ops.aten.permute.default(view, [3, 2, 0, 1, 4])
+        view_1: "f32[1, 2, 1, 8, 16]" = torch.ops.aten.view.default(primals_3, [1, 2, 1, 8, 16])
+        permute_1: "f32[8, 1, 1, 2, 16]" = torch.ops.aten.permute.default(view_1, [3, 2, 0, 1, 4])
+        stack: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.stack.default([permute, permute_1], 2)
+        view_2: "f32[512]" = torch.ops.aten.view.default(stack, [-1])
+        all_to_all_single: "f32[512]" = torch.ops._c10d_functional.all_to_all_single.default(view_2, [512, 0], [512, 0], '0')
+        attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [], [], [0, 4, 0, 0, 4, 1, 4, 4, 0, 0, 4, 0, 4, 4, 0, 4, 4, 1], 0.25, 'cpu_flash', stack, True)
+        getitem: "f32[1, 4, 8, 16]" = attend_blocks[0]
+        getitem_1: "f32[1, 4, 8]" = attend_blocks[1]
+        wait_tensor: "f32[512]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single)
+        view_3: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.view.default(wait_tensor, [8, 1, 2, 1, 2, 16])
+        attend_blocks_1 = torch.ops.cpcompile.attend_blocks.default(primals_1, [], [], [0, 8, 0, 0, 4, 0], 0.25, 'cpu_flash', view_3, True)
+        getitem_2: "f32[1, 4, 8, 16]" = attend_blocks_1[0]
+        getitem_3: "f32[1, 4, 8]" = attend_blocks_1[1]
+        merge_partial = torch.ops.cpcompile.merge_partial.default(getitem, getitem_1, getitem_2, getitem_3, True)
+        getitem_4: "f32[1, 4, 8, 16]" = merge_partial[0]
+        getitem_5: "f32[1, 4, 8]" = merge_partial[1]
+        detach: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(getitem_4)
+        return (getitem_4, primals_1, stack, getitem_5, detach)
+""",
+        )
+        self.assertExpectedInline(
+            bwd,
+            """\
+class GraphModule(torch.nn.Module):
+    def forward(self, primals_1: "f32[1, 4, 8, 16]", stack: "f32[8, 1, 2, 1, 2, 16]", getitem_5: "f32[1, 4, 8]", detach: "f32[1, 4, 8, 16]", tangents_1: "f32[1, 4, 8, 16]"):
+        view_2: "f32[512]" = torch.ops.aten.view.default(stack, [-1])
+        detach_1: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(detach)
+        in_backward: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.cpcompile.in_backward.default(stack, tangents_1)
+        view_4: "f32[512]" = torch.ops.aten.view.default(in_backward, [-1])
+        all_to_all_single_1: "f32[512]" = torch.ops._c10d_functional.all_to_all_single.default(view_4, [512, 0], [512, 0], '0')
+        attend_blocks_backward = torch.ops.cpcompile.attend_blocks_backward.default(tangents_1, primals_1, [], [], detach_1, getitem_5, [0, 4, 0, 0, 4, 1, 4, 4, 0, 0, 4, 0, 4, 4, 0, 4, 4, 1], 0.25, 'cpu_flash', stack, True)
+        getitem_6: "f32[1, 4, 8, 16]" = attend_blocks_backward[0]
+        getitem_9: "f32[8, 1, 2, 1, 2, 16]" = attend_blocks_backward[3]
+        view_5: "f32[512]" = torch.ops.aten.view.default(getitem_9, [-1])
+        all_to_all_single_2: "f32[512]" = torch.ops._c10d_functional.all_to_all_single.default(view_5, [512, 0], [512, 0], '0')
+        wait_tensor_1: "f32[512]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_1)
+        view_6: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.view.default(wait_tensor_1, [8, 1, 2, 1, 2, 16])
+        attend_blocks_backward_1 = torch.ops.cpcompile.attend_blocks_backward.default(tangents_1, primals_1, [], [], detach_1, getitem_5, [0, 8, 0, 0, 4, 0], 0.25, 'cpu_flash', view_6, True)
+        getitem_10: "f32[1, 4, 8, 16]" = attend_blocks_backward_1[0]
+        getitem_13: "f32[8, 1, 2, 1, 2, 16]" = attend_blocks_backward_1[3]
+        add_partial: "f32[1, 4, 8, 16]" = torch.ops.cpcompile.add_partial.default(getitem_6, getitem_10)
+        wait_tensor_2: "f32[512]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_2)
+        view_7: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.view.default(wait_tensor_2, [8, 1, 2, 1, 2, 16])
+        add_partial_1: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.cpcompile.add_partial.default(view_7, getitem_13)
+        view_8: "f32[512]" = torch.ops.aten.view.default(add_partial_1, [-1])
+        all_to_all_single_3: "f32[512]" = torch.ops._c10d_functional.all_to_all_single.default(view_8, [512, 0], [512, 0], '0')
+        wait_tensor_3: "f32[512]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_3)
+        view_9: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.view.default(wait_tensor_3, [8, 1, 2, 1, 2, 16])
+        permute_2: "f32[2, 1, 2, 1, 8, 16]" = torch.ops.aten.permute.default(view_9, [2, 3, 4, 1, 0, 5])
+        view_10: "f32[2, 1, 2, 8, 16]" = torch.ops.aten.view.default(permute_2, [2, 1, 2, 8, 16])
+        select: "f32[1, 2, 8, 16]" = torch.ops.aten.select.int(view_10, 0, 0)
+        select_1: "f32[1, 2, 8, 16]" = torch.ops.aten.select.int(view_10, 0, 1)
+        return (add_partial, select, select_1)
+""",
+        )
+
+
+@pytest.mark.parametrize("strategy", ["flat", "zigzag"])
+def test_collectives_per_step_and_saved_tensors(strategy):
+    """cp - 1 K/V shifts forward; backward cp - 1 K/V shifts and cp gradient shifts (the last one brings the
+    rank's own K/V gradient home); only local tensors are saved for backward."""
+    world = 4
+    with fake_group(rank=1, world=world):
+        be = cpcompile.backend(strategy=strategy, comm="ring", inner="aot_eager")
+        graphs = capture_graphs(gqa_attention, be, *_qkv())
+    fw, bw = (_collectives(graphs[n]) for n in ("fw", "bw"))
+    assert [str(n.target) for n in fw] == ["_c10d_functional.all_to_all_single.default"] * (world - 1)
+    assert [str(n.target) for n in bw] == ["_c10d_functional.all_to_all_single.default"] * (2 * world - 1)
+    bw_inputs = [n for n in graphs["bw"].graph.nodes if n.op == "placeholder"]
+    kv_like = [n for n in bw_inputs if tuple(n.meta["val"].shape) == (16, 1, 2, 1, 2, 16)]  # (L, 1, 2, B, Hkv, D)
+    assert len(kv_like) == 1, f"the forward saves {len(kv_like)} K/V buffers; only the rank's own may be saved"
+
+
+def test_inductor_forward_issues_each_shift_before_the_step():
+    cfg = TinyConfig(layers=1)
+    torch.manual_seed(0)
+    model = TinyLlama(cfg)
+    ids, pos = torch.randint(0, cfg.vocab, (1, 16)), torch.arange(16)[None]
+    with fake_group(rank=1, world=4):
+        compiled = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", comm="ring"), fullgraph=True)
+        _, codes = run_and_get_code(lambda: compiled(ids, pos).sum().backward())
+    fwd = codes[0]
+    events = re.findall(r"(all_to_all_single|wait_tensor|attend_blocks|merge_partial)\.default\(", fwd)
+    step = ["all_to_all_single", "attend_blocks", "merge_partial", "wait_tensor"]  # step 0 has nothing to merge into
+    assert events == [*step[:2], step[3], *step, *step, "attend_blocks", "merge_partial"], events
+
+
+def _checkpointed_block(x, wq, wk, wv):
+    def block(x, wq, wk, wv):
+        q, k, v = ((x @ w).view(1, 16, -1, 16).transpose(1, 2) for w in (wq, wk, wv))
+        return gqa_attention(q, k, v).transpose(1, 2).reshape(1, 16, 64)
+
+    return torch.utils.checkpoint.checkpoint(block, x, wq, wk, wv, use_reentrant=False)
+
+
+@pytest.mark.parametrize("comm,regather", [("all_gather", False), ("all_gather", True), ("ring", False)])
+def test_checkpointed_block_saves_only_its_inputs(comm, regather):
+    """Under per-block activation checkpointing the forward saves only the block's inputs, whatever the comm:
+    the recompute gathers (or circulates) K/V again, so regather only adds a third backward collective."""
+    inputs = [torch.randn(1, 16, 64, requires_grad=True)] + [
+        torch.randn(64, n, requires_grad=True) for n in (64, 32, 32)
+    ]
+    with fake_group(rank=1, world=4):
+        be = cpcompile.backend(strategy="zigzag", comm=comm, inner="aot_eager", regather=regather)
+        graphs = capture_graphs(_checkpointed_block, be, *inputs)
+    shapes = {tuple(t.shape) for t in inputs}
+    saved = [n for n in graphs["bw"].graph.nodes if n.op == "placeholder" and "tangents" not in n.name]
+    assert {tuple(n.meta["val"].shape) for n in saved} <= shapes, [tuple(n.meta["val"].shape) for n in saved]
+    backward = {("all_gather", False): 2, ("all_gather", True): 3, ("ring", False): 3 + 3 + 4}[(comm, regather)]
+    assert len(_collectives(graphs["bw"])) == backward
+
+
+def test_inductor_overlaps_every_step_of_a_plain_layer():
+    """On a bare SDPA layer Inductor's peak-memory reordering sank each shift down to its wait (no overlap);
+    cpcompile compiles region graphs without it, so every attention call but the last, forward and backward,
+    runs while a shift is in flight."""
+    from bench.probes.ring_trace import blocks_without_overlap
+
+    q, k, v = _qkv(32)
+    with fake_group(rank=1, world=4):
+        be = cpcompile.backend(strategy="zigzag", comm="ring", kernel="cpu_flash")
+        fn = torch.compile(gqa_attention, backend=be, fullgraph=True)
+        _, (fwd, bwd) = run_and_get_code(lambda: fn(q, k, v).sum().backward())
+    assert blocks_without_overlap(fwd) == [] and blocks_without_overlap(bwd) == []

@@ -1,0 +1,120 @@
+"""Ring steps (layouts/ring.py): over all cp steps every rank's blocks against the K/V it holds at each step
+cover its rows of the (causal) mask, each (q, key) pair exactly once; zigzag and thd_zigzag do the same work
+at every step on every rank; packed blocks keep the executor's range rules and what they vouch for."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cpcompile.layouts import LAYOUTS
+from cpcompile.layouts.ring import held_rank, packed_step_blocks, ring_blocks, step_blocks
+from cpcompile.layouts.thd import THD_LAYOUTS
+from tests.unit.test_thd_layouts import _block_pairs, _cu, _documents, _expected_mask
+
+
+def _work(block) -> float:
+    return block.q_len * block.kv_len * (0.5 if block.causal else 1.0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(sorted(LAYOUTS)), st.integers(1, 8), st.integers(1, 4), st.booleans())
+def test_dense_steps_cover_the_mask_exactly_once(name, cp, chunk, causal):
+    layout = LAYOUTS[name]
+    seq = layout.num_chunks(cp) * chunk
+    for rank in range(cp):
+        rows_global = layout.shard_index(seq, cp, rank)
+        hits = torch.zeros(len(rows_global), seq, dtype=torch.int64)
+        for step, blocks in enumerate(ring_blocks(layout, cp, rank, chunk, causal)):
+            held = layout.shard_index(seq, cp, held_rank(rank, step, cp))  # the held buffer, in its local order
+            for b in blocks:
+                assert b.source == 0
+                rows = rows_global[b.q_start : b.q_start + b.q_len]
+                keys = held[b.kv_start : b.kv_start + b.kv_len]
+                if b.causal:  # a causal square: the same tokens on both sides, only at step 0
+                    assert step == 0 and torch.equal(rows, keys)
+                    mask = rows[:, None] >= keys[None, :]
+                else:  # unmasked: never a future key under causal attention
+                    assert not causal or bool((rows[:, None] >= keys[None, :]).all())
+                    mask = torch.ones(len(rows), len(keys), dtype=torch.bool)
+                hits[b.q_start : b.q_start + b.q_len, keys] += mask.long()
+        expected = rows_global[:, None] >= torch.arange(seq)[None, :] if causal else torch.ones_like(hits, dtype=bool)
+        assert torch.equal(hits, expected.long()), f"rank {rank}: some (q, key) pair is not attended exactly once"
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 4))
+def test_zigzag_steps_are_balanced(cp, chunk):
+    """Every step the same work on every rank (a causal square counts half): no rank waits for another."""
+    layout = LAYOUTS["zigzag"]
+    for step in range(cp):
+        work = {sum(_work(b) for b in step_blocks(layout, cp, r, step, chunk, True)) for r in range(cp)}
+        assert work == {2 * chunk * chunk}, f"step {step}: per-rank work {work}"
+
+
+def test_zigzag_step_blocks_are_single_rectangles():
+    """The chunk order lets every later step be ONE kernel call: the held front chunk for both local chunks, or
+    the local back chunk against both held chunks."""
+    layout = LAYOUTS["zigzag"]
+    early = step_blocks(layout, 4, 2, 1, 3, True)[0]  # held rank 1 < 2: its front chunk, both local chunks
+    assert (early.q_start, early.q_len, early.kv_start, early.kv_len) == (0, 6, 0, 3)
+    late = step_blocks(layout, 4, 1, 3, 3, True)[0]  # held rank 2 > 1: both its chunks, the local back chunk
+    assert (late.q_start, late.q_len, late.kv_start, late.kv_len) == (3, 3, 0, 6)
+    for rank in range(4):
+        for step in range(1, 4):
+            assert len(step_blocks(layout, 4, rank, step, 3, True)) == 1
+
+
+def _packed_coverage(strategy: str, lengths: list[int], cp: int, causal: bool) -> list[list[float]]:
+    """Assert exact coverage over all ranks and steps; return each rank's work per step."""
+    layout = THD_LAYOUTS[strategy]
+    cu = _cu(lengths)
+    total = int(cu[-1])
+    local = total // cp
+    index = [layout.shard_index(cu, total, cp, r) for r in range(cp)]
+    got = torch.zeros(total, total, dtype=torch.int64)
+    work = []
+    for r in range(cp):
+        per_step = []
+        for step in range(cp):
+            keys = index[held_rank(r, step, cp)]  # the held rank's local tokens
+            step_work = 0
+            for b in packed_step_blocks(strategy, cu, local, cp, r, step, causal, max(lengths)):
+                qs, qe, ks, ke = b.ranges
+                assert b.source == 0 and (b.causal is False or step == 0)
+                ordered = (qs[1:] >= qe[:-1]).all() and (ks[1:] >= ke[:-1]).all()
+                assert bool((qe >= qs).all() and (ke >= ks).all() and ordered), "ranges in order, no overlap"
+                assert int((qe - qs).max()) <= b.max_q and int((ke - ks).max()) <= b.max_k
+                pairs = _block_pairs(b.ranges, local, local, b.causal)
+                if b.covers_rows:
+                    assert bool((pairs.sum(1) > 0).all()), "a block that covers its rows left a row without keys"
+                if b.covers_keys:
+                    in_range = torch.zeros(local, dtype=torch.bool)
+                    for a, z, n in zip(ks.tolist(), ke.tolist(), (qe - qs).tolist()):
+                        in_range[a:z] = n > 0
+                    assert bool(in_range.all()), "a block that covers its keys left a key outside every range"
+                got.index_put_((index[r][:, None].expand_as(pairs), keys[None, :].expand_as(pairs)), pairs, True)
+                step_work += int(pairs.sum())
+            per_step.append(step_work)
+        work.append(per_step)
+    assert torch.equal(got, _expected_mask(cu, causal).long()), "some same-document pair not attended exactly once"
+    return work
+
+
+@settings(max_examples=25, deadline=None)
+@given(_documents(0), st.booleans())
+def test_thd_steps_cover_document_mask(case, causal):
+    cp, lengths = case
+    _packed_coverage("thd", lengths, cp, causal)
+
+
+@settings(max_examples=20, deadline=None)
+@given(_documents(2), st.booleans())
+def test_thd_zigzag_steps_cover_document_mask_and_are_balanced(case, causal):
+    cp, lengths = case
+    work = _packed_coverage("thd_zigzag", lengths, cp, causal)
+    if causal:  # per document, each step after the first is 2 chunk-squares on every rank
+        chunks = [n // (2 * cp) for n in lengths]
+        later = {w for per_rank in work for w in per_rank[1:]}
+        assert later == {sum(2 * c * c for c in chunks)}, f"unbalanced ring steps: {work}"
