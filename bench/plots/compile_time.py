@@ -36,7 +36,7 @@ def main(src: str = "bench/results/compile_time.json", png: str = "docs/compile_
     first = recs[0]
     fig.suptitle(
         f"What the cpcompile pass adds to a compile: {first.get('gpu') or first['cpu']}, torch {first['torch']}, "
-        f"caches off, median of {first['repeats']}",
+        f"caches off, median of {'-'.join(str(n) for n in sorted({r['repeats'] for r in recs}))} run(s) a row",
         fontsize=9,
     )
     fig.tight_layout()
