@@ -187,7 +187,8 @@ def sweep(args) -> list[dict]:
             else:
                 res = run_case(blocks, seq, cp, name, args)
                 clock.note(res, seq, cp)
-            rec |= res | targets(rec, single, args)
+            rec |= res
+            rec |= targets(rec, single, args)  # after res: the targets read the measured peak
             records.append(rec)
             print(summary(rec), flush=True)
             write(args.out, records)

@@ -57,6 +57,9 @@ def main(argv=None) -> None:
         for j, cp in enumerate(cps):
             ax = axes[i][j]
             mine = [r for r in done if _stack(r) == stack and r["cp"] == cp]
+            if not mine:  # this stack was not measured at this cp
+                ax.set_axis_off()
+                continue
             for name in sorted({r["name"] for r in mine}):
                 pts = sorted((r["S"], r["activation_bytes"] / GIB) for r in mine if r["name"] == name)
                 ax.plot([s / 1024 for s, _ in pts], [b for _, b in pts], marker="o", label=name)

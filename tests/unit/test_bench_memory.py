@@ -29,3 +29,18 @@ def test_targets_are_single_gpu_activations_per_cp_plus_the_allowance():
         assert got["target_bytes"] == 2**30 + 10 * 2**30 // cp + extra
         assert got["activation_bytes"] == 2 * 2**30
         assert got["meets_target"] == (3 * 2**30 <= got["target_bytes"])
+
+
+def test_sweep_fills_the_targets_from_the_measured_peak(tmp_path, monkeypatch):
+    """Each record's target fields come from its own measured peak (a run once recorded them all as None)."""
+    peaks = {1: 8 * 2**20, 2: 5 * 2**20}  # bytes by cp: the single-GPU run, then the rank
+
+    def fake_run(blocks, seq, cp, name, args):
+        return {"peak_bytes": peaks[cp], "static_bytes": 2**20, "compile_s": 1.0, "step_s": 0.1}
+
+    monkeypatch.setattr(memory, "run_case", fake_run)
+    out = tmp_path / "memory.json"
+    memory.main(["--device", "cpu", "--layers", "1", "--comms", "ring", "--out", str(out)])
+    (rec,) = json.loads(out.read_text())
+    assert rec["target_bytes"] == 2**20 + 7 * 2**20 // 2 + rec["allowance_bytes"], rec
+    assert rec["meets_target"] == (5 * 2**20 <= rec["target_bytes"])
