@@ -7,6 +7,7 @@ from . import integrations
 from .attention_op import attention
 from .backend import CPBackend, backend
 from .errors import CPCompileError
+from .explain import explain
 from .sharding import (
     pad_cu_seqlens,
     pad_documents,
@@ -28,6 +29,7 @@ __all__ = [
     "CPCompileError",
     "attention",
     "backend",
+    "explain",
     "mark_token_local",
     "pad_cu_seqlens",
     "pad_documents",

@@ -87,6 +87,17 @@ class CPBackend:
         return compiler(gm, example_inputs)
 
 
+def check_choices(strategy: str, comm: str, kernel: str) -> None:
+    """A CPCompileError naming the valid values for an unknown strategy, comm or kernel."""
+    for what, value, allowed in (
+        ("strategy", strategy, STRATEGIES),
+        ("comm", comm, (*COMMS, "auto")),
+        ("kernel", kernel, KERNEL_NAMES),
+    ):
+        if value not in allowed:
+            raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
+
+
 def backend(
     strategy: str = "flat",
     comm: str = "all_gather",
@@ -100,22 +111,19 @@ def backend(
     """A torch.compile backend that runs every attention node context-parallel.
 
     strategy: token layout across ranks ("flat", "zigzag"; "thd", "thd_zigzag" for packed documents under
-    torch.nn.attention.varlen.varlen_attn); comm: "all_gather" (gather K/V) or "a2a" (Ulysses: trade heads for
-    sequence) or "ring" (K/V chunks passed around the ring, overlapped with the blocks); mesh: a 1-D DeviceMesh or one
-    with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" or a provider
-    name; inner: the compiler after the pass ("inductor", "aot_eager", "eager", or any torch.compile backend
-    callable, e.g. one that records aot_autograd graphs); regather: with comm="all_gather", save only the local
-    K/V for backward and gather them again there (one layer's gathered K/V alive at a time, one more gather).
+    torch.nn.attention.varlen.varlen_attn); comm: "all_gather" (gather K/V), "a2a" (Ulysses: trade heads for
+    sequence), "ring" (K/V chunks passed around the ring, overlapped with the blocks) or "auto" (per site, the
+    comm the cost model estimates fastest among those it costs, cost/choose.py); mesh: a 1-D DeviceMesh or one
+    with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" (per site, the
+    fastest estimate among the providers that can run it) or a provider name; inner: the compiler after the
+    pass ("inductor", "aot_eager", "eager", or any torch.compile backend callable, e.g. one that records
+    aot_autograd graphs); regather: with comm="all_gather", save only the local K/V for backward and gather
+    them again there (one layer's gathered K/V alive at a time, one more gather).
     """
-    for what, value, allowed in (
-        ("strategy", strategy, STRATEGIES),
-        ("comm", comm, tuple(COMMS)),
-        ("kernel", kernel, KERNEL_NAMES),
-        ("inner", inner, INNER),
-    ):
-        if not (what == "inner" and callable(value)) and value not in allowed:
-            raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
-    if regather and not COMMS[comm].regathers:
+    check_choices(strategy, comm, kernel)
+    if not callable(inner) and inner not in INNER:
+        raise CPCompileError(f"unknown inner {inner!r}. Fix: use one of {list(INNER)}.")
+    if regather and (comm == "auto" or not COMMS[comm].regathers):
         raise CPCompileError(
             f"regather=True with comm={comm!r}: only {[n for n, c in COMMS.items() if c.regathers]} keep gathered "
             "K/V for backward. Fix: drop regather, or use comm='all_gather'."

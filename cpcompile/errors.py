@@ -19,16 +19,28 @@ class CPCompileError(ValueError):
     """
 
 
-def node_origin(node: torch.fx.Node, what: str = "attention node") -> str:
-    """Name an FX node for an error message: node name plus the user's source line when Dynamo recorded it."""
+def _user_frame(node: torch.fx.Node) -> tuple[str, str, str, str] | None:
+    """(path, line, function, code) of the user's innermost frame Dynamo recorded for `node`, or None."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
     # torch's frames (varlen_attn's own) and the eager guard's SDPA wrapper (Dynamo inlines it) are not the user's
     user = [f for f in frames if not f[0].startswith(_TORCH_DIR) and f[0] != _EAGER_GUARD]
-    if frames:
-        path, line, func, code = (user or frames)[-1]
+    return (user or frames)[-1] if frames else None
+
+
+def node_origin(node: torch.fx.Node, what: str = "attention node") -> str:
+    """Name an FX node for an error message: node name plus the user's source line when Dynamo recorded it."""
+    frame = _user_frame(node)
+    if frame is not None:
+        path, line, func, code = frame
         return f"{what} '{node.name}' at {path}:{line} in {func}: `{code.strip()}`"
     return f"{what} '{node.name}'"
+
+
+def node_source(node: torch.fx.Node) -> str:
+    """The user's source line of `node` as `file.py:line` ("?" when Dynamo recorded none)."""
+    frame = _user_frame(node)
+    return f"{os.path.basename(frame[0])}:{frame[1]}" if frame is not None else "?"
 
 
 def site_error(

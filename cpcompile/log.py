@@ -38,6 +38,8 @@ def site_line(plan) -> str:
         extra += f" softcap={plan.softcap}"
     if plan.dtensor:
         extra += " dtensor"
+    if plan.choice is not None:  # comm="auto" / kernel="auto" weighed several options (cost/choose.py)
+        extra += f" auto=({plan.choice.describe()})"
     return (
         f"rewrote {node_origin(plan.site.node)}: layout={plan.layout} comm={plan.comm} kernel={plan.kernel} "
         f"causal={plan.causal} blocks={plan.block_count()}{extra} (rank {plan.group.rank} of {plan.group.size})"

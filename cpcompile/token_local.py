@@ -68,10 +68,23 @@ def mark_token_local(obj: T) -> T:
     return obj
 
 
+_BUILTIN: list = []
+"""What cpcompile's integrations marked (library code known to be token-local): kept across a clear."""
+
+
+def mark_builtin_token_local(obj: T) -> T:
+    """mark_token_local for cpcompile's own integrations: the mark survives clear_token_local_marks, which
+    would otherwise make a registered integration (HF, torchtitan) refuse its own library's code."""
+    _BUILTIN.append(obj)
+    return mark_token_local(obj)
+
+
 def clear_token_local_marks() -> None:
-    """Forget every mark (tests; a process that changes its mind)."""
+    """Forget every user mark (tests; a process that changes its mind); the integrations' marks stay."""
     _OPS.clear()
     _CODE.clear()
+    for obj in _BUILTIN:
+        mark_token_local(obj)
 
 
 def is_token_local_op(op: Callable) -> bool:

@@ -1,7 +1,8 @@
 """The comm registry: one entry per `comm=` name, naming its regions and the layouts it takes.
 
 A new comm is one region module (regions/) plus one entry here; the planner, the backend's argument check,
-the logs and the docs read everything else from the entry.
+the logs, the cost model behind comm="auto" and explain() (cost/) and the docs read everything else from the
+entry.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ class Comm:
     otherwise only causal (left, 0) windows, which every rank's q pieces keep exact by ending their key ranges."""
     varlen_lse_on_demand: bool = False
     """Whether the varlen region takes `return_lse` (the lse costs it a collective, sent only when read)."""
+    wire_bytes: Callable | None = None
+    """(tokens, batch, q_heads, kv_heads, head_dim, v_head_dim, world, elt, acc_elt, lse) -> (bytes one rank sends
+    per forward, per backward), for the cost model (cost/model.py); a comm without it is never picked by "auto"."""
+    varlen_rank_blocks: Callable | None = None
+    """(layout, causal, rank, world, local_len, cu_seqlens, max_doc, window) -> the varlen blocks a rank runs."""
     varlen_sliding_windows: bool = True
     """Whether the varlen region takes sliding windows (left >= 0) at all; False: only causal and full."""
     regathers: bool = False
@@ -50,6 +56,8 @@ COMMS: dict[str, Comm] = {
         region=all_gather.all_gather_attention,
         rank_blocks=all_gather.rank_blocks,
         varlen_region=all_gather_varlen.all_gather_varlen_attention,
+        wire_bytes=all_gather.wire_bytes,
+        varlen_rank_blocks=all_gather_varlen.rank_blocks,
         regathers=True,
         flex_region=flex.all_gather_flex_attention,
     ),
@@ -61,6 +69,8 @@ COMMS: dict[str, Comm] = {
         splits_heads=True,
         varlen_any_window=True,
         varlen_lse_on_demand=True,
+        wire_bytes=a2a.wire_bytes,
+        varlen_rank_blocks=a2a_varlen.rank_blocks,
         flex_region=flex.a2a_flex_attention,
         varlen_refusals={
             "thd_zigzag": (

@@ -188,9 +188,9 @@ def register() -> None:
     from transformers import masking_utils
     from transformers.modeling_utils import AttentionInterface
 
-    from ..token_local import mark_token_local
+    from ..token_local import mark_builtin_token_local
 
     AttentionInterface.register(NAME, cpcompile_attention)
     masking_utils.AttentionMaskInterface.register(NAME, cpcompile_mask)
     if hasattr(masking_utils, "find_packed_sequence_indices"):
-        mark_token_local(masking_utils.find_packed_sequence_indices)
+        mark_builtin_token_local(masking_utils.find_packed_sequence_indices)

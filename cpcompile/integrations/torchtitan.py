@@ -26,7 +26,7 @@ from ..errors import CPCompileError
 from ..layouts import LAYOUTS, THD_LAYOUTS
 from ..mesh import resolve_group
 from ..sharding import plan_documents, shard
-from ..token_local import mark_token_local
+from ..token_local import mark_builtin_token_local
 from .rows import check_strategy, pack_rows
 
 ATTENTION_STRATEGIES = {"sdpa": tuple(LAYOUTS), "varlen": tuple(THD_LAYOUTS)}
@@ -70,7 +70,7 @@ def _mark_rope_token_local() -> None:
 
     lookup = getattr(rope, "_reshape_for_broadcast", None)
     if lookup is not None:
-        mark_token_local(lookup)
+        mark_builtin_token_local(lookup)
     _ROPE_MARKED = True
 
 

@@ -66,6 +66,25 @@ def unsupported_reason(
     return reason
 
 
+def supported_kernels(
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int | None = None,
+    *,
+    varlen: bool = False,
+    v_head_dim: int | None = None,
+    features: tuple[str, ...] = (),
+) -> list[str]:
+    """The providers kernel="auto" may pick here, in AUTO_ORDER / VARLEN_AUTO_ORDER, that take the block
+    `features` (the cost model chooses among them where there are several, cost/choose.py; resolve_kernel("auto")
+    takes the first). A `last_resort` provider (cpu_ref) is offered only when nothing else runs the site."""
+    order = VARLEN_AUTO_ORDER if varlen else AUTO_ORDER
+    providers = VARLEN_PROVIDERS if varlen else PROVIDERS
+    found = [p for p in order if unsupported_reason(p, device, dtype, head_dim, varlen, v_head_dim, features) is None]
+    preferred = [p for p in found if not getattr(providers[p], "last_resort", False)]
+    return preferred or found
+
+
 def resolve_kernel(
     name: str,
     device: torch.device,
@@ -124,4 +143,5 @@ __all__ = [
     "get_kernel",
     "get_varlen_kernel",
     "resolve_kernel",
+    "supported_kernels",
 ]

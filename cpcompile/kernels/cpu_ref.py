@@ -27,6 +27,8 @@ class CPUReferenceKernel:
     name = "cpu_ref"
     supports_window = True
     supports_softcap = True
+    last_resort = True
+    """kernel="auto" offers it only where no other provider runs the site (it materialises the scores)."""
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return cpu_support_problem(device, dtype)

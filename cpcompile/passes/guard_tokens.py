@@ -206,6 +206,8 @@ def _assignments(inputs, lengths: set[int], skip: set[str]):
 def _cp_size(state) -> int:
     if state.plans:
         return state.plans[0].group.size
+    if state.config.cp_group is not None:
+        return state.config.cp_group.size
     try:
         return resolve_group(state.config.mesh, state.config.group).size
     except CPCompileError:

@@ -40,7 +40,7 @@ def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
     if dtensor:  # mesh and seq dim come from the placements
         site, group = localize_dtensor_site(site, config.strategy, config.mesh, config.group)
     else:
-        group = resolve_group(config.mesh, config.group)
+        group = config.cp_group or resolve_group(config.mesh, config.group)
     if site.kind == "flex" and config.regather:
         raise site_error(
             site.node,

@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 
 from ..comm.registry import get_comm
+from ..cost import SiteShape
 from ..errors import CPCompileError, site_error
 from ..integrations.hints import mask_fix
 from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS, get_layout
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
-from .checks import constant, is_static, site_kernel
+from .auto import resolve, site_comms, site_kernels
+from .checks import constant, is_static
 from .match import AttentionSite
 from .plan_features import FEATURE_COMMS, check_token_metadata, softcap_of, window_of
 from .plans import CPConfig, CPPlan
@@ -77,10 +79,23 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             f"q head dim {d} and k head dim {site.k_shape[-1]} differ; attention scores need one q/k head dim",
             "give q and k the same head dim (v's may differ, as in MLA)",
         )
-    if get_comm(config.comm).splits_heads and (
-        problem := head_split_problem(site.q_shape[1], site.k_shape[1], group.size)
-    ):
-        raise site_error(node, *problem)
+
+    window = window_of(site, causal, sq * group.size)
+    softcap = softcap_of(site)
+    check_token_metadata(site)
+    features = (("window",) if window is not None else ()) + (("softcap",) if softcap else ())
+
+    def comm_problem(comm: str) -> tuple[str, str] | None:
+        if features and comm not in FEATURE_COMMS:
+            return (
+                f"its {' and '.join(FEATURES[f] for f in features)} have no blocks under comm={comm!r} "
+                f"(only {' and '.join(FEATURE_COMMS)} build windowed and softcapped blocks)",
+                "use comm='all_gather' or comm='a2a' for this model",
+            )
+        heads = site.q_shape[1], site.k_shape[1], group.size
+        return head_split_problem(*heads) if get_comm(comm).splits_heads else None
+
+    comms = site_comms(site, config.comm, comm_problem)
     layout = get_layout(config.strategy)
     if sq % layout.chunks_per_rank != 0:
         raise site_error(
@@ -90,19 +105,8 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             f"pad the global sequence to a multiple of {layout.required_multiple(group.size)} tokens "
             "(cpcompile.pad_to_multiple) before cpcompile.shard",
         )
-    window = window_of(site, causal, sq * group.size)
-    softcap = softcap_of(site)
-    check_token_metadata(site)
-    features = (("window",) if window is not None else ()) + (("softcap",) if softcap else ())
-    if features and config.comm not in FEATURE_COMMS:
-        raise site_error(
-            node,
-            f"its {' and '.join(FEATURES[f] for f in features)} have no blocks under comm={config.comm!r} "
-            f"(only {' and '.join(FEATURE_COMMS)} build windowed and softcapped blocks)",
-            "use comm='all_gather' or comm='a2a' for this model",
-        )
     try:
-        kernel = site_kernel(site, config.kernel, d, features=features)
+        kernels = site_kernels(site, config.kernel, d, varlen=False, features=features)
     except CPCompileError as e:
         if not softcap:
             raise
@@ -113,15 +117,19 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             "on CUDA set the model's softcapping to None (Gemma 2: attn_logit_softcapping=None, which changes the "
             "model), or run it on CPU",
         ) from None
+    # the cost model counts the layout's blocks without the window: under a window it ranks the comms by their
+    # unwindowed work (both take windows; the choice is never wrong, at worst not the fastest)
+    comm, kernel, choice = resolve(SiteShape.of_site(site, causal, group.size), layout.name, comms, kernels)
     scale = float(constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
     return CPPlan(
         site=site,
         layout=layout.name,
-        comm=config.comm,
+        comm=comm,
         kernel=kernel,
         causal=causal,
         scale=scale,
         group=group,
         window=window,
         softcap=softcap,
+        choice=choice,
     )

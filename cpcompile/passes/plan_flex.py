@@ -18,6 +18,7 @@ from ..layouts.flex import rank_major_chunks
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
 from ..sharding.flex import marker_args, marker_node, mask_graph
+from .auto import AUTO
 from .checks import constant, is_static
 from .match import AttentionSite
 from .plans import CPConfig, FlexPlan
@@ -40,6 +41,13 @@ def plan_flex_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> Fle
             f"strategy={config.strategy!r} lays out packed documents for varlen_attn, but flex_attention attends "
             "one dense sequence",
             "use strategy='zigzag' or 'flat' and express documents in the mask_mod (cpcompile.shard_block_mask)",
+        )
+    if config.comm == AUTO:
+        raise site_error(
+            node,
+            "comm='auto' chooses by the cost model, which does not cost flex_attention (its work is set by the "
+            "BlockMask's blocks, which the planner does not count)",
+            "name the comm for flex_attention models: comm='all_gather' or comm='a2a'",
         )
     comm = get_comm(config.comm)
     if comm.flex_region is None:

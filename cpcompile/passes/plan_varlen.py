@@ -9,13 +9,15 @@ import torch
 import torch.fx
 
 from ..comm.registry import COMMS, Comm, get_comm
+from ..cost import SiteShape
 from ..errors import site_error
 from ..kernels import get_varlen_kernel
 from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
-from .checks import is_static, site_kernel
+from .auto import AUTO, resolve, site_comms, site_kernels
+from .checks import is_static
 from .match import AttentionSite
 from .plans import CPConfig, VarlenPlan
 
@@ -28,10 +30,9 @@ def _window(site: AttentionSite) -> tuple | None:
     return window if all(isinstance(w, int) for w in window) else None
 
 
-def _mask(site: AttentionSite, comm: Comm) -> tuple[bool, tuple[int, int]]:
-    """(causal, extra window) from window_size / is_causal: (-1, 0) causal, (-1, -1) full, (w, 0) sliding causal
-    (a rank's q pieces end their key ranges under all_gather, so the bottom-right window is right); under a2a
-    any flash-attn window (left, right), which after the exchange is a cp=1 mask."""
+def _mask(site: AttentionSite) -> tuple[bool, tuple[int, int], tuple[int, int]]:
+    """(causal, extra window, window_size as given) from window_size / is_causal: (-1, 0) causal, (-1, -1) full,
+    (w, 0) sliding causal, (left, right) two-sided (which comms take which: `_window_problem`)."""
     node, window, is_causal = site.node, _window(site), site.is_causal
     if window is None or not isinstance(is_causal, (bool, int)) or isinstance(is_causal, torch.fx.Node):
         raise site_error(
@@ -45,23 +46,28 @@ def _mask(site: AttentionSite, comm: Comm) -> tuple[bool, tuple[int, int]]:
             f"window_size={window}: each side must be a token count >= 0 or -1 (unbounded)",
             "pass window_size=(left, right), e.g. (-1, 0) causal or (w, 0) sliding causal",
         )
+    causal = bool(is_causal) or window[1] == 0
+    left, right = window
+    return causal, (left, -1 if causal else right), window
+
+
+def _window_problem(window: tuple[int, int], causal: bool, comm: Comm) -> tuple[str, str] | None:
+    """Under all_gather causal (-1, 0), sliding causal (w, 0) and full (-1, -1) (a rank's q pieces end their key
+    ranges, so the bottom-right window is right); under a2a any flash-attn window, a cp=1 mask after the exchange;
+    under a comm without sliding windows (ring) only causal and full."""
     if window not in ((-1, 0), NO_WINDOW) and not comm.varlen_sliding_windows:
-        raise site_error(
-            node,
+        return (
             f"window_size={window}: comm={comm.name!r} attends one held chunk per step, and a sliding window's "
             "band is not aligned with the kernel's diagonal on a chunk that is not the query's own",
             "use comm='all_gather' (causal windows (w, 0)) or comm='a2a' with strategy='thd' (any window)",
         )
-    causal = bool(is_causal) or window[1] == 0
     if not causal and window != NO_WINDOW and not comm.varlen_any_window:
-        raise site_error(
-            node,
+        return (
             f"window_size={window}: a sliding window that reaches right of the diagonal is not supported by the "
-            "all-gather THD region (causal (-1, 0), sliding causal (w, 0) and full (-1, -1) are)",
+            f"{comm.name} THD region (causal (-1, 0), sliding causal (w, 0) and full (-1, -1) are)",
             "use comm='a2a' (strategy='thd') for two-sided windows, or a causal window (w, 0)",
         )
-    left, right = window
-    return causal, (left, -1 if causal else right)
+    return None
 
 
 def _reads_lse(node: torch.fx.Node) -> bool:
@@ -69,9 +75,18 @@ def _reads_lse(node: torch.fx.Node) -> bool:
     return any(not (u.target is operator.getitem and u.args[1] in (0, 2)) for u in node.users)
 
 
-def _comm_problem(site: AttentionSite, strategy: str, comm: Comm, cp: int) -> tuple[str, str] | None:
-    """The comm's rules for packed documents (layouts it refuses, head splits) and the layout's (the comms it
-    knows): (rule broken, fix) or None."""
+def _comm_problem(
+    site: AttentionSite, strategy: str, comm: Comm, cp: int, window: tuple[int, int], causal: bool
+) -> tuple[str, str] | None:
+    """The comm's rules for packed documents (a varlen region, the windows it takes, layouts it refuses, head
+    splits) and the layout's (the comms it knows): (rule broken, fix) or None."""
+    if comm.varlen_region is None:
+        return (
+            f"comm={comm.name!r} has no varlen region yet",
+            f"use comm in {sorted(n for n, c in COMMS.items() if c.varlen_region)} for varlen_attn",
+        )
+    if (problem := _window_problem(window, causal, comm)) is not None:
+        return problem
     if strategy in comm.varlen_refusals:
         return comm.varlen_refusals[strategy]
     known = THD_LAYOUTS[strategy].comms
@@ -95,13 +110,6 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "use strategy='thd' (any document lengths), 'thd_zigzag' (documents of multiples of 2*cp) or "
             "'thd_balanced' (equal work a rank), and shard with cpcompile.shard_batch(..., cu_seqlens=cu_seqlens)",
         )
-    comm = get_comm(config.comm)
-    if comm.varlen_region is None:
-        raise site_error(
-            node,
-            f"comm={config.comm!r} has no varlen region yet",
-            f"use comm in {sorted(n for n, c in COMMS.items() if c.varlen_region)} for varlen_attn",
-        )
     if site.inference_args:
         raise site_error(
             node,
@@ -122,7 +130,7 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "its cu_seqlens is not a 1-D integer tensor",
             "pass the global document offsets as a 1-D int32 tensor (an unsharded model input)",
         )
-    causal, window = _mask(site, comm)
+    causal, window, asked = _mask(site)
     gqa = bool(site.enable_gqa) if isinstance(site.enable_gqa, (bool, int)) else False
     for name, shape in (("query", site.q_shape), ("key", site.k_shape), ("value", site.v_shape)):
         if len(shape) != 3:
@@ -164,8 +172,9 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "be equal and divide the q heads",
             "fix the head counts (pass enable_gqa=True for grouped-query attention)",
         )
-    if problem := _comm_problem(site, config.strategy, comm, group.size):
-        raise site_error(node, *problem)
+    comms = site_comms(
+        site, config.comm, lambda c: _comm_problem(site, config.strategy, get_comm(c), group.size, asked, causal)
+    )
     layout = THD_LAYOUTS[config.strategy]
     if problem := layout.cu_problem(cu_val.shape[0], group.size):
         raise site_error(node, *problem)
@@ -177,11 +186,15 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             f"an even number of tokens, but this rank has {tq}",
             "pad every document to a multiple of 2*cp (cpcompile.pad_documents) before cpcompile.shard",
         )
-    kernel = site_kernel(site, config.kernel, d, varlen=True)
-    if window != NO_WINDOW and not get_varlen_kernel(kernel).supports_window:
+
+    def usable(kernel: str) -> bool:
+        return window == NO_WINDOW or get_varlen_kernel(kernel).supports_window
+
+    kernels = site_kernels(site, config.kernel, d, True, usable)
+    if not usable(kernels[0]):
         raise site_error(
             node,
-            f"window_size={_window(site)} needs a varlen kernel with sliding windows, and {kernel!r} has none",
+            f"window_size={_window(site)} needs a varlen kernel with sliding windows, and {kernels[0]!r} has none",
             "use kernel='cpu_varlen_ref' (or a provider with supports_window) or drop the window",
         )
     if site.scale is not None and (isinstance(site.scale, torch.fx.Node) or not isinstance(site.scale, (int, float))):
@@ -189,15 +202,29 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     scale = float(site.scale) if site.scale is not None else 1 / math.sqrt(d)
     bounds = site.max_seqlen or ()
     max_doc = max(bounds) if len(bounds) == 2 and all(type(b) is int and b > 0 for b in bounds) else None
+    lse = _reads_lse(node)
+    shape = SiteShape.of_site(site, causal, group.size, window=window, max_doc=max_doc, return_lse=lse)
+    if layout.carries_plan:  # its blocks come from each batch's plan, which the planner does not see
+        if config.comm == AUTO:
+            raise site_error(
+                node,
+                f"comm='auto' chooses by the cost model, which does not cost strategy={layout.name!r} (its blocks "
+                "come from each batch's plan)",
+                f"name the comm for strategy={layout.name!r}: comm in {list(layout.comms or COMMS)}",
+            )
+        comm, kernel, choice = comms[0], kernels[0], None  # kernel="auto": the first provider, today's order
+    else:
+        comm, kernel, choice = resolve(shape, layout.name, comms, kernels)
     return VarlenPlan(
         site=site,
         layout=layout.name,
-        comm=config.comm,
+        comm=comm,
         kernel=kernel,
         causal=causal,
         scale=scale,
         group=group,
+        choice=choice,
         window=window,
-        return_lse=_reads_lse(node),
+        return_lse=lse,
         max_doc=max_doc,
     )

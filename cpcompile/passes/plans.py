@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..comm.registry import get_comm
 from ..kernels.base import NO_WINDOW
@@ -20,6 +20,9 @@ class CPConfig:
     kernel: str
     mesh: object = None
     group: object = None
+    cp_group: CPGroup | None = None
+    """A CP group given as it is, not resolved from torch.distributed: explain() plans for a stand-in group of
+    `world` ranks this way, without any process group."""
     regather: bool = False
     """all_gather: keep only the local K/V for backward and gather them again there (backend(regather=...))."""
 
@@ -41,6 +44,8 @@ class CPPlan:
     """A sliding window (left, right) over global positions (cpcompile.attention sites); None: none."""
     softcap: float = 0.0
     """tanh softcapping of the scores (cpcompile.attention sites); 0: none."""
+    choice: object = field(default=None, compare=False, repr=False)
+    """The cost model's cost.Choice when comm="auto" / kernel="auto" had several options (None: no choice)."""
     regather: bool = False
     """The region gathers K/V again in backward instead of saving them (comms whose entry `regathers`)."""
 

@@ -34,7 +34,11 @@ from torch.distributed.tensor._op_schema import OpSchema
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..regions.guards import agree_condition, check_packed_metadata
 from ..token_local import is_token_local_node, is_token_local_op
+
+RUN_TIME_GUARDS = frozenset({agree_condition, check_packed_metadata})
+"""The pass's run-time checks (regions/guards.py): token-local, not run here (they would communicate)."""
 
 BODY_OPERANDS = {"tag_activation_checkpoint": 1, "wrap": 1, "invoke_subgraph": 2}
 """Higher-order ops the analysis runs through: name -> index of the first operand after the body (its
@@ -273,6 +277,8 @@ class Runner(torch.fx.Interpreter):
         plan = node.meta.get("cpcompile_plan")
         if plan is not None:
             return self._region(plan, node, args)
+        if target in RUN_TIME_GUARDS:  # they communicate (a few ints) and hand back their checked input
+            return args[0]
         if isinstance(target, torch._ops.HigherOrderOperator):
             return self._higher_order(target, node, args)
         return super().call_function(target, args, kwargs)
@@ -331,6 +337,7 @@ def track(gm: torch.fx.GraphModule, seeds: dict[str, int]) -> Result:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [_traced(n) for n in placeholders]
     device = next((v.device.type for v in values if isinstance(v, torch.Tensor)), "cpu")
+    device = "cpu" if device == "meta" else device  # a meta graph (explain() of a meta model): any real mesh type
     tracker = Tracker(_mesh(device))
     with torch.no_grad():
         inputs = [_fresh(v) for v in values]

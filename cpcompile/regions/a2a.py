@@ -47,6 +47,31 @@ def rank_blocks(
     return [b for blocks in buffer_blocks(layout, causal, world, local_len, window) for b in blocks]
 
 
+def wire_bytes(
+    tokens: int,
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    v_head_dim: int,
+    world: int,
+    elt: int,
+    acc_elt: int,
+    lse: bool = False,
+) -> tuple[int, int]:
+    """Bytes one rank sends per forward and per backward (dense and packed regions alike): forward, its tokens'
+    q heads of every other rank and the k/v heads those read (replicated kv heads count once per rank that
+    reads them) in one all-to-all, the output of its heads back in another, and the packed region's fp32 lse
+    when the graph reads it; backward, the same exchanges reversed (dout out, dq/dk/dv back), in `elt` bytes."""
+    del acc_elt
+    split = HeadSplit(q_heads, kv_heads, world)
+    width = split.q_per_rank * head_dim + split.kv_per_rank * (head_dim + v_head_dim)
+    qkv = (world - 1) * tokens * batch * width * elt
+    out = (world - 1) * tokens * batch * split.q_per_rank * v_head_dim * elt
+    lse_bytes = (world - 1) * tokens * batch * split.q_per_rank * 4 if lse else 0
+    return qkv + out + lse_bytes, qkv + out
+
+
 def a2a_attention(
     q: torch.Tensor,
     k: torch.Tensor,

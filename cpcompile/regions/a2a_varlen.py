@@ -32,6 +32,22 @@ def _as_thd(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.squeeze(1).unflatten(-1, (heads, -1))
 
 
+def rank_blocks(
+    layout: str,
+    causal: bool,
+    rank: int,
+    world: int,
+    local_len: int,
+    cu_seqlens: torch.Tensor,
+    max_doc: int | None = None,
+    window: tuple[int, int] = NO_WINDOW,
+) -> list:
+    """The varlen blocks every rank runs after the exchange: cp=1's, over all world * local_len tokens (for its
+    Hq/cp heads), from the GLOBAL offsets (thd_balanced's buffer is put in global order first)."""
+    del layout, rank
+    return whole_sequence_blocks(cu_seqlens, world * local_len, causal, tuple(window), max_doc)
+
+
 def a2a_varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -157,3 +157,23 @@ def rank_blocks(
     """The blocks this rank runs over its local and gathered K/V (`local_len` tokens a rank)."""
     lay = get_layout(layout)
     return lay.blocks(world, rank, local_len // lay.chunks_per_rank, causal, window)
+
+
+def wire_bytes(
+    tokens: int,
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    v_head_dim: int,
+    world: int,
+    elt: int,
+    acc_elt: int,
+    lse: bool = False,
+) -> tuple[int, int]:
+    """Bytes one rank sends per forward and per backward (dense and packed regions alike): its K/V of `tokens`
+    local tokens to the world - 1 others (the all-gather), then the other ranks' shares of the gathered K/V
+    gradient in the accumulation dtype (`acc_elt` bytes; the reduce-scatter). The lse never travels."""
+    del q_heads, lse
+    kv = (world - 1) * tokens * batch * kv_heads * (head_dim + v_head_dim)
+    return kv * elt, kv * acc_elt

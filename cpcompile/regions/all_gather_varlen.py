@@ -82,6 +82,20 @@ class _GatherAttend(torch.autograd.Function):
         return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (7 + len(ranges))))
 
 
+def rank_blocks(
+    layout: str,
+    causal: bool,
+    rank: int,
+    world: int,
+    local_len: int,
+    cu_seqlens: torch.Tensor,
+    max_doc: int | None = None,
+    window: tuple[int, int] = NO_WINDOW,
+) -> list:
+    """The varlen blocks this rank runs (layouts.thd), over its key buffer, for these documents."""
+    return get_packed_layout(layout).blocks(cu_seqlens, local_len, world, rank, causal, max_doc, tuple(window))
+
+
 def all_gather_varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -111,7 +125,7 @@ def all_gather_varlen_attention(
     """
     lay = get_packed_layout(layout)
     local = q.shape[0]
-    blocks = lay.blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
+    blocks = rank_blocks(layout, causal, rank, world, local, cu_seqlens, max_doc, window)
     key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)
     spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
     args = (key_index, key_fold, spec, scale, kernel, group_name, regather)

@@ -404,3 +404,23 @@ def test_no_process_group_no_check():
     torch._dynamo.reset()
     out = torch.compile(hand_written, backend=cpcompile.backend(inner="eager"), fullgraph=True)(torch.randn(B, L, D))
     assert out.shape == (B, L, D)
+
+
+def test_clearing_marks_keeps_the_integrations_marks(monkeypatch):
+    """A user's clear_token_local_marks must not make a registered integration (HF's mask helper, torchtitan's
+    RoPE lookup) refuse its own library's code: that once broke HF models for every test after a clear."""
+    from cpcompile import token_local
+
+    monkeypatch.setattr(token_local, "_BUILTIN", [])
+
+    def library_helper(x):
+        return x
+
+    def user_fn(x):
+        return x
+
+    token_local.mark_builtin_token_local(library_helper)
+    cpcompile.mark_token_local(user_fn)
+    clear_token_local_marks()
+    key = lambda f: (f.__code__.co_filename, f.__code__.co_name)  # noqa: E731
+    assert key(library_helper) in token_local._CODE and key(user_fn) not in token_local._CODE

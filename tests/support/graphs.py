@@ -23,6 +23,23 @@ def _collectives(gm):
     return [n for n in _calls_any(gm) if "c10d" in str(n.target) and "wait_tensor" not in str(n.target)]
 
 
+def sent_bytes(gm, world: int) -> int:
+    """Bytes one rank sends in the graph's collectives: (world - 1) copies of an all-gather's input, (world - 1) /
+    world of a reduce-scatter's or an all-to-all's input. The packed-metadata check's 2-int64 all-gather (once
+    per graph, not per site) is left out."""
+    total = 0
+    for node in _collectives(gm):
+        x = node.args[0].meta["val"]
+        size = x.numel() * x.element_size()
+        if "all_gather" in str(node.target):
+            if x.dtype == torch.int64 and x.numel() == 2:  # the cu_seqlens check (regions/guards.py)
+                continue
+            total += (world - 1) * size
+        else:  # reduce_scatter, all_to_all
+            total += (world - 1) * size // world
+    return total
+
+
 def _calls_any(gm):
     return [n for n in gm.graph.nodes if n.op == "call_function"]
 

@@ -1,0 +1,56 @@
+"""comm="auto" / kernel="auto": pick the (comm, kernel) with the lowest estimated time, today's order breaking ties.
+
+The options come in today's order (the comm registry's order, then kernels.AUTO_ORDER / VARLEN_AUTO_ORDER), and
+the first option within TIE of the fastest estimate wins: the model's errors on the benchmark's ranks are a few
+percent (rates.json), so a smaller difference is no evidence, and the old choice stands. Estimates depend only
+on shapes and configuration (packed sites: the assumed documents of cost/model.py), never on the rank or the
+data, so every rank makes the same choice (rank agreement compares it).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from .model import Estimate, SiteShape, estimate
+
+TIE = 0.05
+"""Estimates within this fraction of the fastest count as equal (the benchmark's repeat spread is ~2%, the
+model's median error on its ranks 1-2%, its largest 7-14%)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What "auto" chose for a site: the estimates of every option, in today's order."""
+
+    chosen: Estimate
+    options: tuple[Estimate, ...]
+
+    @property
+    def runner_up(self) -> Estimate | None:
+        others = sorted((e for e in self.options if e is not self.chosen), key=lambda e: e.total_ms)
+        return others[0] if others else None
+
+    def describe(self) -> str:
+        """E.g. `a2a + flash_varlen 3.1 ms (runner-up all_gather + cudnn_varlen 3.55 ms)`."""
+        text = f"{_name(self.chosen)} {self.chosen.total_ms:.3g} ms"
+        if (other := self.runner_up) is not None:
+            text += f" (runner-up {_name(other)} {other.total_ms:.3g} ms)"
+        return text
+
+
+def _name(e: Estimate) -> str:
+    return f"{e.comm} + {e.kernel}"
+
+
+@functools.lru_cache(maxsize=256)
+def _estimate(shape: SiteShape, layout: str, comm: str, kernel: str) -> Estimate:
+    return estimate(shape, layout, comm, kernel)  # the sites of one model share shapes: one estimate each
+
+
+def choose(shape: SiteShape, layout: str, options: list[tuple[str, str]]) -> Choice:
+    """The first (comm, kernel) of `options` (today's order) whose estimate is within TIE of the fastest."""
+    estimates = tuple(_estimate(shape, layout, comm, kernel) for comm, kernel in options)
+    fastest = min(e.total_ms for e in estimates)
+    chosen = next(e for e in estimates if e.total_ms <= fastest * (1 + TIE))
+    return Choice(chosen, estimates)

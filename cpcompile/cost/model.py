@@ -1,0 +1,163 @@
+"""The cost of one attention site under a layout x comm x kernel: blocks, FLOPs and time per rank, bytes sent.
+
+Everything comes from facts the project already has: the layout's blocks (dense: the comm's `rank_blocks`;
+packed: the comm's `varlen_rank_blocks` over the documents), the heads each rank runs (a2a: Hq/cp, the head-split
+rules of layouts/heads.py), the bytes on the wire (the comm's `wire_bytes`) and the measured kernel rates
+(cost/rates.py). A rank's time is its kernel calls plus its region's own copies; the site's estimate is the
+slowest rank plus the time on the wire at the assumed link bandwidth, forward + backward, with no overlap of
+communication and compute assumed.
+
+Packed documents change every batch, and the planner sees no document: it estimates with documents of the
+call's max_q/max_k (`max_doc`, the longest a batch may hold; the whole packed length without it), the densest
+packing the bounds allow (`assumed_documents`). explain() has the example batch, so it also estimates with its
+documents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..comm.registry import get_comm
+from ..kernels.base import NO_WINDOW
+from ..layouts.heads import HeadSplit
+from ..precision import acc_dtype
+from .rates import kernel_rate, link_gbps, region_overhead_ms
+from .work import CallWork, dense_work, flops, varlen_work
+
+
+@dataclass(frozen=True)
+class SiteShape:
+    """What the cost model needs of a site: this rank's shapes, element sizes, the mask and the CP world."""
+
+    kind: str
+    """"sdpa" (dense blocks) or "varlen" (packed documents)."""
+    batch: int
+    tokens: int
+    """Local tokens a rank (sequence dim of SDPA q; packed length of varlen q)."""
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    elt: int
+    acc_elt: int
+    causal: bool
+    world: int
+    window: tuple[int, int] = NO_WINDOW
+    max_doc: int | None = None
+    return_lse: bool = True
+
+    @classmethod
+    def of_site(cls, site, causal: bool, world: int, **extra) -> SiteShape:
+        """From an AttentionSite (passes/match.py): SDPA q (B, H, L, D), varlen q (T, H, D)."""
+        q, k, v = site.q_shape, site.k_shape, site.v_shape
+        dense = site.kind == "sdpa"
+        return cls(
+            kind=site.kind,
+            batch=q[0] if dense and isinstance(q[0], int) else 1,  # a dynamic batch: costed as 1
+            tokens=q[2] if dense else q[0],
+            q_heads=q[1],
+            kv_heads=k[1],
+            head_dim=q[-1],
+            v_head_dim=v[-1],
+            elt=site.dtype.itemsize,
+            acc_elt=acc_dtype(site.dtype).itemsize,
+            causal=causal,
+            world=world,
+            **extra,
+        )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One layout x comm x kernel for one site: per-rank blocks, FLOPs and time, and the bytes on the wire."""
+
+    layout: str
+    comm: str
+    kernel: str
+    rates: str
+    """Whose rates timed the kernel calls (a proxy's name when the kernel has no measurement of its own)."""
+    blocks: tuple[int, ...]
+    flops: tuple[float, ...]
+    """Forward + backward FLOPs a rank computes (the mask's kept pairs only)."""
+    compute_ms: tuple[float, ...]
+    """Per rank: its kernel calls plus its region's copies, forward + backward."""
+    sent_fwd: int
+    sent_bwd: int
+    """Bytes a rank sends per forward / per backward (the same on every rank)."""
+    wire_ms: float
+    documents: str
+    """Which documents a packed site was costed with ("" for dense sites)."""
+
+    @property
+    def total_ms(self) -> float:
+        """The slowest rank's compute plus the time on the wire (no overlap assumed)."""
+        return max(self.compute_ms) + self.wire_ms
+
+    @property
+    def balance(self) -> float:
+        """max / mean FLOPs over the ranks (1.0: balanced)."""
+        mean = sum(self.flops) / len(self.flops)
+        return max(self.flops) / mean if mean else 1.0
+
+
+def assumed_documents(total: int, max_doc: int | None) -> torch.Tensor:
+    """cu_seqlens of documents of `max_doc` tokens filling `total` (the last one shorter): what the planner
+    costs packed sites with, knowing only the bounds."""
+    size = total if max_doc is None else max(1, min(max_doc, total))
+    cuts = list(range(0, total, size)) + [total]
+    return torch.tensor(cuts, dtype=torch.int64)
+
+
+def _rank_heads(shape: SiteShape, splits_heads: bool) -> tuple[int, int]:
+    if not splits_heads:
+        return shape.q_heads, shape.kv_heads
+    split = HeadSplit(shape.q_heads, shape.kv_heads, shape.world)
+    return split.q_per_rank, split.kv_per_rank
+
+
+def _rank_work(shape: SiteShape, layout: str, comm, rank: int, cu: torch.Tensor | None) -> tuple[int, CallWork]:
+    """(blocks, their counts) of one rank."""
+    if shape.kind == "sdpa":
+        blocks = comm.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens)
+        return len(blocks), dense_work(blocks, shape.batch)
+    blocks = comm.varlen_rank_blocks(
+        layout, shape.causal, rank, shape.world, shape.tokens, cu, shape.max_doc, shape.window
+    )
+    total = CallWork()
+    for block in blocks:
+        total = total + varlen_work(block)
+    return len(blocks), total
+
+
+def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: torch.Tensor | None = None) -> Estimate:
+    """The cost of the site under `layout`, `comm` and `kernel` on every rank (packed sites: with these GLOBAL
+    cu_seqlens, else `assumed_documents`). The caller checked that the comm takes the layout and heads."""
+    entry = get_comm(comm)
+    documents = ""
+    if shape.kind == "varlen":
+        if cu_seqlens is None:
+            cu_seqlens = assumed_documents(shape.tokens * shape.world, shape.max_doc)
+            documents = f"assumed: documents of {int((cu_seqlens[1:] - cu_seqlens[:-1]).max())} tokens"
+        else:
+            documents = f"this batch's {cu_seqlens.numel() - 1} documents"
+        cu_seqlens = cu_seqlens.long().cpu()
+    q_heads, kv_heads = _rank_heads(shape, entry.splits_heads)
+    rate = kernel_rate(kernel, "varlen" if shape.kind == "varlen" else "dense")
+    fwd, bwd = entry.wire_bytes(
+        shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
+        shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.varlen_lse_on_demand,
+    )  # fmt: skip
+    exchanged = (fwd + bwd) * shape.world // (shape.world - 1)
+    overhead, _ = region_overhead_ms(comm, kernel if rate.proxy_for is None else rate.name, exchanged)
+    blocks, work_flops, times = [], [], []
+    for rank in range(shape.world):
+        n, work = _rank_work(shape, layout, entry, rank, cu_seqlens)
+        blocks.append(n)
+        work_flops.append(flops(work.pairs, q_heads, shape.head_dim, shape.v_head_dim))  # batch counted in work
+        times.append(rate.ms(work, q_heads, shape.head_dim, shape.v_head_dim) + overhead)
+    rates = rate.name if rate.proxy_for is None else f"{rate.name} (proxy: {kernel} has no measured rate)"
+    wire_ms = (fwd + bwd) / (link_gbps() * 1e6)
+    return Estimate(layout, comm, kernel, rates, tuple(blocks), tuple(work_flops), tuple(times), fwd, bwd, wire_ms,
+                    documents)  # fmt: skip

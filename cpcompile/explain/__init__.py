@@ -1,0 +1,184 @@
+"""cpcompile.explain: what the pass would do with a model, before any collective runs.
+
+    report = cpcompile.explain(model, input_ids, position_ids, strategy="zigzag", comm="auto", world=8)
+    print(report)  # every attention site: shapes, layout, comm, kernel, blocks, bytes, FLOPs per rank; refusals
+
+The example inputs are the GLOBAL batch; explain() cuts rank 0's part itself (explain/inputs.py: the rules of
+shard_batch), traces the model once with Dynamo computing nothing (explain/trace.py), and runs the pass's steps
+on the graphs: find, plan (for every rank of the stand-in world), rewrite and the token guard, but not the
+rank agreement (there are no peers) and no region (so no collective). No process group is created, read or
+changed: the plans are made for a stand-in CP group of `world` ranks (CPConfig.cp_group), so explain() works
+with or without an initialised torch.distributed and leaves it as it found it. Costs come from cost/ (measured
+H200 kernel rates, an assumed link bandwidth); packed sites are costed with the example batch's documents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+
+import torch
+
+from ..backend import check_choices
+from ..cost import SiteShape, estimate
+from ..errors import CPCompileError, node_origin, node_source
+from ..log import LOGGER_NAME
+from ..passes import PassState
+from ..passes.agree import plan_summary
+from ..passes.guard_tokens import refuse_token_mixing
+from ..passes.match import find_attention_sites
+from ..passes.plan import plan_site
+from ..passes.plans import CPConfig, CPPlan
+from ..passes.rewrite import rewrite_graph
+from .inputs import local_inputs, packed_offsets, stand_in_group
+from .recommend import recommend
+from .report import Recommendation, Refusal, Report, SiteReport
+from .trace import capture_graphs
+
+__all__ = ["Recommendation", "Refusal", "Report", "SiteReport", "explain"]
+
+
+def _site_estimate(plan: CPPlan, cu: torch.Tensor | None):
+    """The cost model's estimate of the planned site; None for flex_attention (the BlockMask sets its work)."""
+    site = plan.site
+    if site.kind == "flex":
+        return None
+    extra = {} if site.kind == "sdpa" else dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse)
+    shape = SiteShape.of_site(site, plan.causal, plan.group.size, **extra)
+    return estimate(shape, plan.layout, plan.comm, plan.kernel, cu)
+
+
+def _site_report(graph: int, plan: CPPlan, cu: torch.Tensor | None) -> SiteReport:
+    site = plan.site
+    return SiteReport(
+        graph=graph,
+        node=site.node.name,
+        source=node_source(site.node),
+        kind=site.kind,
+        q_shape=tuple(site.q_shape),
+        k_shape=tuple(site.k_shape),
+        v_shape=tuple(site.v_shape),
+        layout=plan.layout,
+        comm=plan.comm,
+        kernel=plan.kernel,
+        causal=plan.causal,
+        window=getattr(plan, "window", None),
+        estimate=_site_estimate(plan, cu),
+        choice=getattr(plan, "choice", None),
+    )
+
+
+def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, device) -> list:
+    """Plan every site of one graph for every rank (refusals recorded), rewrite it, run the token guard."""
+    sites = find_attention_sites(gm)
+    if device is not None:  # kernels for the device the model will run on (meta example tensors)
+        sites = [dataclasses.replace(s, device=torch.device(device)) for s in sites]
+    plans, refused = [], False
+    for site in sites:
+        try:
+            per_rank = [plan_site(site, config) for config in configs]
+        except CPCompileError as e:
+            report.refusals.append(Refusal(node_origin(site.node), str(e)))
+            refused = True
+            continue
+        if len({plan_summary(p) for p in per_rank}) > 1:  # the pass's rank agreement would stop the compile
+            rule = "the CP ranks would plan it differently: " + " | ".join(sorted({plan_summary(p) for p in per_rank}))
+            report.refusals.append(Refusal(node_origin(site.node), rule))
+            refused = True
+            continue
+        plans.append(per_rank[0])
+        report.sites.append(_site_report(graph, per_rank[0], cu))
+    if refused:
+        report.notes.append(
+            f"graph {graph}: the token guard did not run (it checks the rewritten graph): fix the refusals first"
+        )
+        return sites
+    if plans:
+        rewrite_graph(gm, plans)
+    with _warnings() as said:
+        try:
+            refuse_token_mixing(gm, PassState(configs[0], sites, plans))
+        except CPCompileError as e:
+            report.refusals.append(Refusal("token guard", str(e)))
+    report.notes += [f"graph {graph}: {message}" for message in said]
+    return sites
+
+
+@contextlib.contextmanager
+def _warnings():
+    """The "cpcompile" logger's warnings while the block runs (the token guard's: graph not checked, guard off)."""
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+
+
+def explain(
+    model,
+    *example_args,
+    strategy: str = "flat",
+    comm: str = "all_gather",
+    kernel: str = "auto",
+    world: int = 2,
+    seq_dim: int | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    seq_keys=(),
+    passthrough_keys=(),
+    device: str | torch.device | None = None,
+    **example_kwargs,
+) -> Report:
+    """What cpcompile.backend(strategy=strategy, comm=comm, kernel=kernel) would do with `model` on `world` CP
+    ranks, for the GLOBAL example batch `model(*example_args, **example_kwargs)`: a Report (str(): a table).
+
+    seq_dim: the sequence dim of the example tensors (default 1; packed strategies 0); cu_seqlens: the global
+    document offsets the model takes (packed strategies; the same tensor, or the `cu_seqlens` keyword);
+    seq_keys / passthrough_keys: keyword tensors to cut like the tokens / keep whole (as in shard_batch);
+    device: plan the kernels for this device instead of the example tensors' (meta tensors: "cpu", or "cuda" in a
+    process where CUDA is available, since the kernels' availability checks run here).
+    Unknown names and a world below 2 raise CPCompileError; everything the pass would refuse is a refusal.
+    """
+    check_choices(strategy, comm, kernel)
+    if not isinstance(world, int) or isinstance(world, bool) or world < 2:
+        raise CPCompileError(f"explain(world={world!r}): CP needs at least 2 ranks. Fix: pass world=2 or more.")
+    report = Report(strategy=strategy, comm=comm, kernel=kernel, world=world)
+    configs = [CPConfig(strategy, comm, kernel, cp_group=stand_in_group(r, world)) for r in range(world)]
+    try:
+        cu = packed_offsets(strategy, cu_seqlens, example_kwargs)
+        args, kwargs = local_inputs(
+            example_args, example_kwargs, strategy=strategy, rank=0, world=world, seq_dim=seq_dim,
+            cu_seqlens=cu, seq_keys=seq_keys, passthrough_keys=passthrough_keys,
+        )  # fmt: skip
+    except CPCompileError as e:
+        report.refusals.append(Refusal("example inputs", str(e)))
+        return report
+    graphs, error = capture_graphs(model, args, kwargs, configs[0])
+    if error is not None:
+        report.refusals.append(Refusal("eager attention", str(error)))
+    report.graphs = len(graphs)
+    sites = [s for g, gm in enumerate(graphs) for s in _plan_graph(report, g, gm, configs, cu, device)]
+    if device is None and any(s.device.type == "meta" for s in sites):
+        report.notes.append("the example tensors are on the meta device: pass device='cuda' (or 'cpu') to plan kernels")
+    kinds = {s.kind for s in sites}
+    costed = next((kind for kind in ("sdpa", "varlen") if kind in kinds), None)
+    if "flex" in kinds:
+        report.notes.append(
+            "flex_attention sites are planned but not costed (their work is set by the BlockMask's blocks): no "
+            "blocks, FLOPs or estimate for them, and comm='auto' refuses them"
+        )
+    if {"sdpa", "varlen"} <= kinds:
+        report.notes.append("the model has SDPA and varlen_attn sites; the recommendation covers the SDPA ones")
+    chosen = [s for s in sites if s.kind == costed]
+    report.recommendation = recommend(chosen, configs[0], cu) if chosen else None
+    if not graphs:
+        report.notes.append("Dynamo captured no graph of this call (nothing was compiled, so nothing is rewritten)")
+    elif not sites:
+        report.notes.append(
+            "no scaled_dot_product_attention, varlen_attn or flex_attention call was found in the traced graphs"
+        )
+    return report

@@ -1,0 +1,165 @@
+"""What explain() returns: per attention site its plan and costs per rank, every refusal with its fix, the
+recommended layout; str() renders it as the table the README shows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..cost import Choice, Estimate
+from ..cost.rates import provenance
+
+
+@dataclass(frozen=True)
+class SiteReport:
+    """One attention site as the pass would rewrite it, costed with the example batch (per rank)."""
+
+    graph: int
+    node: str
+    source: str
+    """The node and the user's source line, as CPCompileErrors name them."""
+    kind: str
+    q_shape: tuple
+    k_shape: tuple
+    v_shape: tuple
+    """This rank's q/k/v (local) shapes."""
+    layout: str
+    comm: str
+    kernel: str
+    causal: bool
+    window: tuple[int, int] | None
+    estimate: Estimate | None
+    """blocks, FLOPs and time per rank, bytes a rank sends per forward / backward (cost/model.py); None for
+    flex_attention sites (not costed: the BlockMask sets their work)."""
+    choice: Choice | None = None
+    """What comm="auto" / kernel="auto" weighed (the planner's shape-only estimates); None: nothing to choose."""
+
+    @property
+    def blocks(self) -> tuple[int, ...] | None:
+        return None if self.estimate is None else self.estimate.blocks
+
+    @property
+    def flops(self) -> tuple[float, ...] | None:
+        return None if self.estimate is None else self.estimate.flops
+
+    @property
+    def balance(self) -> float | None:
+        return None if self.estimate is None else self.estimate.balance
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Something the pass (or the token guard, or the input sharding) would refuse, with the fix."""
+
+    where: str
+    message: str
+    """The CPCompileError's full text: what was found, the rule, the fix."""
+
+    @property
+    def fix(self) -> str:
+        return self.message.split("Fix: ", 1)[1] if "Fix: " in self.message else ""
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    layout: str
+    reason: str
+    estimates_ms: dict[str, float] = field(default_factory=dict)
+    """Per layout: the sum over the sites of its fastest option's estimate (ms, forward + backward)."""
+
+
+@dataclass
+class Report:
+    """explain()'s answer; str(report) is a table."""
+
+    strategy: str
+    comm: str
+    kernel: str
+    world: int
+    graphs: int = 0
+    sites: list[SiteReport] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    recommendation: Recommendation | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+def _per_rank(values, fmt=str) -> str:
+    """One value when every rank has it, else the list (rank 0 first)."""
+    shown = [fmt(v) for v in values]
+    return shown[0] if len(set(shown)) == 1 else "/".join(shown)
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def _flops(n: float) -> str:
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def _shape(s: tuple) -> str:
+    return "x".join(str(d) for d in s)
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def render(report: Report) -> str:
+    head = (
+        f"cpcompile.explain: strategy={report.strategy} comm={report.comm} kernel={report.kernel} "
+        f"world={report.world}: {len(report.sites)} attention site(s) in {report.graphs} graph(s), "
+        f"{len(report.refusals)} refusal(s)"
+    )
+    lines = [head, ""]
+    if report.sites:
+        rows = [
+            ["#", "node", "source", "q / k / v (local)", "layout", "comm", "kernel", "blocks/rank",
+             "sent fwd / bwd per rank", "FLOPs/rank (fwd+bwd)", "max/mean", "est. ms"],
+        ]  # fmt: skip
+        for i, s in enumerate(report.sites):
+            e = s.estimate
+            costs = ["-"] * 5 if e is None else [
+                _per_rank(e.blocks), f"{_bytes(e.sent_fwd)} / {_bytes(e.sent_bwd)}", _per_rank(e.flops, _flops),
+                f"{e.balance:.2f}", f"{e.total_ms:.3g}",
+            ]  # fmt: skip
+            rows.append([
+                str(i), s.node, s.source, " / ".join(_shape(x) for x in (s.q_shape, s.k_shape, s.v_shape)), s.layout,
+                s.comm, s.kernel, *costs,
+            ])  # fmt: skip
+        lines += _table(rows)
+        for i, s in enumerate(report.sites):
+            if s.estimate is None:
+                continue
+            extra = []
+            if s.choice is not None:
+                basis = f", {s.choice.chosen.documents}" if s.choice.chosen.documents else ""
+                extra.append(f"auto chose {s.choice.describe()} (the planner's estimates{basis})")
+            if s.estimate.documents:
+                extra.append(f"costed with {s.estimate.documents}")
+            if s.estimate.rates != s.kernel:
+                extra.append(f"rates of {s.estimate.rates}")
+            if extra:
+                lines.append(f"  site {i}: " + "; ".join(extra))
+        lines.append(f"  estimates: {provenance()}; forward + backward, slowest rank + time on the wire")
+    lines.append("")
+    if report.refusals:
+        lines.append("Refused:")
+        lines += [
+            f"  - {r.message}" if r.where in r.message else f"  - [{r.where}] {r.message}" for r in report.refusals
+        ]
+    else:
+        lines.append("Refused: nothing")
+    if report.recommendation is not None:
+        lines += ["", f"Recommended layout: {report.recommendation.layout} ({report.recommendation.reason})"]
+    lines += [f"Note: {n}" for n in report.notes]
+    return "\n".join(lines)

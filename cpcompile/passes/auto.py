@@ -1,0 +1,69 @@
+"""comm="auto" and kernel="auto" for one site: the options its rules allow, then the cost model's choice.
+
+The planners (plan_dense.py, plan_varlen.py) hand over their comm rules as a function (rule broken, fix) or None
+per comm; every comm of the registry whose rules the site meets is an option for "auto", every provider that
+can run the site's device, dtype, head dims (and window) for kernel="auto". With more than one (comm, kernel)
+option, cost/choose.py picks by estimated time, today's order breaking ties. A named comm or kernel is checked
+and used as before, and a site with nothing that can run it gets one CPCompileError naming every reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..comm.registry import COMMS
+from ..cost import Choice, SiteShape, choose
+from ..errors import site_error
+from ..kernels import supported_kernels
+from .checks import site_kernel
+from .match import AttentionSite
+
+AUTO = "auto"
+
+
+def site_comms(site: AttentionSite, name: str, problem: Callable[[str], tuple[str, str] | None]) -> list[str]:
+    """The comms this site may use: `name` when it meets its rules (else its error), or for "auto" every comm of
+    the registry that does and that the cost model knows (Comm.wire_bytes)."""
+    if name != AUTO:
+        if (found := problem(name)) is not None:
+            raise site_error(site.node, *found)
+        return [name]
+    options, reasons = [], []
+    for comm, entry in COMMS.items():
+        found = problem(comm) or (None if entry.wire_bytes else ("it has no cost-model facts (Comm.wire_bytes)", ""))
+        if found is None:
+            options.append(comm)
+        else:
+            reasons.append((comm, found))
+    if not options:
+        rules = "; ".join(f"{comm}: {rule}" for comm, (rule, _) in reasons)
+        raise site_error(site.node, f"comm='auto' found no comm that can run it ({rules})", reasons[0][1][1])
+    return options
+
+
+def site_kernels(
+    site: AttentionSite,
+    name: str,
+    head_dim: int,
+    varlen: bool,
+    usable: Callable[[str], bool] = lambda k: True,
+    features: tuple[str, ...] = (),
+) -> list[str]:
+    """The kernels this site may use: `name` (its error when it cannot run here), or for "auto" every provider
+    that can run it, with the block `features` it needs (kernels.FEATURES), and passes `usable` (the caller
+    raises when `usable` refuses them all)."""
+    first = site_kernel(site, name, head_dim, varlen, features)  # the site's error when no provider runs here
+    if name != AUTO:
+        return [first]
+    v_dim = site.v_shape[-1]
+    found = supported_kernels(site.device, site.dtype, head_dim, varlen=varlen, v_head_dim=v_dim, features=features)
+    return [k for k in found if usable(k)] or [first]
+
+
+def resolve(shape: SiteShape, layout: str, comms: list[str], kernels: list[str]) -> tuple[str, str, Choice | None]:
+    """(comm, kernel, the Choice when the cost model made one: more than one option)."""
+    options = [(comm, kernel) for comm in comms for kernel in kernels]
+    if len(options) == 1:
+        return (*options[0], None)
+    choice = choose(shape, layout, options)
+    return choice.chosen.comm, choice.chosen.kernel, choice

@@ -1,0 +1,221 @@
+# ruff: noqa: E501  (the report snapshot keeps its long lines)
+"""cpcompile.explain: the report's contract (a snapshot of its table), its agreement with what the backend plans
+on every rank, its refusals, and that it needs, creates and changes no process group."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from expecttest import assert_expected_inline
+
+import cpcompile
+from cpcompile.cost.work import flops
+from cpcompile.testing.model import TinyConfig, TinyLlama
+from cpcompile.testing.varlen_model import VarlenTinyLlama, document_position_ids
+from tests.support.fake_pg import capture_graphs, fake_group
+from tests.support.graphs import sent_bytes
+
+
+class Attend(nn.Module):
+    """q/k/v projections and causal SDPA (GQA): one attention site, on a line the snapshot names."""
+
+    def __init__(self, mask: bool = False, heads: tuple[int, int] = (4, 2), head_dim: int = 8):
+        super().__init__()
+        self.heads, self.head_dim, self.mask = heads, head_dim, mask
+        self.qkv = nn.Linear(32, (heads[0] + 2 * heads[1]) * head_dim)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (
+            self.qkv(x).view(b, s, -1, self.head_dim).transpose(1, 2).split([self.heads[0], *self.heads[1:] * 2], 1)
+        )
+        mask = torch.ones(s, s, dtype=torch.bool).tril() if self.mask else None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not self.mask, enable_gqa=True)
+        return out.transpose(1, 2).flatten(2)
+
+
+class CumsumAfter(Attend):
+    def forward(self, x):
+        return super().forward(x).cumsum(1)  # mixes tokens along the sharded sequence: the token guard refuses
+
+
+def _tiny(layers=2):
+    torch.manual_seed(0)
+    model = TinyLlama(TinyConfig(layers=layers))
+    ids = torch.randint(0, 128, (2, 64))
+    return model, ids, torch.arange(64).expand(2, 64)
+
+
+def test_report_table_snapshot():
+    """Llama-like attention (16 q heads, 4 kv heads, head dim 64), 32K tokens on 4 ranks, on the meta device (no
+    memory, nothing computed), planned for CPU kernels (stable across machines: cpu_flash, costed at flash's
+    rates)."""
+    with torch.device("meta"):
+        model, x = Attend(heads=(16, 4), head_dim=64), torch.randn(1, 32768, 32)
+    report = cpcompile.explain(model, x, strategy="zigzag", comm="auto", world=4, device="cpu")
+    assert_expected_inline(
+        str(report),
+        """\
+cpcompile.explain: strategy=zigzag comm=auto kernel=auto world=4: 1 attention site(s) in 1 graph(s), 0 refusal(s)
+
+#  node  source              q / k / v (local)                         layout  comm        kernel     blocks/rank  sent fwd / bwd per rank  FLOPs/rank (fwd+bwd)  max/mean  est. ms
+0  out   test_explain.py:35  1x16x8192x64 / 1x4x8192x64 / 1x4x8192x64  zigzag  all_gather  cpu_flash  4/5/5/4      50.3 MB / 50.3 MB        1.92T                 1.00      7.37
+  site 0: auto chose all_gather + cpu_flash 7.37 ms (runner-up a2a + cpu_flash 8.34 ms) (the planner's estimates); rates of flash (proxy: cpu_flash has no measured rate)
+  estimates: kernel rates measured on NVIDIA H200 (bench/results/single_gpu.json, 2026-11-29..2026-12-01); link 300 GB/s per rank assumed; forward + backward, slowest rank + time on the wire
+
+Refused: nothing
+
+Recommended layout: flat (estimated forward + backward over 1 site(s) for these shapes: flat 6.83 ms with a2a + cpu_flash, FLOPs max/mean per rank 1.00; zigzag 7.37 ms with all_gather + cpu_flash, FLOPs max/mean per rank 1.00)""",
+    )
+
+
+def test_sites_are_what_the_backend_plans_on_every_rank():
+    """Blocks, comm and kernel per rank as the real pass plans them (as rank r of a fake group of 4); FLOPs over
+    the ranks add up to one device's causal attention; bytes are the comm's wire_bytes."""
+    model, ids, pos = _tiny()
+    report = cpcompile.explain(model, ids, pos, strategy="zigzag", world=4)
+    assert len(report.sites) == 2 and not report.refusals
+    for rank in (0, 3):
+        with fake_group(rank, 4):
+            be = cpcompile.backend(strategy="zigzag", inner="eager")
+            torch.compile(model, backend=be, fullgraph=True)(
+                *(cpcompile.shard(t, strategy="zigzag", seq_dim=1) for t in (ids, pos))
+            )
+        for site, plan in zip(report.sites, be.plans):
+            assert (site.layout, site.comm, site.kernel) == (plan.layout, plan.comm, plan.kernel)
+            assert site.blocks[rank] == plan.block_count()
+    site = report.sites[0]
+    assert sum(site.flops) == 2 * flops(64 * 65 // 2, 4, 16, 16)  # batch 2, 4 heads, head dim 16
+
+
+def test_bytes_are_the_traced_collectives():
+    """A rank's bytes in the report, summed over the sites, are what the compiled forward and backward graphs
+    launch on the wire (the backend on a fake group, rank 1), for both comms (a2a: 4 q / 2 kv heads over 2)."""
+    model, ids, pos = _tiny()
+    for comm, world in (("all_gather", 4), ("a2a", 2)):
+        report = cpcompile.explain(model, ids, pos, strategy="zigzag", comm=comm, world=world)
+        assert len(report.sites) == 2 and {s.comm for s in report.sites} == {comm}
+        with fake_group(1, world):
+            be = cpcompile.backend(strategy="zigzag", comm=comm, inner="eager")
+            local = [cpcompile.shard(t, strategy="zigzag", seq_dim=1) for t in (ids, pos)]
+            graphs = capture_graphs(model, be, *local)
+        for phase in ("fw", "bw"):
+            sent = sum(getattr(s.estimate, f"sent_{phase}d") for s in report.sites)
+            assert sent == sent_bytes(graphs[phase], world) > 0, (comm, phase)
+
+
+def test_refusals_name_the_site_and_the_fix():
+    report = cpcompile.explain(Attend(mask=True), torch.randn(2, 64, 32), strategy="zigzag", world=4)
+    (refusal,) = report.refusals
+    assert "explicit attn_mask" in refusal.message and "test_explain.py" in refusal.where and refusal.fix
+    assert not report.sites and "token guard did not run" in report.notes[0]
+
+    report = cpcompile.explain(CumsumAfter(), torch.randn(2, 64, 32), strategy="zigzag", world=4)
+    assert [r.where for r in report.refusals] == ["token guard"] and "cumsum" in report.refusals[0].message
+    assert len(report.sites) == 1
+
+    report = cpcompile.explain(Attend(), torch.randn(2, 60, 32), strategy="zigzag", world=4)
+    assert [r.where for r in report.refusals] == ["example inputs"] and "pad_to_multiple" in report.refusals[0].fix
+
+
+def test_wrong_strategy_is_refused_and_a_layout_recommended():
+    report = cpcompile.explain(
+        Attend(), torch.randn(2, 64, 32), strategy="thd", world=4, seq_dim=1, cu_seqlens=torch.tensor([0, 64])
+    )
+    assert "varlen_attn" in report.refusals[0].message
+    assert report.recommendation.layout in ("flat", "zigzag")
+
+
+def test_packed_documents_costed_with_the_batch():
+    torch.manual_seed(0)
+    model = VarlenTinyLlama(TinyConfig(layers=1), max_len=64)
+    cu = torch.tensor([0, 16, 48, 56, 128], dtype=torch.int32)
+    ids = torch.randint(0, 128, (128,))
+    report = cpcompile.explain(
+        model, ids, document_position_ids(cu), cu, strategy="thd", comm="auto", world=4, cu_seqlens=cu
+    )
+    (site,) = report.sites
+    assert site.kind == "varlen" and site.q_shape == (32, 4, 16) and site.blocks == (1, 1, 1, 1)
+    assert site.estimate.documents == "this batch's 4 documents"
+    assert site.choice is not None and "assumed: documents of 64 tokens" in site.choice.chosen.documents
+    docs = [16, 32, 8, 72]
+    total = sum(site.flops) if site.comm == "all_gather" else 4 * site.flops[0]
+    assert total == flops(sum(n * (n + 1) // 2 for n in docs), 4, 16, 16)
+    assert report.recommendation.layout in ("thd", "thd_zigzag") and "thd_zigzag" in report.recommendation.reason
+
+
+def test_no_process_group_needed_created_or_changed():
+    model, ids, pos = _tiny(1)
+    assert not dist.is_initialized()
+    report = cpcompile.explain(model, ids, pos, strategy="flat", world=4)
+    assert not dist.is_initialized() and len(report.sites) == 1
+    with fake_group(1, 8) as world:  # the user's own group: left as it is; explain plans for its own world
+        report = cpcompile.explain(model, ids, pos, strategy="flat", world=4)
+        assert dist.group.WORLD is world and dist.get_world_size() == 8 and dist.get_rank() == 1
+    assert report.sites[0].q_shape[2] == 16 and len(report.sites[0].blocks) == 4
+
+
+def test_meta_model_and_inputs_compute_nothing():
+    with torch.device("meta"):
+        model, ids, pos = _tiny(1)
+    report = cpcompile.explain(model, ids, pos, strategy="zigzag", world=2)
+    assert "no attention kernel provider supports meta" in report.refusals[0].message
+    assert "pass device=" in report.notes[-1]
+    report = cpcompile.explain(model, ids, pos, strategy="zigzag", world=2, device="cpu")
+    assert len(report.sites) == 1 and not report.refusals and report.sites[0].kernel == "cpu_flash"
+
+
+def test_leaves_no_compiled_code_behind():
+    from cpcompile.explain.trace import _call
+
+    model, ids, pos = _tiny(1)
+    for _ in range(10):  # more than Dynamo's recompile limit (8): every explain starts clean
+        assert len(cpcompile.explain(model, ids, pos, strategy="flat", world=2).sites) == 1
+    assert not torch._dynamo.eval_frame._debug_get_cache_entry_list(_call.__code__)
+
+
+def test_attention_run_eagerly_is_refused():
+    class Disabled(Attend):
+        @torch.compiler.disable
+        def forward(self, x):
+            return super().forward(x)
+
+    report = cpcompile.explain(Disabled(), torch.randn(2, 64, 32), strategy="flat", world=2)
+    assert [r.where for r in report.refusals] == ["eager attention"]
+
+
+def test_bad_arguments_raise():
+    import pytest
+
+    with pytest.raises(cpcompile.CPCompileError, match="unknown strategy"):
+        cpcompile.explain(Attend(), torch.randn(2, 64, 32), strategy="ring", world=2)
+    with pytest.raises(cpcompile.CPCompileError, match="at least 2 ranks"):
+        cpcompile.explain(Attend(), torch.randn(2, 64, 32), world=1)
+
+
+def test_flex_sites_are_planned_not_costed():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def attend(q, k, v):
+        return flex_attention(q, k, v, enable_gqa=True)  # no BlockMask: full attention
+
+    q, k, v = (torch.randn(1, h, 64, 8) for h in (4, 2, 2))
+    report = cpcompile.explain(attend, q, k, v, strategy="zigzag", comm="all_gather", world=2, seq_dim=2)
+    (site,) = report.sites
+    assert (site.kind, site.comm, site.kernel, site.q_shape) == ("flex", "all_gather", "flex", (1, 4, 32, 8))
+    assert site.estimate is None and site.blocks is None and report.recommendation is None
+    assert "not costed" in report.notes[0] and "  -  " in str(report)
+    report = cpcompile.explain(attend, q, k, v, strategy="zigzag", comm="auto", world=2, seq_dim=2)
+    assert "does not cost flex_attention" in report.refusals[0].message and "comm='a2a'" in report.refusals[0].fix
+
+
+def test_plan_carrying_layouts_are_not_explained_or_auto():
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    report = cpcompile.explain(Attend(), torch.randn(64, 32), strategy="thd_balanced", world=2, cu_seqlens=cu)
+    assert [r.where for r in report.refusals] == ["example inputs"] and "strategy='thd'" in report.refusals[0].fix
+    import pytest
+
+    with pytest.raises(cpcompile.CPCompileError, match="regather=True with comm='auto'"):
+        cpcompile.backend(comm="auto", regather=True)

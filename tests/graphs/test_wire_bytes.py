@@ -1,0 +1,83 @@
+"""The comm registry's wire_bytes (what the cost model and explain() report a rank sends) against the collectives
+the regions really launch: the AOT forward and backward graphs on a fake process group, one rank of 4.
+
+A rank sends (world - 1) copies of an all-gather's input, and (world - 1) / world of a reduce-scatter's or an
+all-to-all's input. The packed-metadata check's 2-int64 all-gather (once per graph, not per site) is left out.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.varlen import AuxRequest, varlen_attn
+
+import cpcompile
+from cpcompile.comm.registry import get_comm
+from tests.support.fake_pg import capture_graphs, fake_group
+from tests.support.graphs import sent_bytes
+
+WORLD, RANK = 4, 1
+
+
+def _sent(gm) -> int:
+    return sent_bytes(gm, WORLD)
+
+
+def _dense(layout, comm, heads, dtype):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(2, h, 16, 8, generator=g, dtype=dtype, requires_grad=True) for h in (heads[0], heads[1], heads[1])
+    )
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    with fake_group(RANK, WORLD):
+        graphs = capture_graphs(fn, cpcompile.backend(strategy=layout, comm=comm, inner="eager"), q, k, v)
+    return graphs, (16, 2, heads[0], heads[1], 8, 8, dtype)
+
+
+def _packed(layout, comm, heads, dtype, lse):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(8, h, 8, generator=g, dtype=dtype, requires_grad=True) for h in (heads[0], heads[1], heads[1])
+    )
+    cu = torch.tensor([0, 8, 24, 32], dtype=torch.int32)
+    aux = {"return_aux": AuxRequest(lse=True)} if lse else {}
+
+    def fn(q, k, v, cu):
+        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(-1, 0), enable_gqa=True, **aux)
+
+    with fake_group(RANK, WORLD):
+        graphs = capture_graphs(fn, cpcompile.backend(strategy=layout, comm=comm, inner="eager"), q, k, v, cu)
+    return graphs, (8, 1, heads[0], heads[1], 8, 8, dtype)
+
+
+def _expected(comm, dims, lse=False):
+    tokens, batch, hq, hkv, d, dv, dtype = dims
+    acc = torch.promote_types(dtype, torch.float32)
+    return get_comm(comm).wire_bytes(
+        tokens, batch, hq, hkv, d, dv, WORLD, dtype.itemsize, acc.itemsize, lse
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "layout, comm, heads",
+    [("flat", "all_gather", (4, 2)), ("zigzag", "all_gather", (4, 4)), ("flat", "a2a", (8, 2)),
+     ("zigzag", "a2a", (4, 4)), ("zigzag", "a2a", (8, 8))],
+)  # fmt: skip
+def test_dense_wire_bytes_are_the_collectives(layout, comm, heads, dtype):
+    graphs, dims = _dense(layout, comm, heads, dtype)
+    assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == _expected(comm, dims)
+
+
+@pytest.mark.parametrize(
+    "layout, comm, heads, lse",
+    [("thd", "all_gather", (4, 2), False), ("thd_zigzag", "all_gather", (4, 4), True),
+     ("thd", "a2a", (4, 2), False), ("thd", "a2a", (8, 8), True)],
+)  # fmt: skip
+def test_packed_wire_bytes_are_the_collectives(layout, comm, heads, lse):
+    graphs, dims = _packed(layout, comm, heads, torch.float32, lse)
+    assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == _expected(comm, dims, lse=lse)
