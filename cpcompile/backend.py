@@ -56,6 +56,9 @@ class CPBackend:
     the site itself), across all graphs this backend compiled; the "cpcompile" logger reports the same.
     """
 
+    is_cpcompile_backend = True
+    """What the eager guard looks for in Dynamo's wrapper chain (eager_guard.py cannot import this module)."""
+
     config: CPConfig
     inner: str | Callable = "inductor"
     plans: list[CPPlan] = field(default_factory=list)

@@ -42,11 +42,9 @@ _state = {"installed": False, "backends": 0}
 def _is_cp_backend(callback) -> bool:
     """Whether a Dynamo callback ends in a CPBackend: callback -> ConvertFrame -> debug wrapper ->
     torch.compile's wrapper -> the backend (torch's own chain of wrappers, followed attribute by attribute)."""
-    from .backend import CPBackend
-
     x = callback
     for _ in range(8):
-        if isinstance(x, CPBackend):
+        if getattr(type(x), "is_cpcompile_backend", False):  # CPBackend (no import: backend.py imports us)
             return True
         x = next(
             (

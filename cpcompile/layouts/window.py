@@ -18,8 +18,19 @@ blocks cover exactly the windowed mask, each pair once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from .base import LOCAL_SOURCE, Block, ChunkLayout
+from .block import LOCAL_SOURCE, Block
+
+
+class Chunks(Protocol):
+    """What the window math reads of a chunk layout (layouts/base.py's ChunkLayout, which calls into here)."""
+
+    chunks_per_rank: int
+
+    def rank_chunks(self, rank: int, cp: int) -> tuple[int, ...]: ...
+
+    def source_chunks(self, slot: int, cp: int) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -112,7 +123,7 @@ def band_blocks(q_pieces: list[Piece], kv_pieces: list[Piece], lo: int | None, h
 
 
 def all_gather_window_blocks(
-    layout: ChunkLayout, cp: int, rank: int, chunk_len: int, causal: bool, window: tuple[int, int]
+    layout: Chunks, cp: int, rank: int, chunk_len: int, causal: bool, window: tuple[int, int]
 ) -> list[Block]:
     """A rank's windowed blocks over its local K/V (its own chunks, source 0: they need no gather) and the
     gathered slots (every other rank's chunks)."""
