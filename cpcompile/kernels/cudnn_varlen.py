@@ -2,9 +2,10 @@
 
 `torch.ops.cudnn.sdpa_fwd` / `sdpa_bwd` (registered by `cudnn.sdpa.fwd.torch_op`, nvidia-cudnn-frontend >= 1.32,
 which needs apache-tvm-ffi: `pip install 'cpcompile[cudnn]'`) take packed (T, H, D) q/k/v with cu_seqlens, GQA,
-d_qk != d_v (MLA) and strided K/V views. Measured 1.5-1.6x faster than aten's FA2 varlen fwd+bwd on an H200
-(docs/benchmarks.md). Optional: nothing imports the package until a CUDA block asks `supports()`; without it
-`supports()` gives the reason (a CPCompileError when named, flash_varlen under kernel="auto").
+d_qk != d_v (MLA) and strided K/V views. Measured on an H200 at 0.95-1.07x aten's FA2 varlen fwd+bwd over a whole
+packed sequence, faster on a CP rank's short calls (docs/benchmarks.md, "cuDNN THD"). Optional: nothing imports
+the package until a CUDA block asks `supports()`; without it `supports()` gives the reason (a CPCompileError when
+named, flash_varlen under kernel="auto").
 
 Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what this module does about it:
 - cu_seqlens: one prefix array a side gives every sequence's offset and length, so ranges become FA2's
