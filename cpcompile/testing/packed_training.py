@@ -17,7 +17,7 @@ import cpcompile
 from cpcompile.integrations.rows import pack_rows
 
 from .model import TinyConfig, token_loss_sum
-from .training import TrainResult
+from .training import TrainResult, sgd_step, train_result
 from .varlen_model import VarlenTinyLlama
 
 
@@ -87,16 +87,7 @@ def train_packed(
             )
         logits = step_model(ids.to(device), pos.to(device), cu.to(device))
         loss = token_loss_sum(logits[None], labels.to(device)[None]) / full.num_tokens
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        total = loss.detach().clone()
-        if strategy is not None:
-            for p in model.parameters():
-                dist.all_reduce(p.grad)  # each rank's grads come from its own tokens only
-            dist.all_reduce(total)
-        opt.step()
-        losses.append(total.item())
+        losses.append(sgd_step(model, opt, loss, sharded=strategy is not None))
         if on_step is not None:
             on_step(i, losses[-1])
-    params = {k: v.detach().float().cpu().clone() for k, v in model.named_parameters()}
-    return TrainResult(losses, params, len(backend.plans) if backend else 0)
+    return train_result(model, losses, backend)

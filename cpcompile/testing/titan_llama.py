@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -21,7 +20,7 @@ from cpcompile.integrations.torchtitan import shard_batch
 
 from .model import token_loss_sum
 from .packed_training import chain_rows
-from .training import TrainResult
+from .training import TrainResult, sgd_step, train_result
 
 FLAVOR = "debugmodel"
 """torchtitan's smallest Llama3 flavor: dim 256, 16 heads, 6 layers, vocab 2048."""
@@ -124,16 +123,7 @@ def train_titan(
             logits = step_model(**part.inputs)
             labels, n_tokens, padding = part.labels, part.num_tokens, part.padding
         loss = token_loss_sum(logits, labels) / n_tokens
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        total = loss.detach().clone()
-        if strategy is not None:
-            for p in model.parameters():
-                dist.all_reduce(p.grad)  # each rank's grads come from its own tokens only
-            dist.all_reduce(total)
-        opt.step()
-        losses.append(total.item())
+        losses.append(sgd_step(model, opt, loss, sharded=strategy is not None))
         if on_step is not None:
             on_step(i, losses[-1], padding)
-    params = {k: v.detach().float().cpu().clone() for k, v in model.named_parameters()}
-    return TrainResult(losses, params, len(backend.plans) if backend else 0)
+    return train_result(model, losses, backend)

@@ -25,6 +25,26 @@ class TrainResult:
     rewritten: int = 0
 
 
+def sgd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, sharded: bool) -> float:
+    """One optimizer step on this rank's share of the loss; under CP the grads and the loss are summed over
+    ranks first (each rank's grads come from its own tokens only). Returns the whole batch's loss."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    total = loss.detach().clone()
+    if sharded:
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        dist.all_reduce(total)
+    opt.step()
+    return total.item()
+
+
+def train_result(model: torch.nn.Module, losses: list[float], backend) -> TrainResult:
+    """The losses, a CPU fp32 copy of the trained parameters, and how many sites the backend rewrote."""
+    params = {k: v.detach().float().cpu().clone() for k, v in model.named_parameters()}
+    return TrainResult(losses, params, len(backend.plans) if backend else 0)
+
+
 def make_batches(cfg: TinyConfig, steps: int, batch: int, seq: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     """Learnable token batches: a noisy chain where token t+1 = (5 * t + 3) % vocab 90% of the time.
 
@@ -99,16 +119,7 @@ def train(
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = forward(step_model, batch["input_ids"], batch["position_ids"])
         loss = token_loss_sum(logits, batch["labels"]) / n_tokens
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        total = loss.detach().clone()
-        if strategy is not None:
-            for p in model.parameters():
-                dist.all_reduce(p.grad)  # each rank's grads come from its own tokens only
-            dist.all_reduce(total)
-        opt.step()
-        losses.append(total.item())
+        losses.append(sgd_step(model, opt, loss, sharded=strategy is not None))
         if on_step is not None:
             on_step(i, losses[-1])
-    params = {k: v.detach().float().cpu().clone() for k, v in model.named_parameters()}
-    return TrainResult(losses, params, len(backend.plans) if backend else 0)
+    return train_result(model, losses, backend)
