@@ -106,7 +106,12 @@ def _attention(
     softcap: float = 0.0,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    if type(query) is torch.Tensor and not torch.compiler.is_compiling() and cp_call_in_progress():
+    if (  # only a call that computes (the same test as eager_guard._guarded_sdpa's, inline for the same reason)
+        not torch.compiler.is_compiling()
+        and type(query) is torch.Tensor
+        and query.device.type != "meta"
+        and cp_call_in_progress()
+    ):
         raise eager_attention_error("cpcompile.attention")
     lq, lk = query.shape[-2], key.shape[-2]
     scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale

@@ -88,7 +88,17 @@ def eager_attention_error(what: str) -> CPCompileError:
 
 
 def _guarded_sdpa(*args, **kwargs):
-    if not torch.compiler.is_compiling() and cp_call_in_progress():
+    # Only a call that computes is guarded: a plain tensor off the meta device, outside tracing (torch 2.11's
+    # Dynamo runs an op's composite body, e.g. cpcompile.attention's, on FakeTensors with is_compiling() False).
+    # Written inline, is_compiling() first: Dynamo compiles any helper frame called here from an eager frame,
+    # and inside that frame is_compiling() is a constant True.
+    query = args[0] if args else kwargs.get("query")
+    if (
+        not torch.compiler.is_compiling()
+        and type(query) is torch.Tensor
+        and query.device.type != "meta"
+        and cp_call_in_progress()
+    ):
         raise eager_attention_error("scaled_dot_product_attention")
     return _SDPA(*args, **kwargs)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed._functional_collectives as funcol
 
+from .route import hop, on_host
+
 # torch 2.13 renamed the functional collectives (`*_single`); torch 2.11 only has the older names.
 _all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 _reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
@@ -15,14 +17,19 @@ def _waited(t: torch.Tensor) -> torch.Tensor:
     return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
 
+def _run(complete, x: torch.Tensor) -> torch.Tensor:
+    """`complete(x)`, or through the host (comm/route.py)."""
+    return hop(complete, x) if on_host() else complete(x)
+
+
 def all_gather_dim0(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """Plain (non-differentiable) all-gather along dim 0, rank-major (regions own their autograd)."""
-    return _waited(_all_gather(x.contiguous(), 0, group_name))
+    return _run(lambda t: _waited(_all_gather(t, 0, group_name)), x.contiguous())
 
 
 def reduce_scatter_dim0(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """Plain reduce-scatter (sum) along dim 0: this rank's slice of the sum over ranks."""
-    return _waited(_reduce_scatter(x.contiguous(), "sum", 0, group_name))
+    return _run(lambda t: _waited(_reduce_scatter(t, "sum", 0, group_name)), x.contiguous())
 
 
 def slots_tokens_first(x: torch.Tensor, slots: int) -> torch.Tensor:
@@ -39,11 +46,11 @@ class _ExchangeFirst(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group_name: str) -> torch.Tensor:
         ctx.group_name = group_name
-        return _waited(funcol.all_to_all_single(x, None, None, group_name))
+        return _run(lambda t: _waited(funcol.all_to_all_single(t, None, None, group_name)), x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _waited(funcol.all_to_all_single(grad.contiguous(), None, None, ctx.group_name)), None
+        return _run(lambda t: _waited(funcol.all_to_all_single(t, None, None, ctx.group_name)), grad.contiguous()), None
 
 
 def exchange_first(x: torch.Tensor, group_name: str) -> torch.Tensor:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .route import hop, on_host
+
 _c10d = torch.ops._c10d_functional
 
 
@@ -35,8 +37,15 @@ def _in_backward_fake(x, token):
 
 
 def wait(pending: torch.Tensor) -> torch.Tensor:
-    """The result of a collective issued by one of the `start_*` functions."""
-    return _c10d.wait_tensor(pending)
+    """The result of a collective issued by one of the `start_*` functions (through the host: already done)."""
+    return pending if on_host() else _c10d.wait_tensor(pending)
+
+
+def _start(issue, x: torch.Tensor) -> torch.Tensor:
+    """`issue(x)` un-waited, or through the host (comm/route.py) completed at once."""
+    if on_host():
+        return hop(lambda c: _c10d.wait_tensor(issue(c)), x)
+    return issue(x)
 
 
 def start_shift(x: torch.Tensor, group_name: str, rank: int, world: int) -> torch.Tensor:
@@ -46,7 +55,7 @@ def start_shift(x: torch.Tensor, group_name: str, rank: int, world: int) -> torc
     send, recv = [0] * world, [0] * world
     send[(rank + 1) % world] = flat.numel()
     recv[(rank - 1) % world] = flat.numel()
-    return _c10d.all_to_all_single(flat, recv, send, group_name)
+    return _start(lambda t: _c10d.all_to_all_single(t, recv, send, group_name), flat)
 
 
 def shift(x: torch.Tensor, group_name: str, rank: int, world: int) -> torch.Tensor:
@@ -56,9 +65,9 @@ def shift(x: torch.Tensor, group_name: str, rank: int, world: int) -> torch.Tens
 
 def start_all_gather(x: torch.Tensor, group_name: str, world: int) -> torch.Tensor:
     """Rank-major all-gather along dim 0 (un-waited)."""
-    return _c10d.all_gather_into_tensor(x.contiguous(), world, group_name)
+    return _start(lambda t: _c10d.all_gather_into_tensor(t, world, group_name), x.contiguous())
 
 
 def start_reduce_scatter(x: torch.Tensor, group_name: str, world: int) -> torch.Tensor:
     """Sum over ranks, this rank's slice of dim 0 (un-waited)."""
-    return _c10d.reduce_scatter_tensor(x.contiguous(), "sum", world, group_name)
+    return _start(lambda t: _c10d.reduce_scatter_tensor(t, "sum", world, group_name), x.contiguous())

@@ -25,6 +25,13 @@ class Comm:
     """The dense region: (q, k, v, *, layout, causal, scale, kernel, group_name, rank, world) -> out."""
     rank_blocks: Callable
     """(layout, causal, rank, world, local_len) -> the dense blocks a rank runs (logs, explain)."""
+    wire_bytes: Callable
+    """(tokens, batch, q_heads, kv_heads, head_dim, v_head_dim, world, elt, acc_elt, lse) -> (bytes one rank sends
+    per forward, per backward), for the cost model (cost/model.py): every comm has it, since kernel="auto" costs
+    the kernel options under a named comm too."""
+    auto_option: bool = True
+    """Whether comm="auto" considers it. The ring's advantage is overlap and memory, which the cost model (no
+    overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named."""
     varlen_region: Callable | None = None
     """The packed-document region (q, k, v, cu_seqlens, *, ..., max_doc, window) -> varlen_attn's outputs."""
     splits_heads: bool = False
@@ -36,9 +43,6 @@ class Comm:
     otherwise only causal (left, 0) windows, which every rank's q pieces keep exact by ending their key ranges."""
     varlen_lse_on_demand: bool = False
     """Whether the varlen region takes `return_lse` (the lse costs it a collective, sent only when read)."""
-    wire_bytes: Callable | None = None
-    """(tokens, batch, q_heads, kv_heads, head_dim, v_head_dim, world, elt, acc_elt, lse) -> (bytes one rank sends
-    per forward, per backward), for the cost model (cost/model.py); a comm without it is never picked by "auto"."""
     varlen_rank_blocks: Callable | None = None
     """(layout, causal, rank, world, local_len, cu_seqlens, max_doc, window) -> the varlen blocks a rank runs."""
     varlen_sliding_windows: bool = True
@@ -86,6 +90,9 @@ COMMS: dict[str, Comm] = {
         region=ring.ring_attention,
         rank_blocks=ring.rank_blocks,
         varlen_region=ring_varlen.ring_varlen_attention,
+        wire_bytes=ring.wire_bytes,
+        varlen_rank_blocks=ring_varlen.rank_blocks,
+        auto_option=False,
         varlen_sliding_windows=False,
         varlen_refusals={
             name: (

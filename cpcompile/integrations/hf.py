@@ -132,12 +132,18 @@ def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causa
     return (probs @ v).transpose(1, 2).contiguous(), None
 
 
+_MASKING_UTILS: list = [None]
+"""transformers.masking_utils, bound by register() (the mask functions are only called after it)."""
+_AND_MASK_CODE: list = [None]
+"""The code of HF's and_masks closures, bound by register(): compared by identity, which every supported
+torch's Dynamo traces (torch 2.11 cannot compare a closure's __module__ or trace an import from transformers)."""
+
+
 def _known_pattern(mask_function, kwargs: dict) -> bool:
     """Whether the mask is causal, bidirectional or sliding-window (with HF's packed-sequence overlay): the
     patterns the attention call expresses itself. Custom overlays (or/and_mask_function: image tokens) make HF
     set use_vmap; blockwise overlays are or_masks; chunked attention is a config field."""
-    from transformers import masking_utils as mu
-
+    mu = _MASKING_UTILS[0]  # bound by register(): torch 2.11's Dynamo cannot trace an import from transformers
     if kwargs.get("use_vmap"):
         return False
     if getattr(kwargs.get("config"), "attention_chunk_size", None) is not None:
@@ -146,7 +152,7 @@ def _known_pattern(mask_function, kwargs: dict) -> bool:
         return True
     if not isinstance(mask_function, types.FunctionType):  # (Dynamo: getattr with a default misreads closures)
         return False
-    return mask_function.__module__ == mu.__name__ and mask_function.__qualname__ == "and_masks.<locals>.and_mask"
+    return mask_function.__code__ is _AND_MASK_CODE[0]  # an and_masks(...) closure (HF's sliding-window masks)
 
 
 def cpcompile_mask(
@@ -161,12 +167,11 @@ def cpcompile_mask(
 ):
     """HF's mask-interface signature. Eagerly: HF's sdpa_mask (4-D bool or None). Under torch.compile: the 2-D
     padding mask of the keys (or None) for the patterns the attention call carries, else sdpa_mask's 4-D mask."""
-    from transformers.masking_utils import causal_mask_function, sdpa_mask
-
-    mask_function = causal_mask_function if mask_function is None else mask_function
+    mu = _MASKING_UTILS[0]
+    mask_function = mu.causal_mask_function if mask_function is None else mask_function
     if torch.compiler.is_compiling() and _known_pattern(mask_function, kwargs):
         return None if attention_mask is None else attention_mask[:, -kv_length:]
-    return sdpa_mask(
+    return mu.sdpa_mask(
         batch_size=batch_size,
         q_length=q_length,
         kv_length=kv_length,
@@ -190,6 +195,8 @@ def register() -> None:
 
     from ..token_local import mark_builtin_token_local
 
+    _MASKING_UTILS[0] = masking_utils
+    _AND_MASK_CODE[0] = masking_utils.and_masks().__code__
     AttentionInterface.register(NAME, cpcompile_attention)
     masking_utils.AttentionMaskInterface.register(NAME, cpcompile_mask)
     if hasattr(masking_utils, "find_packed_sequence_indices"):

@@ -23,14 +23,14 @@ AUTO = "auto"
 
 def site_comms(site: AttentionSite, name: str, problem: Callable[[str], tuple[str, str] | None]) -> list[str]:
     """The comms this site may use: `name` when it meets its rules (else its error), or for "auto" every comm of
-    the registry that does and that the cost model knows (Comm.wire_bytes)."""
+    the registry that does and that "auto" considers (Comm.auto_option)."""
     if name != AUTO:
         if (found := problem(name)) is not None:
             raise site_error(site.node, *found)
         return [name]
     options, reasons = [], []
     for comm, entry in COMMS.items():
-        found = problem(comm) or (None if entry.wire_bytes else ("it has no cost-model facts (Comm.wire_bytes)", ""))
+        found = problem(comm) or (None if entry.auto_option else ("comm='auto' never picks it: name it", ""))
         if found is None:
             options.append(comm)
         else:

@@ -92,6 +92,27 @@ def ring_attention(
     return _RingAttention.apply(q, k, v, encoded, scale, kernel, group_name, rank, world)
 
 
+def wire_bytes(
+    tokens: int,
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    v_head_dim: int,
+    world: int,
+    elt: int,
+    acc_elt: int,
+    lse: bool = False,
+) -> tuple[int, int]:
+    """Bytes one rank sends per forward and per backward (dense and packed rings alike): forward, its held K/V
+    of `tokens` tokens once per step but the last (world - 1 shifts); backward, the K/V again (world - 1 shifts)
+    and the travelling fp32 K/V gradient once per step (world shifts: it comes home after a full circle). The
+    lse never travels."""
+    del q_heads, lse
+    kv = tokens * batch * kv_heads * (head_dim + v_head_dim)
+    return (world - 1) * kv * elt, (world - 1) * kv * elt + world * kv * acc_elt
+
+
 def rank_blocks(layout: str, causal: bool, rank: int, world: int, local_len: int) -> list[Block]:
     """Every block this rank runs, over all ring steps (each against that step's held K/V)."""
     lay = get_layout(layout)

@@ -110,3 +110,22 @@ def ring_varlen_attention(
     out, lse = _RingVarlenAttention.apply(q, k, v, specs, counts, scale, kernel, group_name, rank, world, *ranges)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state
+
+
+def rank_blocks(
+    layout: str,
+    causal: bool,
+    rank: int,
+    world: int,
+    local_len: int,
+    cu_seqlens: torch.Tensor,
+    max_doc: int | None = None,
+    window: tuple[int, int] = NO_WINDOW,
+) -> list:
+    """Every varlen block this rank runs, over all ring steps (each against that step's held K/V)."""
+    assert tuple(window) == NO_WINDOW, "the planner refuses sliding windows under comm='ring'"
+    return [
+        block
+        for step in range(world)
+        for block in packed_step_blocks(layout, cu_seqlens, local_len, world, rank, step, causal, max_doc)
+    ]

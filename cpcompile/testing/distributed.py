@@ -16,6 +16,19 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+def share_one_gpu() -> None:
+    """Set up a spawned rank that shares GPU 0 with the others over gloo: tracebacks on a crash, cuda:0, and
+    cpcompile's collectives through host memory (gloo crashes on CUDA all-gathers: cpcompile/comm/route.py).
+    Right for kernel correctness; says nothing about communication."""
+    import faulthandler
+
+    from ..comm.route import through_host
+
+    faulthandler.enable()
+    torch.cuda.set_device(0)
+    through_host()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

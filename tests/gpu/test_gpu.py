@@ -1,9 +1,9 @@
 """GPU parity: every layout x comm x CUDA kernel, fwd+bwd in bf16, several gloo ranks sharing one GPU.
 
-NCCL refuses two ranks on one device, so the ranks talk over gloo, and funcol's all-gather over gloo crashes
-(SIGSEGV, torch 2.11, seen on the H200) on CUDA tensors: the collectives hop through host memory in these tests only
-(`_host_hop_collectives`). Right for kernel correctness (comm correctness is the CPU tests' job), meaningless
-for comm timing. Each rank compares its output and
+NCCL refuses two ranks on one device, so the ranks talk over gloo, and gloo's all-gather of CUDA tensors crashes
+(SIGSEGV, torch 2.11, seen on the H200 without cpcompile: `python -m bench.probes.gloo_cuda`): every collective
+cpcompile issues hops through host memory in these tests (`share_one_gpu`, cpcompile/comm/route.py). Right for
+kernel correctness (comm correctness is the CPU tests' job), meaningless for comm timing. Each rank compares its output and
 q/k/v gradients with single-GPU SDPA over the full sequence, with the bf16 rule of tests/support/parity.py,
 counting the bf16 partials that the kernels return and CP sums into one element (tests/support/roundings.py).
 Skipped where CUDA is absent.
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import cpcompile
 from cpcompile.comm.registry import COMMS
 from cpcompile.layouts import LAYOUTS
-from cpcompile.testing.distributed import run_ranks
+from cpcompile.testing.distributed import run_ranks, share_one_gpu
 from tests.support.parity import bf16_rule, max_err, sdpa_case
 from tests.support.roundings import dense_partials, packed_partials, roundings
 from tests.support.thd_parity import cu_of, doc_reference, packed_case, random_lengths
@@ -31,24 +31,9 @@ KERNELS = ("auto", "cudnn", "flash")
 CASES = [(layout, comm) for layout in sorted(LAYOUTS) for comm in COMMS]
 
 
-def _host_hop_collectives() -> None:
-    """Route cpcompile's all-gather / reduce-scatter through CPU tensors (gloo), back to the GPU after."""
-    import cpcompile.comm.collectives as comm
-    import cpcompile.regions.all_gather_varlen as varlen_region
-
-    gather, scatter = comm._all_gather, comm._reduce_scatter
-    for module in (comm, varlen_region):  # the varlen region binds the collectives at import
-        module._all_gather = lambda x, dim, group: gather(x.cpu(), dim, group).to(x.device)
-        module._reduce_scatter = lambda x, op, dim, group: scatter(x.cpu(), op, dim, group).to(x.device)
-
-
 def _rank_setup() -> None:
     """Each spawned rank: tracebacks on a crash, the one GPU, collectives through host memory."""
-    import faulthandler
-
-    faulthandler.enable()
-    torch.cuda.set_device(0)
-    _host_hop_collectives()
+    share_one_gpu()
 
 
 def _reference(q, k, v, dout, causal, dtype):

@@ -21,7 +21,7 @@ WORLD, RANK = 4, 1
 
 
 def _sent(gm) -> int:
-    return sent_bytes(gm, WORLD)
+    return sent_bytes(gm, WORLD, RANK)
 
 
 def _dense(layout, comm, heads, dtype):
@@ -66,7 +66,7 @@ def _expected(comm, dims, lse=False):
 @pytest.mark.parametrize(
     "layout, comm, heads",
     [("flat", "all_gather", (4, 2)), ("zigzag", "all_gather", (4, 4)), ("flat", "a2a", (8, 2)),
-     ("zigzag", "a2a", (4, 4)), ("zigzag", "a2a", (8, 8))],
+     ("zigzag", "a2a", (4, 4)), ("zigzag", "a2a", (8, 8)), ("flat", "ring", (4, 2)), ("zigzag", "ring", (4, 4))],
 )  # fmt: skip
 def test_dense_wire_bytes_are_the_collectives(layout, comm, heads, dtype):
     graphs, dims = _dense(layout, comm, heads, dtype)
@@ -76,7 +76,8 @@ def test_dense_wire_bytes_are_the_collectives(layout, comm, heads, dtype):
 @pytest.mark.parametrize(
     "layout, comm, heads, lse",
     [("thd", "all_gather", (4, 2), False), ("thd_zigzag", "all_gather", (4, 4), True),
-     ("thd", "a2a", (4, 2), False), ("thd", "a2a", (8, 8), True)],
+     ("thd", "a2a", (4, 2), False), ("thd", "a2a", (8, 8), True), ("thd", "ring", (4, 2), False),
+     ("thd_zigzag", "ring", (4, 4), True)],
 )  # fmt: skip
 def test_packed_wire_bytes_are_the_collectives(layout, comm, heads, lse):
     graphs, dims = _packed(layout, comm, heads, torch.float32, lse)

@@ -23,10 +23,11 @@ def _collectives(gm):
     return [n for n in _calls_any(gm) if "c10d" in str(n.target) and "wait_tensor" not in str(n.target)]
 
 
-def sent_bytes(gm, world: int) -> int:
+def sent_bytes(gm, world: int, rank: int | None = None) -> int:
     """Bytes one rank sends in the graph's collectives: (world - 1) copies of an all-gather's input, (world - 1) /
-    world of a reduce-scatter's or an all-to-all's input. The packed-metadata check's 2-int64 all-gather (once
-    per graph, not per site) is left out."""
+    world of a reduce-scatter's or an equal-split all-to-all's input, and an all-to-all with input splits (the
+    ring's shift) the rows it sends to the other ranks (`rank`: the sender). The packed-metadata check's 2-int64
+    all-gather (once per graph, not per site) is left out."""
     total = 0
     for node in _collectives(gm):
         x = node.args[0].meta["val"]
@@ -35,7 +36,11 @@ def sent_bytes(gm, world: int) -> int:
             if x.dtype == torch.int64 and x.numel() == 2:  # the cu_seqlens check (regions/guards.py)
                 continue
             total += (world - 1) * size
-        else:  # reduce_scatter, all_to_all
+        elif "all_to_all" in str(node.target) and node.args[2] is not None:
+            splits = list(node.args[2])
+            row = size // max(1, x.shape[0])
+            total += row * (sum(splits) - splits[rank])
+        else:  # reduce_scatter, equal-split all_to_all
             total += (world - 1) * size // world
     return total
 

@@ -1,0 +1,88 @@
+"""kernel="auto" with several CUDA providers, under every comm: what a GPU does, on CPU.
+
+On CPU only one provider runs a site, so the cost model is never asked there; on CUDA kernel="auto" costs every
+provider that can run the site under the NAMED comm too (comm="ring" crashed there once: the ring had no wire
+bytes). Here the CUDA providers are replaced by stand-ins that claim the CPU and compute with the CPU kernels,
+so each comm x layout plans with a real cost-model choice among cudnn / flash (varlen: cudnn_varlen /
+flash_varlen) and then runs forward and backward on a fake process group (one rank of 4).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.varlen import varlen_attn
+
+import cpcompile
+from cpcompile import kernels
+from cpcompile.comm.registry import COMMS
+from tests.support.fake_pg import fake_group
+
+WORLD, RANK = 4, 1
+
+
+class StandIn:
+    """A CUDA provider's name over a CPU provider's arithmetic: it claims every device and dtype it can run."""
+
+    def __init__(self, cpu_provider):
+        self._cpu = cpu_provider
+
+    def supports(self, device, dtype):
+        return self._cpu.supports(torch.device("cpu"), dtype)
+
+    def __getattr__(self, name):
+        return getattr(self._cpu, name)
+
+
+@pytest.fixture
+def cuda_stand_ins(monkeypatch):
+    dense = {name: StandIn(kernels.PROVIDERS["cpu_flash"]) for name in ("cudnn", "flash")}
+    packed = {name: StandIn(kernels.VARLEN_PROVIDERS["cpu_varlen_ref"]) for name in ("cudnn_varlen", "flash_varlen")}
+    monkeypatch.setattr(kernels, "PROVIDERS", {**kernels.PROVIDERS, **dense})
+    monkeypatch.setattr(kernels, "VARLEN_PROVIDERS", {**kernels.VARLEN_PROVIDERS, **packed})
+
+
+def _compile_and_run(fn, be, *inputs):
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=be, fullgraph=True)(*inputs)
+    out = out[0] if isinstance(out, tuple) else out
+    out.float().sum().backward()
+    return be.plans
+
+
+@pytest.mark.parametrize("comm", list(COMMS))
+@pytest.mark.parametrize("layout", ["flat", "zigzag"])
+def test_dense_auto_kernel_under_every_comm(cuda_stand_ins, comm, layout):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 32, 16, generator=g, requires_grad=True) for h in (8, 4, 4))
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    with fake_group(RANK, WORLD):
+        plans = _compile_and_run(fn, cpcompile.backend(strategy=layout, comm=comm, inner="aot_eager"), q, k, v)
+    (plan,) = plans
+    assert plan.comm == comm and plan.choice is not None, plan
+    assert {o.kernel for o in plan.choice.options} == {"cudnn", "flash", "cpu_flash"}
+    assert plan.kernel == plan.choice.chosen.kernel
+
+
+@pytest.mark.parametrize(
+    "comm, layout",
+    [(c, s) for c in COMMS for s in ("thd", "thd_zigzag") if s not in COMMS[c].varlen_refusals],
+)
+def test_packed_auto_kernel_under_every_comm(cuda_stand_ins, comm, layout):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(16, h, 16, generator=g, requires_grad=True) for h in (8, 4, 4))
+    cu = torch.tensor([0, 16, 48, 64], dtype=torch.int32)
+
+    def fn(q, k, v, cu):
+        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(-1, 0), enable_gqa=True)
+
+    with fake_group(RANK, WORLD):
+        plans = _compile_and_run(fn, cpcompile.backend(strategy=layout, comm=comm, inner="aot_eager"), q, k, v, cu)
+    (plan,) = plans
+    assert plan.comm == comm and plan.choice is not None, plan
+    assert {o.kernel for o in plan.choice.options} == {"cudnn_varlen", "flash_varlen", "cpu_varlen_ref"}
+    assert plan.kernel == plan.choice.chosen.kernel
