@@ -20,16 +20,17 @@ holds the table, the torch / cuDNN versions, the commit of cpcompile/ it ran, an
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
 import torch
 
-from bench.gpu_parity import hf_parity, layer_parity
 from bench.gpu_speed import SPEED_CP, SPEED_SEQ, layer_speeds
 
 CASES = [("all_gather", s) for s in ("zigzag", "thd", "thd_zigzag", "thd_balanced")]
@@ -48,54 +49,76 @@ def _commit(given: str | None) -> str:
         return "unknown (no git here: pass --commit)"
 
 
-def gpu_tests() -> list[tuple[str, bool, str]]:
-    """Run tests/gpu; one row per test (its outcome line from pytest's -rA summary)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests/gpu"],
-        capture_output=True,
-        text=True,
-    )
+def _pytest_rows(stdout: str, rc: int, stderr: str) -> list[tuple[str, bool, str]]:
+    """One row per test from pytest's -rA summary (a run that ended otherwise: one failed row)."""
     rows = []
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         m = re.match(r"^(PASSED|FAILED|ERROR|SKIPPED) (\S+)(?: - (.*))?", line)
         if m:
             status, test, why = m.groups()
-            rows.append(
-                (
-                    f"tests/gpu {test.split('::', 1)[-1]}",
-                    status in ("PASSED",),
-                    status.lower() + (f": {why}" if why else ""),
-                )
-            )
-    if not rows or proc.returncode not in (0, 1):
-        tail = " | ".join(proc.stdout.strip().splitlines()[-3:] + proc.stderr.strip().splitlines()[-3:])
-        rows.append(("tests/gpu (pytest run)", False, f"rc={proc.returncode}: {tail[:300]}"))
+            detail = status.lower() + (f": {why[:200]}" if why else "")
+            rows.append((f"tests/gpu {test.split('::', 1)[-1]}", status == "PASSED", detail))
+    if not rows or rc not in (0, 1):
+        tail = " | ".join(stdout.strip().splitlines()[-3:] + stderr.strip().splitlines()[-3:])
+        rows.append(("tests/gpu (pytest run)", False, f"rc={rc}: {tail[:300]}"))
     return rows
 
 
-def _section(name: str, fn, rows: list) -> None:
-    start = time.perf_counter()
-    try:
-        rows.extend(fn())
-    except Exception as e:  # a section that crashes is one failed row, and the rest still run
-        rows.append((name, False, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
-        traceback.print_exc()
-    print(f"[gpu_check] {name}: {time.perf_counter() - start:.0f} s", flush=True)
+class Background:
+    """A section run as its own process beside the others (each holds the GPU lightly: ranks sharing it)."""
+
+    def __init__(self, name: str, cmd: list[str], out_path: str | None = None) -> None:
+        self.name, self.out_path, self.start = name, out_path, time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def rows(self, deadline: float) -> list[tuple[str, bool, str]]:
+        try:
+            stdout, stderr = self.proc.communicate(timeout=max(1.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            stdout, stderr = self.proc.communicate()
+            return [(self.name, False, "not finished within the check's deadline")]
+        print(
+            f"[gpu_check] {self.name}: {time.perf_counter() - self.start:.0f} s, rc={self.proc.returncode}", flush=True
+        )
+        sys.stderr.write(stderr[-4000:])
+        if self.out_path is None:
+            return _pytest_rows(stdout, self.proc.returncode, stderr)
+        try:
+            with open(self.out_path) as f:
+                return [tuple(r) for r in json.load(f)]
+        except (OSError, ValueError):
+            return [(self.name, False, f"rc={self.proc.returncode}: {stderr.strip().splitlines()[-1:]}")]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--commit", help="the commit of cpcompile/ being checked (default: git log -1 -- cpcompile)")
     p.add_argument("--skip-tests", action="store_true", help="leave out tests/gpu (while iterating)")
+    p.add_argument("--deadline", type=float, default=420, help="seconds; unfinished sections fail")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "bench/results/logs"), "gpu_check.txt"))
     args = p.parse_args(argv)
     start = time.perf_counter()
+    deadline = start + args.deadline
+    pytest = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-n", "4", "tests/gpu"]
+    workers = [] if args.skip_tests else [Background("tests/gpu", pytest)]
+    parity_json = os.path.join(tempfile.mkdtemp(), "parity.json")
+    workers.append(Background("parity", [sys.executable, "-m", "bench.gpu_parity", parity_json], parity_json))
+    background_rows: list[tuple[str, bool, str]] = []
+
+    def wait_for_workers() -> None:  # the speed rows time alone on the GPU
+        for w in workers:
+            background_rows.extend(w.rows(deadline))
+        workers.clear()
+
     rows: list[tuple[str, bool, str]] = []
-    if not args.skip_tests:
-        _section("tests/gpu", gpu_tests, rows)
-    _section("layer speed", lambda: layer_speeds(CASES), rows)
-    _section("layer parity", lambda: layer_parity(CASES), rows)
-    _section("hf parity", hf_parity, rows)
+    try:
+        rows.extend(layer_speeds(CASES, before_timing=wait_for_workers, deadline=deadline))
+    except Exception as e:  # a crash is one failed row; the other sections still report
+        rows.append(("layer speed", False, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+        traceback.print_exc()
+    wait_for_workers()
+    rows = background_rows + rows
     passed = sum(ok for _, ok, _ in rows)
     failed = len(rows) - passed
     width = max(len(r[0]) for r in rows)

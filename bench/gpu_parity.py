@@ -1,6 +1,7 @@
-"""The GPU check's parity rows: the compiled layer (every comm x layout, kernel="auto", bf16) and an HF Llama
-(attn_implementation="cpcompile") on 2 gloo ranks sharing the GPU (collectives through host memory:
-cpcompile/comm/route.py), each rank's output and every gradient against one GPU.
+"""The GPU check's parity rows, on 2 gloo ranks sharing the GPU (collectives through host memory:
+cpcompile/comm/route.py): the compiled layer (every comm x layout, kernel="auto", bf16; aot_eager, as the speed
+rows run it under Inductor) and an HF Llama with attn_implementation="cpcompile" (Inductor); each rank's output
+and every gradient against one GPU.
 
 The rule, per tensor: the CP error (max |cp - fp64 reference|) must be at most 4x the single-GPU bf16 error plus a
 floor of 1e-3 x the reference's largest magnitude. CP rounds each bf16 partial the kernels return and sums them
@@ -63,7 +64,7 @@ def _layer_rank(rank, world, cases):
         ref64 = _single(layer, torch.float64, x, dout, cu, longest)
         ref16 = _single(layer, torch.bfloat16, x, dout, cu, longest)
         model = copy.deepcopy(layer).to(torch.bfloat16)
-        be = cpcompile.backend(strategy=layout, comm=comm, kernel="auto", inner="inductor")
+        be = cpcompile.backend(strategy=layout, comm=comm, kernel="auto", inner="aot_eager")
         try:
             local, model_cu, _ = layer_inputs(layout, x.to(torch.bfloat16), cu)
             local_dout, _, _ = layer_inputs(layout, dout.to(torch.bfloat16), cu)
@@ -134,6 +135,25 @@ def _hf_rank(rank, world):
     return all(r[0] for r in results), f"kernels {sorted({p.kernel for p in be.plans})}; worst {worst[1]}"
 
 
+def main(argv=None) -> int:
+    """Run every parity row and write them as JSON to argv[0] (bench.gpu_check runs this beside its other work)."""
+    import json
+    import sys
+
+    from bench.gpu_check import CASES
+
+    path = (argv or sys.argv[1:])[0]
+    rows = []
+    for name, fn in (("layer parity", lambda: layer_parity(CASES)), ("hf parity", hf_parity)):
+        try:
+            rows.extend(fn())
+        except Exception as e:  # one failed row, the others still run
+            rows.append((name, False, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+    with open(path, "w") as f:
+        json.dump(rows, f)
+    return 0
+
+
 def hf_parity() -> list[tuple[str, bool, str]]:
     per_rank = run_ranks(_hf_rank, WORLD, timeout=300)
     ok = all(r[0] for r in per_rank)
@@ -144,3 +164,7 @@ def hf_parity() -> list[tuple[str, bool, str]]:
             " | ".join(f"rank {i}: {r[1]}" for i, r in enumerate(per_rank)),
         )
     ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -86,9 +86,10 @@ def _sweep(rank, world, cases):
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize("comm", list(COMMS))
 @pytest.mark.parametrize("world", [2, 4])
-def test_gpu_parity(world):
-    per_rank = run_ranks(_sweep, world, CASES, timeout=600)
+def test_gpu_parity(world, comm):
+    per_rank = run_ranks(_sweep, world, [c for c in CASES if c[1] == comm], timeout=600)
     ratios: dict[str, float] = {}
     for _, worst in per_rank:
         for case, r in worst.items():

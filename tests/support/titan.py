@@ -16,4 +16,8 @@ def require_torchtitan() -> None:
     """Import torchtitan's Llama3, or skip the module where the test extra does not install it."""
     if sys.version_info < (3, 11) or not sys.platform.startswith("linux"):
         pytest.skip("the test extra installs torchtitan on Linux with Python >= 3.11 only", allow_module_level=True)
+    import torch
+
+    if torch.__version__ < "2.12":  # torchtitan 0.3.0 imports torch.distributed.fsdp.DataParallelMeshDims (2.12+)
+        pytest.skip(f"torchtitan 0.3.0 needs torch >= 2.12 (this is {torch.__version__})", allow_module_level=True)
     import torchtitan.models.llama3  # noqa: F401  (needs triton importable, even on CPU)
