@@ -12,6 +12,7 @@ import torch.fx
 from . import eager_guard, passes
 from .comm.registry import COMMS
 from .errors import CPCompileError
+from .inductor_cache import cache_key_patches
 from .kernels import KERNEL_NAMES
 from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
@@ -84,10 +85,13 @@ class CPBackend:
         before = len(self.plans)
         gm = self.transform(gm)
         compiler = _inner_compiler(self.inner)
-        overlapped = [p for p in self.plans[before:] if p.comm in OVERLAP_COMMS and not isinstance(p, FlexPlan)]
-        if self.inner == "inductor" and overlapped:
-            return compiler(gm, example_inputs, config_patches=INDUCTOR_OVERLAP_PATCHES)
-        return compiler(gm, example_inputs)
+        new = self.plans[before:]
+        if self.inner != "inductor" or not new:
+            return compiler(gm, example_inputs)
+        patches = cache_key_patches()  # the caches must see cpcompile's code (inductor_cache.py)
+        if any(p.comm in OVERLAP_COMMS and not isinstance(p, FlexPlan) for p in new):
+            patches.update(INDUCTOR_OVERLAP_PATCHES)
+        return compiler(gm, example_inputs, config_patches=patches)
 
 
 def check_choices(strategy: str, comm: str, kernel: str) -> None:
