@@ -34,7 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SINGLE = ROOT / "bench/results/single_gpu.json"
 MULTI = ROOT / "bench/results/multi_gpu.json"
 TABLE = ROOT / "cpcompile/cost/rates.json"
-TERMS = {"dense": ("tile", "cta", "call"), "varlen": ("tile", "rect", "cta", "grid_q", "grid_k", "call")}
+TERMS = {
+    "dense": ("tile", "cta", "call"),
+    "varlen": ("tile", "rect", "square_br", "cta", "grid_q", "grid_k", "call"),
+}
 LINK = {
     "GBps": 300.0,
     "assumed": True,
@@ -73,6 +76,7 @@ def _terms(w: CallWork, heads: int, d: float) -> dict:
     return {
         "tile": heads * d * w.tiles,
         "rect": heads * d * (w.rect_tiles - w.tiles),
+        "square_br": heads * d * w.square_br_tiles,
         "cta": heads * w.ctas,
         "grid_q": heads * w.grid_q,
         "grid_k": heads * w.grid_k,

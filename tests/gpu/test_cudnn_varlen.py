@@ -217,8 +217,8 @@ def _block(ranges, tq, tk, hq, hkv, d, dv, seed=0):
 
 
 def test_gpu_cudnn_varlen_block_against_fa2_and_reference():
-    """One block, adjacent (gaps: thd's shape) and tiled, causal/windowed: cudnn_varlen's relative errors (out,
-    lse, dq, dk, dv) against an fp32 reference are within 2x FA2's (MLA, which FA2 cannot run: within bf16
+    """One block, adjacent (gaps: thd's shape), tiled and square (top-left band), causal/windowed: cudnn_varlen's
+    relative errors (out, lse, dq, dk, dv) against an fp32 reference are within 2x FA2's (MLA, which FA2 cannot run: within bf16
     noise), keys no row sees get exact zeros, and what the raw op writes there is printed."""
     from cpcompile.kernels import cudnn_varlen
 
@@ -226,6 +226,8 @@ def test_gpu_cudnn_varlen_block_against_fa2_and_reference():
     blocks = {  # name: (ranges, tq, tk, kwargs); q ranges end their key ranges (bottom-right)
         "adjacent": ([[0, 32], [32, 64], [0, 160], [128, 256]], 64, 288, {}),
         "tiled": ([[0, 40], [40, 64], [0, 40], [40, 64]], 64, 64, {"tiled": True}),
+        # whole documents (1 token, empty, 40, 23): square ranges, cuDNN's top-left band (FA2: the same mask)
+        "square": ([[0, 1, 1, 41], [1, 1, 41, 64]] * 2, 64, 64, {"tiled": True, "square": True}),
     }
     problems = []
     for heads in ((4, 2, 64, 64), (4, 2, 192, 128)):
