@@ -310,10 +310,11 @@ def a2a_kernels_only_fn(q, k, v, dout, cu, cp: int, kernel: str):
     longest = int((cu[1:] - cu[:-1]).max())
     (block,) = whole_sequence_blocks(cu, total, True, max_doc=longest)
     args = (block.ranges, block.max_q, block.max_k, True, SCALE)
-    out, lse = impl.forward(qh, kh, vh, *args, tiled=True)  # as the executor calls it: the block covers all
+    kw = decode_varlen(encode_varlen([block]))[0].kernel_kwargs()  # as the executor calls it: tiled, square
+    out, lse = impl.forward(qh, kh, vh, *args, **kw)
 
     def run():
-        impl.forward(qh, kh, vh, *args, tiled=True)
-        impl.backward(dh, qh, kh, vh, out, lse, *args, tiled=True)
+        impl.forward(qh, kh, vh, *args, **kw)
+        impl.backward(dh, qh, kh, vh, out, lse, *args, **kw)
 
     return run
