@@ -10,9 +10,9 @@ them to a kernel (layouts' Block / VarlenBlock). The cost model (cost/rates.py) 
 - ctas: q tiles plus k tiles of non-empty sequences (the forward's and backward's work units);
 - grid_q / grid_k: launched (sequence x tile) slots up to the call's static bounds max_q / max_k, empty or not
   (varlen kernels size their grids by the bounds, since documents are unknown at compile time);
-- square_br_tiles: the tiles of square sequences (q length = k length) in a masked call anchored bottom-right,
-  i.e. one whose block does not vouch that all its ranges are square (cuDNN THD runs those 1.5-1.7x slower
-  than the same mask anchored top-left, which a square block gets);
+- br_tiles: the tiles of a masked call anchored bottom-right, i.e. one whose block does not vouch that all its
+  ranges are square: cuDNN THD's bottom-right kernel, slower than its top-left one (1.5-1.7x on whole
+  documents, docs/benchmarks.md);
 - calls: kernel launches.
 Counts are per head; `q_heads` says how many heads the call runs.
 """
@@ -38,7 +38,7 @@ class CallWork:
     ctas: int = 0
     grid_q: int = 0
     grid_k: int = 0
-    square_br_tiles: int = 0
+    br_tiles: int = 0
     calls: int = 0
 
     def __add__(self, other: CallWork) -> CallWork:
@@ -79,7 +79,7 @@ def sequence_work(
     """The counts of ONE kernel call over sequences of (q_lens[i], k_lens[i]) (int64 tensors, q_len <= k_len
     when causal). `bound_q`/`bound_k` (default: the longest) and `launched` (default: the number of sequences)
     give the grid the kernel launches; the dense kernels launch exactly their tiles. `top_left`: the call's
-    block vouches that its ranges are square (no square_br_tiles). O(sequences + q tiles)."""
+    block vouches that its ranges are square (no br_tiles). O(sequences + q tiles)."""
     a, b = q_lens.long().cpu(), k_lens.long().cpu()
     keep = a > 0
     a, b = a[keep], b[keep]
@@ -106,13 +106,12 @@ def sequence_work(
     last = torch.minimum(first + TILE - 1, a[seq] - 1)
     lo, _ = _row_bounds(first, a[seq], b[seq], causal, window)
     _, hi = _row_bounds(last, a[seq], b[seq], causal, window)
-    per_tile = torch.where(hi >= lo, hi // TILE - lo // TILE + 1, 0)
-    tiles = int(per_tile.sum())
+    tiles = int(torch.where(hi >= lo, hi // TILE - lo // TILE + 1, 0).sum())
     banded = (causal or left >= 0 or right >= 0) and not top_left
-    square_br = int(torch.where((a == b)[seq], per_tile, 0).sum()) if banded else 0
     rect = int((per_seq * _ceil(b)).sum())
     ctas = int((per_seq + _ceil(b)).sum())
-    return grid + CallWork(pairs=pairs, tiles=tiles, rect_tiles=rect, ctas=ctas, square_br_tiles=square_br)
+    counts = dict(pairs=pairs, tiles=tiles, rect_tiles=rect, ctas=ctas)
+    return grid + CallWork(**counts, br_tiles=tiles if banded else 0)
 
 
 def dense_work(blocks: list, batch: int) -> CallWork:
