@@ -11,7 +11,7 @@ them to a kernel (layouts' Block / VarlenBlock). The cost model (cost/rates.py) 
 - grid_q / grid_k: launched (sequence x tile) slots up to the call's static bounds max_q / max_k, empty or not
   (varlen kernels size their grids by the bounds, since documents are unknown at compile time);
 - br_tiles: the tiles of a masked call anchored bottom-right, i.e. one whose block does not vouch that all its
-  ranges are square: cuDNN THD's bottom-right kernel, slower than its top-left one (1.5-1.7x on whole
+  ranges are square: cuDNN THD's bottom-right kernel, slower than its top-left one (1.6-1.8x on whole
   documents, docs/benchmarks.md);
 - calls: kernel launches.
 Counts are per head; `q_heads` says how many heads the call runs.

@@ -2,8 +2,9 @@
 
 `torch.ops.cudnn.sdpa_fwd` / `sdpa_bwd` (registered by `cudnn.sdpa.fwd.torch_op`, nvidia-cudnn-frontend >= 1.32,
 which needs apache-tvm-ffi: `pip install 'cpcompile[cudnn]'`) take packed (T, H, D) q/k/v with cu_seqlens, GQA,
-d_qk != d_v (MLA) and strided K/V views. Measured on an H200 at 0.95-1.07x aten's FA2 varlen fwd+bwd over a whole
-packed sequence, faster on a CP rank's short calls (docs/benchmarks.md, "cuDNN THD"). Optional: nothing imports
+d_qk != d_v (MLA) and strided K/V views. Measured on an H200 over a whole packed sequence at 1.66-1.78x aten's
+FA2 varlen fwd+bwd with the top-left band, 0.95-1.07x with the bottom-right one (docs/benchmarks.md, "cuDNN
+THD"). Optional: nothing imports
 the package until a CUDA block asks `supports()`; without it `supports()` gives the reason (a CPCompileError when
 named, flash_varlen under kernel="auto").
 
@@ -13,8 +14,9 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
 - masks: bottom-right causal is `is_causal` + `causal_bottom_right`; cuDNN's left band bound counts the
   diagonal, so flash's window left w is cuDNN's w + 1; right bounds agree. A block whose ranges are all square
   (`square=True`: q length = k length wherever there are rows, e.g. whole documents) runs the band top-left
-  instead: for a square range the two anchors give the same mask, and cuDNN 9.19's top-left kernel is 1.5-1.7x
-  faster there (bottom-right is fast only on rectangular ranges; docs/benchmarks.md, "cuDNN THD").
+  instead: for a square range the two anchors give the same mask, and cuDNN 9.19's top-left kernel is 1.6-1.8x
+  faster there (1.7-3.8x under a 4K window). Blocks mixing square and rectangular ranges stay one bottom-right
+  call: split by shape into two calls measured slower in most rows (docs/benchmarks.md, "cuDNN THD").
 - LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
   takes it PADDED (sequences, Hq, max_q, 1): `padded_lse` scatters the final lse there per range.
 - graphs: the op caches one graph per shape (sequence count, max lengths, strides; backward also the packed
