@@ -289,3 +289,29 @@ def test_graph_keys_do_not_depend_on_the_documents(stand_in):
             OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, [block.ranges], spec, 0.3, "cudnn_varlen")
             keys.append(set(stand_in.graphs))
         assert keys[0] == keys[1] and len(keys[0]) == 2, name
+
+
+@pytest.mark.parametrize("strategy", ["thd", "thd_zigzag"])
+def test_ring_diagonal_squares_run_top_left_and_equal_the_reference(stand_in, strategy):
+    """The ring's step-0 blocks (each local piece against itself: squares, claimed so) through the executor on
+    the stand-in: top-left on cuDNN, results equal to cpu_varlen_ref's (thd_zigzag: merged with its unmasked
+    back-front block)."""
+    from cpcompile.layouts.ring import packed_step_blocks
+
+    g = torch.Generator().manual_seed(6)
+    lengths = LAYOUT_LENGTHS["thd_zigzag"] if strategy == "thd_zigzag" else [1, 0, 13, 6, 1, 11]
+    cu, local = cu_of(lengths), sum(lengths) // 2
+    for rank in range(2):
+        blocks = packed_step_blocks(strategy, cu, local, 2, rank, 0, True, max(lengths))
+        assert blocks[0].square and not any(b.square for b in blocks[1:])
+        q, k, v, dout = _tensors(g, local, local)
+        spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
+        stand_in.graphs.clear()
+        results = []
+        for kernel in ("cudnn_varlen", "cpu_varlen_ref"):
+            out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, 0.3, kernel)
+            dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, ranges, spec, 0.3, kernel)
+            results.append((out, lse, dq, dk, dv))
+        assert ("fwd", True) in {(key[0], key[-1]) for key in stand_in.graphs}, "the squares ran top-left"
+        for got, want in zip(*results):
+            torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-6)
