@@ -11,9 +11,11 @@ CUDA events, warm-up, median.
 Packed documents (--layouts thd,thd_zigzag,thd_balanced; bench/thd_cases.py): the varlen executor ops on each rank's
 packed inputs for realistic document-length mixes (--mixes), on --thd-kernels ("auto": cudnn_varlen where
 cudnn-frontend is installed, else flash_varlen), against the ideal = the fastest single-GPU kernel's fwd+bwd of
-every document in full over the whole packed sequence (cuDNN THD or FA2 varlen, `ideal_source`; the FA2 ideal
-is kept as `ideal_fa2_full_ms`), / cp. all_gather rows also record the balance ceiling (mean / max rank work);
-thd_balanced rows the host time of its per-batch plan (`plan_ms`). Its rows alone (about 2 minutes on an H200):
+every document in full (cuDNN THD top-left over the whole packed sequence, the documents in <= 8K chunks, or
+FA2 varlen, timed together: `ideal_source`; FA2's and cuDNN's bottom-right times kept as columns), / cp.
+cudnn_varlen all_gather rows also time the rank's block split by shape (`kernels_split_ms`). all_gather rows
+also record the balance ceiling (mean / max rank work); thd_balanced rows the host time of its per-batch plan
+(`plan_ms`). Its rows alone (about 2 minutes on an H200):
 
     python -m bench.single_gpu --layouts thd_balanced --seqs 32768,65536,131072 --cps 2,4,8 \
         --mixes docs-median-1K,docs-median-8K --thd-comms all_gather --thd-kernels cudnn_varlen
@@ -196,16 +198,36 @@ def main() -> None:
                     torch.cuda.empty_cache()
 
 
+WINDOW = (4096, -1)
+"""The sliding window (flash's left, causal) whose two cuDNN anchors are timed over whole documents."""
+
+
 def thd_ideal(lengths: list[int], args, with_cudnn: bool) -> dict:
-    """Single-GPU fwd+bwd over the whole packed sequence: FA2 varlen always, cuDNN THD where it runs; the ideal
-    is the faster of the two (`ideal_source`), the FA2 one kept as a second column."""
-    fa2 = time_ms(thd_cases.full_fn(lengths), args.iters, args.warmup)
-    cudnn = None
+    """Single-GPU fwd+bwd of every document in full, timed together: FA2 varlen and, where cuDNN THD runs, its
+    top-left call over the whole packed sequence and the documents cut into <= 8K chunks. The ideal is the
+    fastest of them (`ideal_source`). Columns beside it: cuDNN's bottom-right band over the same whole documents,
+    and both anchors under a 4K sliding window (square ranges: the same masks)."""
+    fns = {"fa2": thd_cases.full_fn(lengths)}
     if with_cudnn:
-        cudnn = time_ms(thd_cases.provider_full_fn(lengths, "cudnn_varlen"), args.iters, args.warmup)
-    best, source = (cudnn, "cudnn_varlen") if cudnn is not None and cudnn < fa2 else (fa2, "flash_varlen")
-    return dict(ideal_full_ms=best, ideal_source=f"{source} per-document, full packed sequence",
-                ideal_fa2_full_ms=fa2, ideal_cudnn_full_ms=cudnn)  # fmt: skip
+        fns["cudnn_top_left"] = thd_cases.provider_full_fn(lengths, "cudnn_varlen")
+        fns["cudnn_chunks_8k"] = thd_cases.chunked_full_fn(lengths, "cudnn_varlen")
+        fns["cudnn_bottom_right"] = thd_cases.provider_full_fn(lengths, "cudnn_varlen", "bottom_right")
+        for anchor in ("top_left", "bottom_right"):
+            fns[f"cudnn_window_{anchor}"] = thd_cases.provider_full_fn(lengths, "cudnn_varlen", anchor, WINDOW)
+    ms = dict(zip(fns, time_many_ms(list(fns.values()), args.iters, args.warmup)))
+    sources = {
+        "cudnn_top_left": "cudnn_varlen top-left, whole packed sequence",
+        "cudnn_chunks_8k": "cudnn_varlen documents in <= 8K chunks",
+        "fa2": "flash_varlen per-document, whole packed sequence",
+    }
+    best = min(sources.keys() & ms.keys(), key=ms.get)
+    rec = dict(ideal_full_ms=ms[best], ideal_source=sources[best], ideal_fa2_full_ms=ms["fa2"],
+               ideal_cudnn_full_ms=ms.get("cudnn_top_left"), ideal_chunked_full_ms=ms.get("cudnn_chunks_8k"),
+               cudnn_bottom_right_full_ms=ms.get("cudnn_bottom_right"))  # fmt: skip
+    if with_cudnn:
+        anchors = {a: ms[f"cudnn_window_{a}"] for a in ("top_left", "bottom_right")}
+        rec["cudnn_window_full_ms"] = {"window": list(WINDOW), **anchors}
+    return rec
 
 
 def _varlen_kernels(names: str) -> list[str]:
@@ -221,7 +243,7 @@ def _varlen_kernels(names: str) -> list[str]:
 
 def _thd_rank_times(layout: str, comm: str, lengths: list[int], cp: int, kernel: str, args) -> dict:
     """Per rank: the region's time, its kernel calls alone, its rank work (all_gather), a2a's eager region."""
-    per_rank, kernels_only, eager, work = [], [], [], []
+    per_rank, kernels_only, eager, work, split = [], [], [], [], []
     for rank in range(cp if comm == "all_gather" else 1):  # a2a: every rank the same
         if comm == "a2a":  # region compiled by Inductor (as in a model), kernel alone, eager
             case = thd_cases.a2a_rank_case(lengths, cp)
@@ -231,13 +253,15 @@ def _thd_rank_times(layout: str, comm: str, lengths: list[int], cp: int, kernel:
         else:
             case = thd_cases.rank_case(layout, lengths, cp, rank)
             fns = [thd_cases.region_fn(*case, kernel), thd_cases.kernels_only_fn(*case, kernel)]
+            if kernel == "cudnn_varlen":  # a mixed block split by shape into a top-left and a bottom-right call
+                fns.append(thd_cases.split_kernels_fn(*case, kernel))
             work.append(thd_cases.rank_work(case[4]))
-        region, bare, *eager_ms = time_many_ms(fns, args.iters, args.warmup)
+        region, bare, *more = time_many_ms(fns, args.iters, args.warmup)
         per_rank.append(region)
         kernels_only.append(bare)
-        eager.extend(eager_ms)
+        (eager if comm == "a2a" else split).extend(more)
         del case, fns
-    return dict(per_rank=per_rank, kernels_only=kernels_only, eager=eager, work=work)
+    return dict(per_rank=per_rank, kernels_only=kernels_only, eager=eager, work=work, split=split)
 
 
 def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> list[dict]:
@@ -249,10 +273,9 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
             lengths = thd_cases.doc_lengths(seq, mix)
             ideal = thd_ideal(lengths, args, with_cudnn)
             tflops = thd_cases.doc_flops(lengths) / ideal["ideal_full_ms"] / 1e9
-            cudnn = ideal["ideal_cudnn_full_ms"]
-            print(f"{mix} S={seq}: {len(lengths)} docs (longest {max(lengths)}), single-GPU fwd+bwd: FA2 varlen "
-                  f"{ideal['ideal_fa2_full_ms']:.2f} ms, cuDNN THD {'-' if cudnn is None else f'{cudnn:.2f}'} ms; "
-                  f"ideal {ideal['ideal_source'].split()[0]} ({tflops:.0f} TFLOP/s)", flush=True)  # fmt: skip
+            print(f"{mix} S={seq}: {len(lengths)} docs (longest {max(lengths)}), single-GPU fwd+bwd ms: "
+                  f"{ {k: v for k, v in ideal.items() if k != 'ideal_source'} }; ideal {ideal['ideal_source']} "
+                  f"({tflops:.0f} TFLOP/s)", flush=True)  # fmt: skip
             for cp in [int(c) for c in args.cps.split(",")]:
                 runs = [(lay, "all_gather") for lay in layouts if "all_gather" in comms]
                 runs += [("thd", "a2a")] if "thd" in layouts and "a2a" in comms else []
@@ -279,6 +302,8 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                         rec["balance_ceiling"] = sum(t["work"]) / len(t["work"]) / max(t["work"])
                     if t["eager"]:  # the same a2a region run eagerly: every pack/unpack its own copy
                         rec["eager_region_ms"] = t["eager"][slow]
+                    if t["split"]:  # the kernel calls split by shape (square top-left, rest bottom-right)
+                        rec["kernels_split_ms"] = t["split"]
                     records = [r for r in records if _key(r) != _key(rec)] + [rec]
                     with open(args.out, "w") as f:
                         json.dump(records, f, indent=1)
@@ -287,6 +312,7 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                     times = f"{per_rank[slow]:8.2f} ms, ideal {rec['ideal_ms']:8.2f} ms"
                     more = f", ceiling {rec['balance_ceiling']:.3f}" if "balance_ceiling" in rec else ""
                     more += f", eager region {t['eager'][slow]:.2f} ms" if t["eager"] else ""
+                    more += f", kernels {bare[slow]:.2f} / split {t['split'][slow]:.2f} ms" if t["split"] else ""
                     more += f", eff vs FA2 ideal {rec['efficiency_vs_fa2']:.3f} [{time.time() - t0:.0f}s]"
                     print(f"  {what}: {times}, eff {eff:.3f} overhead {over:.1f}%{more}", flush=True)
                     torch.cuda.empty_cache()

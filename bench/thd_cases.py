@@ -3,9 +3,12 @@
 A mix draws document lengths from a log-normal (long tail: many short documents, a few of tens of thousands of
 tokens), rounded to multiples of 16 so one mix is valid for thd_zigzag at every cp <= 8, the last document cut
 to fill S exactly. thd_balanced's blocks come from its per-batch plan (`model_cu`: made on the host as
-shard_batch makes it, its time recorded as `plan_ms`). The ideal is the fastest single-GPU kernel run once
-over the whole packed sequence (every document in full), divided by cp: cuDNN THD where cudnn-frontend is
-installed (`provider_full_fn`), else FA2 varlen (`full_fn`, always timed as a second column).
+shard_batch makes it, its time recorded as `plan_ms`). The ideal is the fastest single-GPU fwd+bwd of every
+document in full, divided by cp, among: cuDNN THD over the whole packed sequence with its top-left band (every
+range square: `provider_full_fn`), the documents cut into <= 8K chunks (`chunked_full_fn`: the first chunks
+top-left, the later ones bottom-right, where cuDNN is fast on rectangles) and FA2 varlen (`full_fn`). cuDNN's
+bottom-right band over the same whole documents is timed as a column (`provider_full_fn(anchor="bottom_right")`):
+the mask every block ran before blocks could say they are square.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import torch
 from bench.common import DTYPE, HKV, HQ, D
 from cpcompile.executor import decode_varlen, encode_varlen  # (registers torch.ops.cpcompile.*)
 from cpcompile.kernels import get_varlen_kernel
+from cpcompile.kernels.base import NO_WINDOW, range_ids
+from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens
 from cpcompile.layouts import get_packed_layout
 from cpcompile.regions.all_gather_varlen import attend_gathered, fold_key_grads
 
@@ -120,6 +125,31 @@ def kernels_only_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     return run
 
 
+def split_kernels_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
+    """A rank's one block split by shape into two calls each way, on a ready key buffer: its square ranges
+    top-left, the rest bottom-right (the other call's rows and keys left out of each), with the selects that
+    put the two calls' rows and keys together: the alternative to one bottom-right call over a mixed block."""
+    impl, (b,), (r,) = get_varlen_kernel(kernel), decode_varlen(spec), ranges
+    out, lse, keys = attend_gathered(q, gathered, key_maps[0], ranges, spec, SCALE, kernel)
+    k, v = keys[:, 0], keys[:, 1]
+    qs, qe, ks, ke = r
+    sq = qe - qs == ke - ks
+    halves = [torch.stack((qs, torch.where(sq, qe, qs), ks, ke)), torch.stack((qs, torch.where(sq, qs, qe), ks, ke))]
+    rows = (range_ids(halves[0][0], halves[0][1], q.shape[0]) >= 0)[:, None, None]
+    live = torch.where(sq, ke, ks)  # keys of the square ranges
+    key_rows = (range_ids(ks, live, k.shape[0]) >= 0)[:, None, None]
+    kw = {"window": b.window} if b.window != NO_WINDOW else {}
+    args = (b.max_q, b.max_k, b.causal, SCALE)
+
+    def run():
+        (o1, l1), (o2, l2) = (impl.forward(q, k, v, h, *args, square=i == 0, **kw) for i, h in enumerate(halves))
+        torch.where(rows, o1, o2), torch.where(rows[:, 0, 0], l1, l2)
+        g1, g2 = (impl.backward(dout, q, k, v, out, lse, h, *args, square=i == 0, **kw) for i, h in enumerate(halves))
+        torch.where(rows, g1[0], g2[0]), torch.where(key_rows, g1[1], g2[1]), torch.where(key_rows, g1[2], g2[2])
+
+    return run
+
+
 def full_fn(lengths: list[int]):
     """Single-GPU fwd+bwd of per-document causal attention over the whole packed sequence: one FA2 varlen call
     each way with the true cu_seqlens and the longest document as max length (what a model's varlen_attn does)."""
@@ -138,19 +168,79 @@ def full_fn(lengths: list[int]):
     return run
 
 
-def provider_full_fn(lengths: list[int], kernel: str):
+def provider_full_fn(lengths: list[int], kernel: str, anchor: str = "top_left", window=NO_WINDOW):
     """Single-GPU fwd+bwd over the whole packed sequence on a varlen provider: one call each way over the cp=1
-    block (every document against itself, tiled, bounded by the longest document), as varlen_attn on one GPU."""
+    block (every document against itself, tiled, bounded by the longest document), as varlen_attn on one GPU.
+    anchor="bottom_right" drops the block's square claim (cuDNN then anchors the band bottom-right)."""
     from cpcompile.layouts.thd import whole_sequence_blocks
 
     impl, total = get_varlen_kernel(kernel), sum(lengths)
     q, k, v, dout = packed(total, HQ), packed(total, HKV), packed(total, HKV), packed(total, HQ)
-    (block,) = whole_sequence_blocks(cu_seqlens(lengths), total, True, max_doc=max(lengths))
+    (block,) = whole_sequence_blocks(cu_seqlens(lengths), total, True, window, max_doc=max(lengths))
     args = (block.ranges, block.max_q, block.max_k, True, SCALE)
+    kw = dict(tiled=True, square=anchor == "top_left", **({"window": window} if window != NO_WINDOW else {}))
 
     def run():
-        out, lse = impl.forward(q, k, v, *args, tiled=True)
-        impl.backward(dout, q, k, v, out, lse, *args, tiled=True)
+        out, lse = impl.forward(q, k, v, *args, **kw)
+        impl.backward(dout, q, k, v, out, lse, *args, **kw)
+
+    return run
+
+
+def _chunk_ranges(lengths: list[int], chunk: int) -> list[tuple[torch.Tensor, bool, int]]:
+    """Per chunk index c, (ranges, square, bound): chunk c of every document that has one against its
+    document's keys up to the chunk's end (c = 0: a square; later: a rectangle ending its key range). Key
+    ranges of one call do not overlap (one chunk a document). Keys a call does not read get ranges without rows,
+    so every gap between ranges is rows only (varlen_ranges' adjacent encoding); `bound` covers every sequence
+    of that encoding, gaps included."""
+    calls, c = [], 0
+    while c * chunk < max(lengths):
+        qs, qe, ks, ke, at = [], [], [], [], 0
+        for n in lengths:
+            end = min((c + 1) * chunk, n)
+            if n > c * chunk:  # the chunk against its document's keys up to its end
+                qs.append(at + c * chunk), qe.append(at + end), ks.append(at), ke.append(at + end)
+            if n > end or n <= c * chunk:  # keys past the chunk (or a whole document without one): no rows
+                first = at + end if n > c * chunk else at
+                q = qe[-1] if qe else 0
+                qs.append(q), qe.append(q), ks.append(first), ke.append(at + n)
+            at += n
+        ranges = torch.tensor([qs, qe, ks, ke])
+        cu_q, cu_k = adjacent_cu_seqlens(ranges)
+        bound = int(max((cu_q[1:] - cu_q[:-1]).max(), (cu_k[1:] - cu_k[:-1]).max()))
+        calls.append((ranges.to(DEVICE), c == 0, bound))
+        c += 1
+    return calls
+
+
+def chunked_full_fn(lengths: list[int], kernel: str, chunk: int = 8192):
+    """Single-GPU fwd+bwd of the same documents cut into <= `chunk` chunks: one call per chunk index (the first
+    chunks top-left, the rest bottom-right rectangles), each row in one call, so outputs are selected and dK/dV
+    summed (those passes timed too). With no document longer than `chunk` it is the whole-sequence call."""
+    impl, total = get_varlen_kernel(kernel), sum(lengths)
+    q, k, v, dout = packed(total, HQ), packed(total, HKV), packed(total, HKV), packed(total, HQ)
+    calls = []
+    for ranges, square, bound in _chunk_ranges(lengths, chunk):
+        bounds = (bound, bound)
+        rows = range_ids(ranges[0], ranges[1], total) >= 0
+        keys = range_ids(ranges[2], ranges[3], total) >= 0
+        calls.append((ranges, bounds, square, rows[:, None, None], keys[:, None, None]))
+
+    def run():
+        out = lse = dq = dk = dv = None
+        parts = []
+        for ranges, bounds, square, rows, _ in calls:
+            o, l = impl.forward(q, k, v, ranges, *bounds, True, SCALE, square=square)
+            parts.append((o, l))
+            out = o if out is None else torch.where(rows, o, out)
+            lse = l if lse is None else torch.where(rows[:, 0, 0], l, lse)
+        for (ranges, bounds, square, rows, keys), (o, l) in zip(calls, parts):
+            g = impl.backward(dout, q, k, v, o, l, ranges, *bounds, True, SCALE, square=square)
+            if dq is None:
+                dq, dk, dv = g
+            else:
+                dq = torch.where(rows, g[0], dq)
+                dk, dv = dk + torch.where(keys, g[1], 0), dv + torch.where(keys, g[2], 0)
 
     return run
 
@@ -220,10 +310,11 @@ def a2a_kernels_only_fn(q, k, v, dout, cu, cp: int, kernel: str):
     longest = int((cu[1:] - cu[:-1]).max())
     (block,) = whole_sequence_blocks(cu, total, True, max_doc=longest)
     args = (block.ranges, block.max_q, block.max_k, True, SCALE)
-    out, lse = impl.forward(qh, kh, vh, *args, tiled=True)  # as the executor calls it: the block covers all
+    kw = decode_varlen(encode_varlen([block]))[0].kernel_kwargs()  # as the executor calls it: tiled, square
+    out, lse = impl.forward(qh, kh, vh, *args, **kw)
 
     def run():
-        impl.forward(qh, kh, vh, *args, tiled=True)
-        impl.backward(dh, qh, kh, vh, out, lse, *args, tiled=True)
+        impl.forward(qh, kh, vh, *args, **kw)
+        impl.backward(dh, qh, kh, vh, out, lse, *args, **kw)
 
     return run

@@ -3,8 +3,8 @@
 `rates.json` (next to this module) is generated from bench/results/single_gpu.json by `python -m
 bench.cost_rates`: per kernel, the least-squares coefficients (non-negative, relative error) of
 
-    ms = heads * (d * (tile * tiles + rect * (rect_tiles - tiles)) + cta * ctas + grid_q * grid_q
-         + grid_k * grid_k) + call * calls,     d = (head_dim + v_head_dim) / 256
+    ms = heads * (d * (tile * tiles + rect * (rect_tiles - tiles) + br * br_tiles) + cta * ctas
+         + grid_q * grid_q + grid_k * grid_k) + call * calls,     d = (head_dim + v_head_dim) / 256
 
 over every measured rank (cost/work.py counts the terms; d scales the per-tile terms from the benchmark's head
 dim 128, an assumption for other head dims), and per region (comm, kernel) the time beyond its kernel calls,
@@ -38,6 +38,8 @@ class KernelRate:
     cta: float = 0.0
     grid_q: float = 0.0
     grid_k: float = 0.0
+    br: float = 0.0
+    """Extra per tile of a masked call anchored bottom-right (cuDNN THD's slower kernel)."""
     call: float = 0.0
     proxy_for: str | None = None
     """Set when these are another kernel's rates standing in for `proxy_for` (no measurement of its own)."""
@@ -45,6 +47,7 @@ class KernelRate:
     def ms(self, work: CallWork, q_heads: int, head_dim: int, v_head_dim: int) -> float:
         d = (head_dim + v_head_dim) / 256
         per_head = d * (self.tile * work.tiles + self.rect * (work.rect_tiles - work.tiles))
+        per_head += d * self.br * work.br_tiles
         per_head += self.cta * work.ctas + self.grid_q * work.grid_q + self.grid_k * work.grid_k
         return q_heads * per_head + self.call * work.calls
 

@@ -10,6 +10,9 @@ them to a kernel (layouts' Block / VarlenBlock). The cost model (cost/rates.py) 
 - ctas: q tiles plus k tiles of non-empty sequences (the forward's and backward's work units);
 - grid_q / grid_k: launched (sequence x tile) slots up to the call's static bounds max_q / max_k, empty or not
   (varlen kernels size their grids by the bounds, since documents are unknown at compile time);
+- br_tiles: the tiles of a masked call anchored bottom-right, i.e. one whose block does not vouch that all its
+  ranges are square: cuDNN THD's bottom-right kernel, slower than its top-left one (1.6-1.8x on whole
+  documents, docs/benchmarks.md);
 - calls: kernel launches.
 Counts are per head; `q_heads` says how many heads the call runs.
 """
@@ -35,6 +38,7 @@ class CallWork:
     ctas: int = 0
     grid_q: int = 0
     grid_k: int = 0
+    br_tiles: int = 0
     calls: int = 0
 
     def __add__(self, other: CallWork) -> CallWork:
@@ -70,10 +74,12 @@ def sequence_work(
     bound_q: int | None = None,
     bound_k: int | None = None,
     launched: int | None = None,
+    top_left: bool = False,
 ) -> CallWork:
     """The counts of ONE kernel call over sequences of (q_lens[i], k_lens[i]) (int64 tensors, q_len <= k_len
     when causal). `bound_q`/`bound_k` (default: the longest) and `launched` (default: the number of sequences)
-    give the grid the kernel launches; the dense kernels launch exactly their tiles. O(sequences + q tiles)."""
+    give the grid the kernel launches; the dense kernels launch exactly their tiles. `top_left`: the call's
+    block vouches that its ranges are square (no br_tiles). O(sequences + q tiles)."""
     a, b = q_lens.long().cpu(), k_lens.long().cpu()
     keep = a > 0
     a, b = a[keep], b[keep]
@@ -101,9 +107,11 @@ def sequence_work(
     lo, _ = _row_bounds(first, a[seq], b[seq], causal, window)
     _, hi = _row_bounds(last, a[seq], b[seq], causal, window)
     tiles = int(torch.where(hi >= lo, hi // TILE - lo // TILE + 1, 0).sum())
+    banded = (causal or left >= 0 or right >= 0) and not top_left
     rect = int((per_seq * _ceil(b)).sum())
     ctas = int((per_seq + _ceil(b)).sum())
-    return grid + CallWork(pairs=pairs, tiles=tiles, rect_tiles=rect, ctas=ctas)
+    counts = dict(pairs=pairs, tiles=tiles, rect_tiles=rect, ctas=ctas)
+    return grid + CallWork(**counts, br_tiles=tiles if banded else 0)
 
 
 def dense_work(blocks: list, batch: int) -> CallWork:
@@ -125,7 +133,8 @@ def dense_work(blocks: list, batch: int) -> CallWork:
 def varlen_work(block) -> CallWork:
     """The counts of one varlen block (layouts.thd.VarlenBlock) as the CUDA varlen providers launch it: its
     ranges as sequences, plus the gaps between them (2B+1 sequences) unless the ranges tile both buffers
-    (B+1: kernels.varlen_ranges), in a grid bounded by the block's static max_q / max_k."""
+    (B+1: kernels.varlen_ranges), in a grid bounded by the block's static max_q / max_k, anchored top-left when
+    the block is square."""
     qs, qe, ks, ke = block.ranges.long().cpu()
     tiled = block.covers_rows and block.covers_keys
     sequences = qs.numel() if tiled else 2 * qs.numel() + 1
@@ -137,6 +146,7 @@ def varlen_work(block) -> CallWork:
         bound_q=block.max_q,
         bound_k=block.max_k,
         launched=sequences,
+        top_left=block.square,
     )
 
 

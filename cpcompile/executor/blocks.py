@@ -1,7 +1,7 @@
 """The executor ops' block encodings: layouts' blocks in, flat int lists out (custom ops take int lists), and back.
 
 Dense blocks (layouts.Block) travel as six ints each (their windows, if any, as two more ints each in a list of
-their own), varlen blocks (layouts.thd.VarlenBlock) as eight ints
+their own), varlen blocks (layouts.thd.VarlenBlock) as nine ints
 each plus one ranges tensor. Each encoder sits beside its decoder, so the two cannot drift apart.
 """
 
@@ -16,7 +16,7 @@ BlockTuple = tuple[int, int, int, int, int, bool]
 """A decoded dense block: (q_start, q_len, source, kv_start, kv_len, causal)."""
 
 DENSE_FIELDS = 6
-VARLEN_FIELDS = 8
+VARLEN_FIELDS = 9
 
 
 def encode_dense(blocks: Iterable) -> list[int]:
@@ -56,30 +56,32 @@ class VarlenSpec(NamedTuple):
     window: tuple[int, int]
     covers_rows: bool
     covers_keys: bool
+    square: bool = False
 
     def kernel_kwargs(self) -> dict:
         """The provider's keyword arguments: `window` only with a window (providers without sliding windows
         keep their plain signature), `tiled` only when the block covers every row and every key (its ranges
-        then tile both buffers: cu_seqlens without gap sequences)."""
+        then tile both buffers: cu_seqlens without gap sequences), `square` only when every range is square
+        and masked (causal or windowed: without a band the anchor means nothing)."""
         kwargs = {} if self.window == NO_WINDOW else {"window": self.window}
         if self.covers_rows and self.covers_keys:
             kwargs["tiled"] = True
+        if self.square and (self.causal or self.window != NO_WINDOW):
+            kwargs["square"] = True
         return kwargs
 
 
 def encode_varlen(blocks: Iterable) -> list[int]:
-    """Eight ints per layouts.thd.VarlenBlock: source, causal, max_q, max_k, window left, window right (-1 =
-    unbounded), covers rows, covers keys."""
-    return [
-        i
-        for b in blocks
-        for i in (b.source, int(b.causal), b.max_q, b.max_k, *b.window, int(b.covers_rows), int(b.covers_keys))
-    ]
+    """Nine ints per layouts.thd.VarlenBlock: source, causal, max_q, max_k, window left, window right (-1 =
+    unbounded), covers rows, covers keys, square."""
+    flags = lambda b: (b.covers_rows, b.covers_keys, b.square)  # noqa: E731
+    return [i for b in blocks for i in (b.source, int(b.causal), b.max_q, b.max_k, *b.window, *map(int, flags(b)))]
 
 
 def decode_varlen(ints: Sequence[int]) -> list[VarlenSpec]:
     """Inverse of encode_varlen."""
     fields = [ints[i : i + VARLEN_FIELDS] for i in range(0, len(ints), VARLEN_FIELDS)]
     return [
-        VarlenSpec(s, bool(c), mq, mk, (left, right), bool(r), bool(k)) for s, c, mq, mk, left, right, r, k in fields
+        VarlenSpec(s, bool(c), mq, mk, (left, right), bool(r), bool(k), bool(sq))
+        for s, c, mq, mk, left, right, r, k, sq in fields
     ]

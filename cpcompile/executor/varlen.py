@@ -2,7 +2,7 @@
 
 `cpcompile::attend_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel)`: q (Tq, Hq, D) packed tokens,
 sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base) and eight ints per
-block (blocks.encode_varlen: source, causal, max_q, max_k, window, covers rows, covers keys).
+block (blocks.encode_varlen: source, causal, max_q, max_k, window, covers rows, covers keys, square).
 Block metadata lives in tensors computed on device, so documents can change every batch without recompiling
 or syncing. Rows a block does not cover are masked out of the merge (kernels may leave garbage there); rows no
 block covers get out = 0, lse = -inf. The registered backward calls each block's kernel backward with the FINAL

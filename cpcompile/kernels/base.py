@@ -73,6 +73,10 @@ class VarlenAttentionKernel(Protocol):
     tiled=True (a keyword, passed only then) promises that the ranges tile both buffers: each range starts where
     the previous one ends, the first at 0, the last ending at Tq / Tk (so no gaps to encode).
 
+    square=True (a keyword, passed only then) promises that every range with q rows has as many keys as rows
+    (whole documents, the diagonal pieces of chunked layouts): bottom-right and top-left anchors are then the
+    same mask, and a provider may use whichever of its kernels is faster.
+
     Returns out (Tq, Hq, Dv) in q's dtype or wider and lse (Hq, Tq) (the log-sum-exp of the scaled scores,
     flash varlen's layout) in fp32 (fp64 for fp64 inputs). Every row of a sequence that sees a key must be
     written; rows in no sequence, or that see no key, may hold anything (even NaN/inf): the executor masks

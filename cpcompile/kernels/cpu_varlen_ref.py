@@ -15,8 +15,11 @@ from ..precision import acc_dtype
 from .base import any_head_dim, cpu_support_problem, range_ids
 
 
-def _mask(ranges: torch.Tensor, tq: int, tk: int, causal: bool, window: tuple[int, int]) -> torch.Tensor:
-    """(Tq, Tk) bool: which keys each q row sees (causal and window on the bottom-right diagonal)."""
+def _mask(
+    ranges: torch.Tensor, tq: int, tk: int, causal: bool, window: tuple[int, int], top_left: bool = False
+) -> torch.Tensor:
+    """(Tq, Tk) bool: which keys each q row sees (causal and window on the bottom-right diagonal, or on the
+    top-left one when `top_left`: cuDNN's other anchor, the same mask on a square range)."""
     qs, qe, ks, ke = ranges
     qid, kid = range_ids(qs, qe, tq), range_ids(ks, ke, tk)
     mask = (qid[:, None] == kid[None, :]) & (qid >= 0)[:, None]
@@ -26,7 +29,7 @@ def _mask(ranges: torch.Tensor, tq: int, tk: int, causal: bool, window: tuple[in
     if left >= 0 or right >= 0:
         seq = qid.clamp(min=0)
         t = torch.arange(tq, device=ranges.device) - qs[seq]
-        shift = (ke - ks - (qe - qs))[seq]
+        shift = 0 if top_left else (ke - ks - (qe - qs))[seq]
         j = torch.arange(tk, device=ranges.device)[None, :] - ks[kid.clamp(min=0)][None, :]
         rel = j - (t + shift)[:, None]  # key position relative to the row's diagonal
         if right >= 0:
@@ -50,11 +53,15 @@ class CPUVarlenReference:
 
     supports_head_dim = staticmethod(any_head_dim)
 
+    top_left = False
+    """The diagonal anchor of the mask: bottom-right (the interface's). A CPU stand-in for cuDNN's top-left
+    calls sets it on its own instance (tests/support/cudnn_stand_in.py)."""
+
     def _probs(self, q, k, ranges, causal, scale, window, lse=None):
         acc = acc_dtype(q.dtype)
         groups = q.shape[1] // k.shape[1]
         qh, kh = q.to(acc).transpose(0, 1), _heads_first(k, groups, acc)
-        mask = _mask(ranges, q.shape[0], k.shape[0], causal, window)
+        mask = _mask(ranges, q.shape[0], k.shape[0], causal, window, self.top_left)
         scores = (qh @ kh.transpose(1, 2)) * scale
         if lse is None:
             lse = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1)
@@ -65,12 +72,14 @@ class CPUVarlenReference:
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return acc_dtype(dtype)  # partial gradients stay in the accumulation dtype
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False):
         probs, lse, _, _, groups = self._probs(q, k, ranges, causal, scale, window)
         out = probs @ _heads_first(v, groups, probs.dtype)
         return out.transpose(0, 1), lse
 
-    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
+    def backward(
+        self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False
+    ):
         probs, _, qh, kh, groups = self._probs(q, k, ranges, causal, scale, window, lse.to(acc_dtype(q.dtype)))
         acc = probs.dtype
         do, vh = dout.to(acc).transpose(0, 1), _heads_first(v, groups, acc)

@@ -2,8 +2,9 @@
 
 `torch.ops.cudnn.sdpa_fwd` / `sdpa_bwd` (registered by `cudnn.sdpa.fwd.torch_op`, nvidia-cudnn-frontend >= 1.32,
 which needs apache-tvm-ffi: `pip install 'cpcompile[cudnn]'`) take packed (T, H, D) q/k/v with cu_seqlens, GQA,
-d_qk != d_v (MLA) and strided K/V views. Measured on an H200 at 0.95-1.07x aten's FA2 varlen fwd+bwd over a whole
-packed sequence, faster on a CP rank's short calls (docs/benchmarks.md, "cuDNN THD"). Optional: nothing imports
+d_qk != d_v (MLA) and strided K/V views. Measured on an H200 over a whole packed sequence at 1.66-1.78x aten's
+FA2 varlen fwd+bwd with the top-left band, 0.95-1.07x with the bottom-right one (docs/benchmarks.md, "cuDNN
+THD"). Optional: nothing imports
 the package until a CUDA block asks `supports()`; without it `supports()` gives the reason (a CPCompileError when
 named, flash_varlen under kernel="auto").
 
@@ -11,7 +12,11 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
 - cu_seqlens: one prefix array a side gives every sequence's offset and length, so ranges become FA2's
   adjacent or tiled cu_seqlens (`varlen_ranges`, shared with flash_varlen).
 - masks: bottom-right causal is `is_causal` + `causal_bottom_right`; cuDNN's left band bound counts the
-  diagonal, so flash's window left w is cuDNN's w + 1; right bounds agree.
+  diagonal, so flash's window left w is cuDNN's w + 1; right bounds agree. A block whose ranges are all square
+  (`square=True`: q length = k length wherever there are rows, e.g. whole documents) runs the band top-left
+  instead: for a square range the two anchors give the same mask, and cuDNN 9.19's top-left kernel is 1.6-1.8x
+  faster there (1.7-3.8x under a 4K window). Blocks mixing square and rectangular ranges stay one bottom-right
+  call: split by shape into two calls measured slower in most rows (docs/benchmarks.md, "cuDNN THD").
 - LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
   takes it PADDED (sequences, Hq, max_q, 1): `padded_lse` scatters the final lse there per range.
 - graphs: the op caches one graph per shape (sequence count, max lengths, strides; backward also the packed
@@ -58,15 +63,16 @@ def _ops():
     return torch.ops.cudnn
 
 
-def band(causal: bool, window: tuple[int, int]) -> dict:
+def band(causal: bool, window: tuple[int, int], square: bool = False) -> dict:
     """The op's mask keywords for the interface's (causal, window): bottom-right per sequence, flash's window
-    left w as cuDNN's left bound w + 1 (cuDNN counts the diagonal), right bounds as they are."""
+    left w as cuDNN's left bound w + 1 (cuDNN counts the diagonal), right bounds as they are. `square`: every
+    range with rows has q length = k length, where the top-left anchor is the same mask (and faster)."""
     left, right = window
     right = 0 if causal else right
     kw: dict = {"is_causal": True} if right == 0 else ({"window_right": right} if right > 0 else {})
     if left >= 0:
         kw["window_left"] = left + 1
-    if kw:  # a band exists: anchor its diagonal at each sequence's bottom-right corner
+    if kw and not square:  # a band on rectangular ranges: anchor its diagonal at each bottom-right corner
         kw["causal_bottom_right"] = True
     return kw
 
@@ -110,21 +116,23 @@ class CuDNNVarlenKernel:
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return dtype  # the op writes dq/dk/dv in the io dtype (its graph accumulates in fp32, rounds once)
 
-    def _args(self, ranges, max_q, max_k, causal, window, tiled) -> dict:
+    def _args(self, ranges, max_q, max_k, causal, window, tiled, square) -> dict:
         cu_q, cu_k = cu_seqlens(ranges, tiled)
         bounds = dict(max_seqlen_q=max(max_q, 1), max_seqlen_kv=max(max_k, 1))
-        return dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, **bounds, **band(causal, window))
+        return dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, **bounds, **band(causal, window, square))
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
-        args = self._args(ranges, max_q, max_k, causal, window, tiled)
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False):
+        args = self._args(ranges, max_q, max_k, causal, window, tiled, square)
         out, stats = _ops().sdpa_fwd(q, k, v, scale, return_lse=True, **args)
         return out, stats.squeeze(-1).t()  # (Tq, Hq, 1) token-major -> (Hq, Tq), a view
 
-    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
+    def backward(
+        self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False
+    ):
         # dense inputs: on the H200 the op's backward gave wrong dq/dk (inf/NaN for GQA) on the a2a region's
         # strided q/k/v views while its forward was right on them; a copy is cheap next to the attention
         dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
-        args = self._args(ranges, max_q, max_k, causal, window, tiled)
+        args = self._args(ranges, max_q, max_k, causal, window, tiled, square)
         stats = padded_lse(lse, ranges, args["cu_seqlens_q"].numel() - 1, args["max_seqlen_q"], tiled)
         deterministic = torch.are_deterministic_algorithms_enabled()
         dq, dk, dv = _ops().sdpa_bwd(dout, q, k, v, out, stats, scale, is_deterministic=deterministic, **args)

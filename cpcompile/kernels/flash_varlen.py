@@ -8,6 +8,8 @@ not free: the layouts keep the bounds tight). FA2 leaves rows of no sequence unw
 for rows whose sequence has no keys: the varlen executor masks both unless a block vouches that every row
 sees a key (kernels/base.VarlenAttentionKernel). Backward writes dK/dV for every key of every sequence,
 zeros where no row sees it (FA2 zero-fills key blocks its loop over q blocks skips, incl. empty q sides).
+`square` (all ranges square) changes nothing here: FA2 varlen has one causal anchor, and on a square range
+both anchors are the same mask.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class FlashVarlenKernel:
     def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
         return head_dim_reason(head_dim, "FlashAttention-2 varlen", v_head_dim)
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
+    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False):
         cu_q, cu_k = cu_seqlens(ranges, tiled)
         out, lse, *_ = _aten._flash_attention_forward(
             _unit_last(q), _unit_last(k), _unit_last(v), cu_q, cu_k, max(max_q, 1), max(max_k, 1),
@@ -54,7 +56,9 @@ class FlashVarlenKernel:
         )  # fmt: skip
         return out, lse
 
-    def backward(self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False):
+    def backward(
+        self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False
+    ):
         cu_q, cu_k = cu_seqlens(ranges, tiled)
         rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
         unused = q.new_empty(0)

@@ -116,7 +116,7 @@ def _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc):
     q0, q1 = piece(rank)
     bound = _bound(local_len, max_doc)
     if step == 0:  # every local piece against itself: a causal square per document piece, or unmasked
-        return [VarlenBlock(HELD, causal, _ranges(q0, q1, q0, q1), bound, bound, NO_WINDOW, True, True)]
+        return [VarlenBlock(HELD, causal, _ranges(q0, q1, q0, q1), bound, bound, NO_WINDOW, True, True, True)]
     k0, k1 = piece(held)  # the held rank's piece of each document: all before this rank's tokens when causal
     return [VarlenBlock(HELD, False, _ranges(q0, q1, k0, k1), bound, bound)]
 
@@ -135,7 +135,7 @@ def _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc):
         )
         back_front = _ranges(mid, end, start, mid)
         return [
-            VarlenBlock(HELD, True, squares, one, one, NO_WINDOW, **full),
+            VarlenBlock(HELD, True, squares, one, one, NO_WINDOW, **full, square=True),
             VarlenBlock(HELD, False, back_front, one, one),
         ]
     if held < rank:  # the held front chunk precedes both local chunks; its back chunk follows both

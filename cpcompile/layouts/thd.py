@@ -39,7 +39,10 @@ class VarlenBlock:
     mask (checked by tests/unit/test_thd_layouts.py for every layout). A source may end in an unused tail past the
     last range's end (thd_balanced's key buffer has a static size for every batch): no kernel sequence reaches
     it, so its gradient is left as the kernel leaves it, and `covers_keys` speaks for the keys before it; the
-    caller must not read the tail's gradient (the region's fold reads only the positions it copied)."""
+    caller must not read the tail's gradient (the region's fold reads only the positions it copied).
+    `square`: every range with q rows has as many keys as rows (whole documents, diagonal pieces), for every
+    batch: the causal/window diagonal is then the top-left one too (cuDNN runs that anchor faster; checked with
+    covers_* by tests/unit/test_thd_layouts.py, and a wrong claim changes results on the cuDNN stand-in)."""
 
     source: int
     causal: bool
@@ -49,6 +52,7 @@ class VarlenBlock:
     window: tuple[int, int] = NO_WINDOW
     covers_rows: bool = False
     covers_keys: bool = False
+    square: bool = False
 
 
 def _ranges(q0, q1, k0, k1) -> torch.Tensor:
@@ -191,8 +195,10 @@ class ThdLayout(PackedLayout):
         # documents get an empty key range at their start, so the ranges stay in increasing order
         k1 = torch.where(here, end.clamp(max=hi) if causal else end, start)
         bounds = (_bound(local_len, max_doc), _bound(hi if causal else cp * local_len, max_doc))
-        # every local token is in a piece and sees itself; keys of documents with no piece here are not read
-        return [VarlenBlock(0, causal, _ranges(q0, q1, start, k1), *bounds, window, covers_rows=True)]
+        # every local token is in a piece and sees itself; keys of documents with no piece here are not read.
+        # Causal, rank 0's pieces all start their documents: each attends its own tokens, a square
+        square = causal and rank == 0
+        return [VarlenBlock(0, causal, _ranges(q0, q1, start, k1), *bounds, window, covers_rows=True, square=square)]
 
 
 class ThdZigzagLayout(PackedLayout):
@@ -276,7 +282,7 @@ def whole_sequence_blocks(
     ranges = _ranges(cu[:-1], cu[1:], cu[:-1], cu[1:])
     bound = _bound(total, max_doc)
     # documents tile [0, total) and every row sees its own position (the window's diagonal), whatever the mask
-    return [VarlenBlock(0, causal, ranges, bound, bound, window, covers_rows=True, covers_keys=True)]
+    return [VarlenBlock(0, causal, ranges, bound, bound, window, covers_rows=True, covers_keys=True, square=True)]
 
 
 THD_LAYOUTS: dict[str, PackedLayout] = {"thd": ThdLayout(), "thd_zigzag": ThdZigzagLayout()}

@@ -4,7 +4,8 @@ Needs CUDA and cudnn-frontend's torch ops (`pip install 'cpcompile[cudnn]'`); sk
 As in tests/gpu/test_gpu.py, gloo ranks share one GPU and the collectives hop through host memory (kernel
 correctness, not comm timing). Every case runs even after one fails, failures carry their error, and each test
 prints its largest error / allowed, so one run diagnoses:
-- THD parity: every layout x comm on kernel="auto" (which must pick cudnn_varlen), causal, full and windows,
+- THD parity: every layout x comm on cudnn_varlen (all_gather: kernel="auto", which must pick it), causal, full
+  and windows (top-left bands where a block's ranges are square: a2a, thd's rank 0),
   GQA, MHA and MLA (q/k 192, v 128), 1-token and empty documents; errors against per-document fp64 SDPA,
   allowed by the rounding-aware bf16 rule against single-GPU cudnn_varlen over the whole packed sequence.
 - dense MLA: flat/zigzag x all_gather/a2a on aten's cuDNN kernel (auto), against single-GPU aten cuDNN.
@@ -107,7 +108,11 @@ def _dense_single_gpu(q, k, v, dout, causal, kernel="cudnn"):
 def _cp_varlen(q, k, v, dout, cu, *, strategy, comm, causal, window):
     shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=0, cu_seqlens=cu).to(torch.bfloat16)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
-    be = cpcompile.backend(strategy=strategy, comm=comm, kernel="auto", inner="aot_eager")
+    # all_gather on kernel="auto", which must pick cudnn_varlen (the cost model does, at these shapes too); a2a
+    # names it: at these 64-token ranks the model rightly prefers FA2 there (the cuDNN a2a region's measured ~1 ms
+    # fixed cost), while at the benchmark's shapes auto takes cuDNN (tests/unit/test_cost_ranking.py)
+    kernel = "cudnn_varlen" if comm == "a2a" else "auto"
+    be = cpcompile.backend(strategy=strategy, comm=comm, kernel=kernel, inner="aot_eager")
     torch._dynamo.reset()
     longest = int((cu[1:] - cu[:-1]).max())
     out = torch.compile(_varlen_fn(causal, window), backend=be, fullgraph=True)(*leaves, cu.to(CUDA), longest)
@@ -217,8 +222,8 @@ def _block(ranges, tq, tk, hq, hkv, d, dv, seed=0):
 
 
 def test_gpu_cudnn_varlen_block_against_fa2_and_reference():
-    """One block, adjacent (gaps: thd's shape) and tiled, causal/windowed: cudnn_varlen's relative errors (out,
-    lse, dq, dk, dv) against an fp32 reference are within 2x FA2's (MLA, which FA2 cannot run: within bf16
+    """One block, adjacent (gaps: thd's shape), tiled and square (top-left band), causal/windowed: cudnn_varlen's
+    relative errors (out, lse, dq, dk, dv) against an fp32 reference are within 2x FA2's (MLA, which FA2 cannot run: within bf16
     noise), keys no row sees get exact zeros, and what the raw op writes there is printed."""
     from cpcompile.kernels import cudnn_varlen
 
@@ -226,6 +231,8 @@ def test_gpu_cudnn_varlen_block_against_fa2_and_reference():
     blocks = {  # name: (ranges, tq, tk, kwargs); q ranges end their key ranges (bottom-right)
         "adjacent": ([[0, 32], [32, 64], [0, 160], [128, 256]], 64, 288, {}),
         "tiled": ([[0, 40], [40, 64], [0, 40], [40, 64]], 64, 64, {"tiled": True}),
+        # whole documents (1 token, empty, 40, 23): square ranges, cuDNN's top-left band (FA2: the same mask)
+        "square": ([[0, 1, 1, 41], [1, 1, 41, 64]] * 2, 64, 64, {"tiled": True, "square": True}),
     }
     problems = []
     for heads in ((4, 2, 64, 64), (4, 2, 192, 128)):

@@ -136,7 +136,7 @@ class GraphModule(torch.nn.Module):
         wait_tensor_1: "f32[16, 2, 2, 4]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor_1)
         select_6: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor_1, 1, 0)
         select_7: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor_1, 1, 1)
-        attend_varlen_blocks = torch.ops.cpcompile.attend_varlen_blocks.default(primals_1, [select_6], [select_7], [stack_1], [0, 1, 8, 16, -1, -1, 1, 0], 0.5, 'cpu_varlen_ref')
+        attend_varlen_blocks = torch.ops.cpcompile.attend_varlen_blocks.default(primals_1, [select_6], [select_7], [stack_1], [0, 1, 8, 16, -1, -1, 1, 0, 0], 0.5, 'cpu_varlen_ref')
         getitem: "f32[8, 2, 4]" = attend_varlen_blocks[0]
         getitem_1: "f32[2, 8]" = attend_varlen_blocks[1]
         detach: "f32[8, 2, 4]" = torch.ops.aten.detach.default(getitem)
@@ -178,7 +178,7 @@ class GraphModule(torch.nn.Module):
         detach_1: "f32[8, 2, 4]" = torch.ops.aten.detach.default(detach)
         select_8: "f32[20, 2, 4]" = torch.ops.aten.select.int(index_select, 1, 0)
         select_9: "f32[20, 2, 4]" = torch.ops.aten.select.int(index_select, 1, 1)
-        attend_varlen_blocks_backward = torch.ops.cpcompile.attend_varlen_blocks_backward.default(tangents_1, primals_1, [select_8], [select_9], detach_1, getitem_1, [stack_5], [0, 1, 4, 16, -1, -1, 1, 1], 0.5, 'cpu_varlen_ref')
+        attend_varlen_blocks_backward = torch.ops.cpcompile.attend_varlen_blocks_backward.default(tangents_1, primals_1, [select_8], [select_9], detach_1, getitem_1, [stack_5], [0, 1, 4, 16, -1, -1, 1, 1, 0], 0.5, 'cpu_varlen_ref')
         getitem_2: "f32[8, 2, 4]" = attend_varlen_blocks_backward[0]
         getitem_3 = attend_varlen_blocks_backward[1]
         getitem_5 = attend_varlen_blocks_backward[2]

@@ -77,7 +77,8 @@ def test_executor_reads_exchanged_buffer_in_place():
     (call,) = [n for n in graphs["fw"].graph.nodes if n.target == torch.ops.cpcompile.attend_varlen_blocks.default]
     views = VIEW_OPS | {torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims}
     q, ks, vs, ranges, spec = call.args[:5]
-    assert len(ks) == len(ranges) == 1 and spec == [0, 1, WORLD * L, WORLD * L, -1, -1, 1, 1], spec  # covers all
+    covers_all_square = [0, 1, WORLD * L, WORLD * L, -1, -1, 1, 1, 1]
+    assert len(ks) == len(ranges) == 1 and spec == covers_all_square, spec
     for t in [q, *ks, *vs]:
         while t.op == "call_function" and (t.target in views or t.target.__name__ == "getitem"):
             t = t.args[0]

@@ -2,7 +2,9 @@
 
 It follows the contract read from nvidia-cudnn-frontend 1.32's cudnn/sdpa/fwd/torch_op.py: packed (T, H, D)
 q/k/v, one cu_seqlens prefix array a side (a sequence's offset and length), max lengths > 0, the band keywords
-(is_causal / window_left / window_right / causal_bottom_right, cuDNN's left bound counting the diagonal), LSE
+(is_causal / window_left / window_right / causal_bottom_right, cuDNN's left bound counting the diagonal; without
+causal_bottom_right the band is anchored TOP-LEFT, as the real op's, so a top-left mask on a rectangular range
+gives other results than the provider's contract), LSE
 returned token-major (T, Hq, 1) and taken back PADDED (B, Hq, max_q, 1) fp32 by the backward; and it records the
 graph-cache key the real op builds per shape. The math is cpu_varlen_ref's, per sequence. Everything the real
 kernel may leave undefined is poisoned with NaN, so the provider has to handle it: rows of no sequence or of a
@@ -17,6 +19,8 @@ from cpcompile.kernels.base import range_ids
 from cpcompile.kernels.cpu_varlen_ref import CPUVarlenReference, _mask
 
 REF = CPUVarlenReference()
+TOP_LEFT = CPUVarlenReference()
+TOP_LEFT.top_left = True  # the same math on the top-left diagonal (cuDNN's default anchor)
 
 
 def _round64(n: int) -> int:
@@ -35,9 +39,9 @@ class CuDNNStandIn:
             raise ValueError("is_causal masks every future column but window_right admits some")
         if window_left == 0:
             raise ValueError("sliding-window length must be >= 1")
-        assert causal_bottom_right == band, "cpcompile's sequences are bottom-right aligned whenever masked"
         causal = is_causal or window_right == 0
-        return causal, (window_left - 1 if window_left >= 0 else -1, -1 if causal else window_right)
+        window = (window_left - 1 if window_left >= 0 else -1, -1 if causal else window_right)
+        return causal, window, (band and not causal_bottom_right)
 
     def _sequences(self, cu_q, cu_k, max_q, max_k):
         if max_q <= 0 or max_k <= 0:
@@ -50,12 +54,13 @@ class CuDNNStandIn:
                  window_right=-1, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0, max_seqlen_kv=0,
                  return_lse=True):  # fmt: skip
         assert q.ndim == 3 and return_lse and k.shape[-1] == q.shape[-1]
-        causal, window = self._mask_args(is_causal, causal_bottom_right, window_left, window_right)
+        causal, window, top_left = self._mask_args(is_causal, causal_bottom_right, window_left, window_right)
         ranges = self._sequences(cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
         b = ranges.shape[1]
         key = (q.dtype, b, q.shape[1], k.shape[1], v.shape[1], max_seqlen_q, max_seqlen_kv, q.shape[-1], v.shape[-1])
-        self.graphs.add(("fwd", *key, q.stride(), k.stride(), v.stride(), attn_scale, causal, window))
-        out, lse = REF.forward(q, k, v, ranges, max_seqlen_q, max_seqlen_kv, causal, attn_scale, window)
+        self.graphs.add(("fwd", *key, q.stride(), k.stride(), v.stride(), attn_scale, causal, window, top_left))
+        ref = TOP_LEFT if top_left else REF
+        out, lse = ref.forward(q, k, v, ranges, max_seqlen_q, max_seqlen_kv, causal, attn_scale, window)
         qs, qe, ks, ke = ranges
         rid = range_ids(qs, qe, q.shape[0])
         live = (rid >= 0) & (ke - ks > 0)[rid.clamp(min=0)]
@@ -66,12 +71,13 @@ class CuDNNStandIn:
     def sdpa_bwd(self, grad_out, q, k, v, o, lse, attn_scale, *, is_causal=False, causal_bottom_right=False,
                  window_left=-1, window_right=-1, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
                  max_seqlen_kv=0, is_deterministic=False):  # fmt: skip
-        causal, window = self._mask_args(is_causal, causal_bottom_right, window_left, window_right)
+        causal, window, top_left = self._mask_args(is_causal, causal_bottom_right, window_left, window_right)
         ranges = self._sequences(cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
         b, hq, tq, tk = ranges.shape[1], q.shape[1], q.shape[0], k.shape[0]
         assert lse.dtype == torch.float32 and lse.is_contiguous() and lse.shape == (b, hq, max_seqlen_q, 1)
         key = (q.dtype, b, hq, k.shape[1], v.shape[1], _round64(tq), _round64(tk), max_seqlen_q, max_seqlen_kv)
-        self.graphs.add(("bwd", *key, q.stride(), k.stride(), v.stride(), o.stride(), attn_scale, causal, window))
+        strides = (q.stride(), k.stride(), v.stride(), o.stride())
+        self.graphs.add(("bwd", *key, *strides, attn_scale, causal, window, top_left))
         qs, qe, ks, ke = ranges
         rid = range_ids(qs, qe, tq)
         seq, pos = rid.clamp(min=0), torch.arange(tq) - qs[rid.clamp(min=0)]
@@ -81,8 +87,9 @@ class CuDNNStandIn:
         flat = lse[seq, :, pos.clamp(0, max_seqlen_q - 1), 0].t()
         row_lse = torch.where(live[None], flat.double(), 0.0)
         clean = [torch.where(live[:, None, None], t, 0) for t in (grad_out, o)]
-        dq, dk, dv = REF.backward(*clean[:1], q, k, v, clean[1], row_lse, ranges, 0, 0, causal, attn_scale, window)
-        seen = _mask(ranges, tq, tk, causal, window).any(0)
+        ref = TOP_LEFT if top_left else REF
+        dq, dk, dv = ref.backward(*clean[:1], q, k, v, clean[1], row_lse, ranges, 0, 0, causal, attn_scale, window)
+        seen = _mask(ranges, tq, tk, causal, window, top_left).any(0)
         dq = torch.where(live[:, None, None], dq, float("nan"))
         dk, dv = (torch.where(seen[:, None, None], g, float("nan")) for g in (dk, dv))
         return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)

@@ -15,6 +15,7 @@ import statistics
 import pytest
 
 from cpcompile.cost import TIE, SiteShape, estimate
+from cpcompile.cost.choose import choose
 from tests.support.measured import cases, cu_of, measured_ms, shape_of
 
 SINGLE = cases()["single_gpu"]
@@ -61,23 +62,47 @@ def _check(pairs) -> tuple[int, int]:
 
 
 def test_kernels_ranked_in_measured_order():
-    """cudnn vs flash (dense), cudnn_varlen vs flash_varlen (packed: cuDNN ahead on thd_zigzag's chunks, FA2 ahead
-    under a2a's whole-sequence call), for the same layout and comm."""
+    """cudnn vs flash (dense), cudnn_varlen vs flash_varlen (packed: cuDNN ahead on thd_zigzag's chunks and under
+    a2a's whole-sequence call, top-left there; on thd's ranks its bottom-right calls tie with FA2), for the same
+    layout and comm."""
     ranked, ties = _check(_pairs(("layout", "comm"), "kernel"))
-    assert (ranked, ties) == (35, 7)  # 18 dense and 24 packed pairs; the ties: thd 128K cp=2, a2a on long runs
+    assert (ranked, ties) == (64, 8)  # 18 dense and 54 packed pairs; the ties: thd all_gather (7), a2a 32K cp=4
+
+
+def test_auto_takes_cudnn_thd_where_it_measured_faster():
+    """kernel="auto" between the two CUDA varlen providers, at every measured thd run (all_gather and a2a): the
+    cost model picks cudnn_varlen wherever it measured faster by more than TIE (its top-left band under a2a, its
+    bottom-right one on thd's pieces), everywhere measured, i.e. also in the one run where FA2 measured faster
+    (a2a, 32K, cp=8, 1K documents: 2.16 vs 2.39 ms, the cuDNN a2a region's copies underestimated)."""
+    fa2_faster = {("a2a", 32768, 8, "docs-median-1K")}
+    runs: dict[tuple, dict[str, dict]] = {}
+    for c in SINGLE:
+        if c["layout"] == "thd" and "documents" in c:
+            runs.setdefault((c["comm"], c["S"], c["cp"], c["mix"]), {})[c["kernel"]] = c
+    picked = {}
+    for run, by_kernel in runs.items():
+        comm = run[0]
+        cudnn, fa2 = measured_ms(by_kernel["cudnn_varlen"]), measured_ms(by_kernel["flash_varlen"])
+        options = [(comm, "cudnn_varlen"), (comm, "flash_varlen")]
+        kernel = choose(shape_of(by_kernel["cudnn_varlen"]), "thd", options).chosen.kernel
+        if abs(cudnn - fa2) > TIE * min(cudnn, fa2):
+            assert (cudnn > fa2) == (run in fa2_faster), (run, cudnn, fa2)
+            assert kernel == "cudnn_varlen", run
+        picked[comm] = picked.get(comm, 0) + (kernel == "cudnn_varlen")
+    assert picked == {"a2a": 18, "all_gather": 18}, picked
 
 
 def test_comms_ranked_in_measured_order():
     """all_gather vs a2a for thd on each kernel: a2a's balanced whole-sequence call against thd's unbalanced
     ranks, and the cuDNN a2a region's extra copies."""
     ranked, ties = _check(_pairs(("layout", "kernel"), "comm"))
-    assert (ranked, ties) == (25, 1)
+    assert (ranked, ties) == (36, 0)  # 18 runs x 2 kernels
 
 
 def test_layouts_ranked_in_measured_order():
     """flat vs zigzag (dense: flat's last rank does (2cp-1)/cp of the mean work), thd vs thd_zigzag."""
     ranked, ties = _check(_pairs(("comm", "kernel"), "layout"))
-    assert (ranked, ties) == (43, 1)
+    assert (ranked, ties) == (52, 2)  # 18 dense, 36 packed pairs (thd_balanced is not costed)
 
 
 def test_every_combination_of_a_run_mostly_ranked():

@@ -8,6 +8,7 @@ the graph keys do not depend on the documents. The real op: tests/gpu/test_cudnn
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 
@@ -98,6 +99,35 @@ def test_auto_takes_it_where_it_runs_and_mla_head_dims(cuda_here, monkeypatch):
 def test_band_keywords(causal, window, expected):
     """cuDNN's left band bound counts the diagonal: flash's window left w is w + 1 (sm90 config: W = bound - 1)."""
     assert cv.band(causal, window) == expected
+    # square ranges: the same band on cuDNN's default (top-left) anchor, the faster kernel there
+    top_left = {k: v for k, v in expected.items() if k != "causal_bottom_right"}
+    assert cv.band(causal, window, square=True) == top_left
+
+
+SQUARE = torch.tensor([[0, 3, 3, 9], [3, 3, 9, 10], [0, 3, 3, 9], [3, 3, 9, 10]])  # 3x3, 0x0, 6x6, 1x1
+RECTANGLE = torch.tensor([[0, 3], [3, 7], [0, 5], [5, 12]])  # 3 rows / 5 keys, 4 rows / 7 keys
+
+
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (True, (2, -1)), (False, (1, 2)), (False, (-1, 1))])
+def test_square_blocks_run_top_left_and_a_false_claim_shows(stand_in, causal, window):
+    """square=True asks for the top-left anchor (the stand-in, like the op, anchors top-left without
+    causal_bottom_right): on square ranges the contract's results, exactly; on rectangular ranges other results,
+    so a layout that claimed square ranges it does not have fails every stand-in test."""
+    g = torch.Generator().manual_seed(5)
+    kw = {"window": window} if window != (-1, -1) else {}
+    for ranges, same in ((SQUARE, True), (RECTANGLE, False)):
+        tq, tk = int(ranges[1].max()), int(ranges[3].max())
+        q, k, v, dout = _tensors(g, tq, tk)
+        bounds = (int((ranges[1] - ranges[0]).max()), int((ranges[3] - ranges[2]).max()))
+        stand_in.graphs.clear()
+        out, lse = IMPL.forward(q, k, v, ranges, *bounds, causal, 0.3, square=True, **kw)
+        assert {key[-1] for key in stand_in.graphs} == {True}, "square=True runs the top-left band"
+        want_out, want_lse = REF.forward(q, k, v, ranges, *bounds, causal, 0.3, **kw)
+        got = IMPL.backward(dout, q, k, v, want_out, want_lse, ranges, *bounds, causal, 0.3, square=True, **kw)
+        want = REF.backward(dout, q, k, v, want_out, want_lse, ranges, *bounds, causal, 0.3, **kw)
+        pairs = zip((out, lse, *got), (want_out, want_lse, *want))
+        close = [torch.allclose(a.double(), b.double(), atol=1e-6) for a, b in pairs]
+        assert all(close) if same else not close[0], (same, close)
 
 
 def _random_ranges(g: torch.Generator, causal: bool, tiled: bool):
@@ -178,6 +208,8 @@ def test_unseen_keys_are_the_leading_keys_out_of_the_window():
 def _layout_case(layout_name, lengths, cp, rank, causal, window, g, max_doc=None):
     """A rank's block of a layout ("whole": a2a's cp=1 block) with inputs; `max_doc` defaults to the longest."""
     cu, max_doc = cu_of(lengths), max_doc or max(lengths)
+    if layout_name in THD_LAYOUTS:
+        cu = THD_LAYOUTS[layout_name].prepare(cu, sum(lengths), cp)  # thd_balanced: this batch's plan
     total, local = sum(lengths), sum(lengths) // cp
     if layout_name == "whole":
         (block,) = whole_sequence_blocks(cu, total, causal, window, max_doc)
@@ -191,24 +223,51 @@ def _layout_case(layout_name, lengths, cp, rank, causal, window, g, max_doc=None
     return q, k, v, dout, block
 
 
-@pytest.mark.parametrize("layout_name", ["thd", "thd_zigzag", "whole"])
+def _both_kernels(q, k, v, dout, block):
+    """(out, lse, dq, dk, dv) through the varlen executor on the cuDNN provider (stand-in) and on the reference."""
+    spec, ranges = encode_varlen([block]), [block.ranges]
+    results = []
+    for kernel in ("cudnn_varlen", "cpu_varlen_ref"):
+        out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, 0.3, kernel)
+        dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, ranges, spec, 0.3, kernel)
+        results.append((out, lse, dq, dk, dv))
+    return results
+
+
+LAYOUT_LENGTHS = {"thd_zigzag": [8, 0, 24, 8, 16, 0], "thd_balanced": [1, 0, 29, 6, 1, 11]}
+
+
+@pytest.mark.parametrize("layout_name", ["thd", "thd_zigzag", "thd_balanced", "whole"])
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, -1))])
 def test_executor_on_the_provider_equals_the_reference(stand_in, layout_name, causal, window):
     """Through the varlen executor (its masks where a block does not vouch), every layout's rank block: out,
-    lse and gradients equal cpu_varlen_ref's exactly where the block defines them, NaN nowhere."""
+    lse and gradients equal cpu_varlen_ref's exactly where the block defines them, NaN nowhere; blocks that
+    claim square ranges (whole documents, thd's rank 0) run top-left on the stand-in, as on cuDNN."""
     g = torch.Generator().manual_seed(3)
-    lengths = [8, 0, 24, 8, 16, 0] if layout_name == "thd_zigzag" else [1, 0, 13, 6, 1, 11]
+    lengths = LAYOUT_LENGTHS.get(layout_name, [1, 0, 13, 6, 1, 11])
+    squares = []
     for rank in range(2):
         q, k, v, dout, block = _layout_case(layout_name, lengths, 2, rank, causal, window, g)
-        spec, ranges = encode_varlen([block]), [block.ranges]
-        results = []
-        for kernel in ("cudnn_varlen", "cpu_varlen_ref"):
-            out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, 0.3, kernel)
-            dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, ranges, spec, 0.3, kernel)
-            results.append((out, lse, dq, dk, dv))
-        for got, want in zip(*results):
+        squares.append(block.square)
+        used = int(block.ranges[3].max())  # thd_balanced's key buffer ends in a tail no range reads
+        for i, (got, want) in enumerate(zip(*_both_kernels(q, k, v, dout, block))):
+            got, want = (got, want) if i < 3 else (got[:used], want[:used])
             assert not got.isnan().any()
             torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-6)
+    assert squares == {"whole": [True, True], "thd": [causal, False]}.get(layout_name, [False, False])
+
+
+@pytest.mark.parametrize("layout_name", ["thd", "thd_zigzag", "thd_balanced"])
+def test_a_false_square_claim_changes_the_results(stand_in, layout_name):
+    """The check above can fail: the same causal rank blocks, claimed square when they hold a rectangular range
+    (a piece that does not start its document), give other outputs on the stand-in than on the reference."""
+    g = torch.Generator().manual_seed(4)
+    lengths = LAYOUT_LENGTHS.get(layout_name, [1, 0, 13, 6, 1, 11])
+    q, k, v, dout, block = _layout_case(layout_name, lengths, 2, 1, True, (-1, -1), g)
+    qs, qe, ks, ke = block.ranges
+    assert not block.square and bool(((qe - qs != ke - ks) & (qe > qs)).any())
+    got, want = _both_kernels(q, k, v, dout, dataclasses.replace(block, square=True))
+    assert not torch.allclose(got[0].double(), want[0].double(), atol=1e-3)
 
 
 def test_graph_keys_do_not_depend_on_the_documents(stand_in):
@@ -230,3 +289,29 @@ def test_graph_keys_do_not_depend_on_the_documents(stand_in):
             OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, [block.ranges], spec, 0.3, "cudnn_varlen")
             keys.append(set(stand_in.graphs))
         assert keys[0] == keys[1] and len(keys[0]) == 2, name
+
+
+@pytest.mark.parametrize("strategy", ["thd", "thd_zigzag"])
+def test_ring_diagonal_squares_run_top_left_and_equal_the_reference(stand_in, strategy):
+    """The ring's step-0 blocks (each local piece against itself: squares, claimed so) through the executor on
+    the stand-in: top-left on cuDNN, results equal to cpu_varlen_ref's (thd_zigzag: merged with its unmasked
+    back-front block)."""
+    from cpcompile.layouts.ring import packed_step_blocks
+
+    g = torch.Generator().manual_seed(6)
+    lengths = LAYOUT_LENGTHS["thd_zigzag"] if strategy == "thd_zigzag" else [1, 0, 13, 6, 1, 11]
+    cu, local = cu_of(lengths), sum(lengths) // 2
+    for rank in range(2):
+        blocks = packed_step_blocks(strategy, cu, local, 2, rank, 0, True, max(lengths))
+        assert blocks[0].square and not any(b.square for b in blocks[1:])
+        q, k, v, dout = _tensors(g, local, local)
+        spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
+        stand_in.graphs.clear()
+        results = []
+        for kernel in ("cudnn_varlen", "cpu_varlen_ref"):
+            out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, 0.3, kernel)
+            dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, ranges, spec, 0.3, kernel)
+            results.append((out, lse, dq, dk, dv))
+        assert ("fwd", True) in {(key[0], key[-1]) for key in stand_in.graphs}, "the squares ran top-left"
+        for got, want in zip(*results):
+            torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-6)

@@ -86,6 +86,8 @@ def _packed_coverage(strategy: str, lengths: list[int], cp: int, causal: bool) -
                 ordered = (qs[1:] >= qe[:-1]).all() and (ks[1:] >= ke[:-1]).all()
                 assert bool((qe >= qs).all() and (ke >= ks).all() and ordered), "ranges in order, no overlap"
                 assert int((qe - qs).max()) <= b.max_q and int((ke - ks).max()) <= b.max_k
+                if b.square:  # cuDNN anchors the band top-left: the same mask on squares only
+                    assert bool(((qe - qs == ke - ks) | (qe == qs)).all()), "a square block has a rectangle"
                 pairs = _block_pairs(b.ranges, local, local, b.causal)
                 if b.covers_rows:
                     assert bool((pairs.sum(1) > 0).all()), "a block that covers its rows left a row without keys"

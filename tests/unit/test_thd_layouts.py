@@ -84,6 +84,8 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
             assert int(qe.max()) <= local and int(ke.max()) <= keys.numel()
             assert int((qe - qs).max()) <= b.max_q and int((ke - ks).max()) <= b.max_k
             assert not b.causal or bool((ke - ks >= qe - qs).all()), "a causal q range ends its key range"
+            if b.square:  # the cuDNN provider then anchors the band top-left: only the same mask on squares
+                assert bool(((qe - qs == ke - ks) | (qe == qs)).all()), "a square block has a rectangle"
             pairs = _block_pairs(b.ranges, local, keys.numel(), b.causal, left)
             if b.covers_rows:  # the executor then skips the row masks: every row must see a key
                 assert bool((pairs.sum(1) > 0).all()), "a block that covers its rows left a row without keys"
@@ -228,7 +230,8 @@ def test_whole_sequence_block_covers_what_it_claims(case, causal, left, right):
     cu = _cu([0, *lengths, 0])  # empty documents at both ends, as padded cu_seqlens give
     total = int(cu[-1])
     (b,) = whole_sequence_blocks(cu, total, causal, (left, right))
-    assert b.covers_rows and b.covers_keys
+    assert b.covers_rows and b.covers_keys and b.square
+    assert bool((b.ranges[1] - b.ranges[0] == b.ranges[3] - b.ranges[2]).all()), "every document against itself"
     assert bool((_block_pairs(b.ranges, total, total, causal, left if right in (-1, 0) else -1).sum(1) > 0).all())
     qs, qe, ks, ke = b.ranges
     assert int(ks[0]) == 0 and int(ke[-1]) == total and bool((ks[1:] == ke[:-1]).all())
