@@ -39,7 +39,8 @@ mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("cp",))
 torch.manual_seed(0)  # the same initial weights on every rank
 cfg = TinyConfig()
 model = VarlenTinyLlama(cfg, causal=True, max_len=args.tokens).to(device)  # max_len: a constant, no recompiles
-backend = cpcompile.backend(strategy=args.strategy, comm=args.comm, mesh=mesh, inner="inductor" if cuda else "aot_eager")
+inner = "inductor" if cuda else "aot_eager"  # aot_eager: quicker to compile on CPU
+backend = cpcompile.backend(strategy=args.strategy, comm=args.comm, mesh=mesh, inner=inner)
 compiled = torch.compile(model, backend=backend, fullgraph=True)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
