@@ -17,11 +17,13 @@ SMALL = {
     "dense.py": ["--steps", "3", "--seq", "64"],
     "packed.py": ["--steps", "3", "--tokens", "128", "--max-documents", "8"],
     "hf.py": ["--steps", "3", "--seq", "64"],
+    "hf_trainer.py": ["--steps", "3", "--seq", "64"],
     "fsdp2.py": ["--steps", "3", "--seq", "64", "--batch", "1"],
     "checkpoint.py": ["--steps", "2", "--seq", "64"],
     "train_cp.py": ["--seq", "64"],  # the default 20 steps: the reference must train stably that long
 }
-NEEDS = {"hf.py": "transformers", "train_cp.py --model hf-llama": "transformers"}
+NEEDS = {"hf.py": ("transformers",), "hf_trainer.py": ("transformers", "accelerate"),
+         "train_cp.py --model hf-llama": ("transformers",)}  # fmt: skip
 
 
 def readme_commands() -> list[str]:
@@ -49,10 +51,12 @@ def test_readme_names_every_example():
 
 @pytest.mark.parametrize("command", readme_commands())
 def test_readme_command_runs(command, tmp_path):
-    for key, module in NEEDS.items():
-        if key in command and importlib.util.find_spec(module) is None:
-            pytest.skip(f"needs {module}")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for key, modules in NEEDS.items():
+        for module in modules:
+            if key in command and importlib.util.find_spec(module) is None:
+                pytest.skip(f"needs {module}")
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(_argv(command, tmp_path), cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{command} failed (rc {proc.returncode}):\n{out[-4000:]}"
