@@ -32,6 +32,7 @@ dist.init_process_group("nccl" if cuda else "gloo")
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
     torch.cuda.set_device(device)
+dtype = torch.bfloat16 if cuda else torch.float32  # the GPU attention kernels take bf16/fp16
 mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("cp",))
 cfg = TinyConfig()
 backend = cpcompile.backend(strategy="zigzag", mesh=mesh, inner="inductor" if cuda else "aot_eager")
@@ -60,7 +61,7 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, seed: 
 
 def fresh(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)  # the same initial weights on every rank
-    model = TinyLlama(cfg).to(device)
+    model = TinyLlama(cfg).to(device, dtype)
     return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
 
 
@@ -78,7 +79,7 @@ same = all(torch.equal(a, b) for a, b in zip(model.parameters(), resumed.paramet
 
 after = train(model, opt, args.steps, seed=2)
 after_resumed = train(resumed, resumed_opt, args.steps, seed=2)  # the optimizer state was restored too
-ok = same and after == after_resumed
+ok = same and abs(after - after_resumed) <= 1e-3 * abs(after)  # CPU: equal; GPU backward kernels use atomics
 if dist.get_rank() == 0:
     print(f"saved to {args.dir} at loss {before:.4f}; loaded weights equal the saved ones: {same}")
     print(f"{args.steps} more steps: loss {after:.4f} (kept model), {after_resumed:.4f} (loaded model)")

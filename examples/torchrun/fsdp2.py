@@ -35,12 +35,13 @@ dist.init_process_group("nccl" if cuda else "gloo")
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
     torch.cuda.set_device(device)
+dtype = torch.bfloat16 if cuda else torch.float32  # the GPU attention kernels take bf16/fp16
 dp = dist.get_world_size() // args.cp
 mesh = init_device_mesh(device.type, (dp, args.cp), mesh_dim_names=("dp", "cp"))
 
 torch.manual_seed(0)
 cfg = TinyConfig()
-model = TinyLlama(cfg).to(device)
+model = TinyLlama(cfg).to(device, dtype)
 inner = "inductor" if cuda else "aot_eager"  # aot_eager: quicker to compile on CPU
 backend = cpcompile.backend(strategy=args.strategy, comm=args.comm, mesh=mesh, inner=inner)
 for block in model.blocks:

@@ -32,17 +32,17 @@ dist.init_process_group("nccl" if cuda else "gloo")
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
     torch.cuda.set_device(device)
+dtype = torch.bfloat16 if cuda else torch.float32  # the GPU attention kernels take bf16/fp16
 mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("cp",))
 
 torch.manual_seed(0)  # the same initial weights on every rank
 if args.model:
-    dtype = torch.bfloat16 if cuda else torch.float32
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="cpcompile", dtype=dtype)
 else:
     config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="cpcompile")
-model = model.to(device).train()
+model = model.to(device, dtype).train()
 vocab = model.config.vocab_size
 inner = "inductor" if cuda else "aot_eager"  # aot_eager: quicker to compile on CPU
 backend = cpcompile.backend(strategy=args.strategy, comm=args.comm, mesh=mesh, inner=inner)

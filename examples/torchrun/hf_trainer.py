@@ -33,7 +33,7 @@ dataset = [{"input_ids": row, "labels": row.clone()} for row in rows]
 cuda = torch.cuda.is_available()
 training = transformers.TrainingArguments(
     output_dir="cp_trainer_out", max_steps=args.steps, per_device_train_batch_size=args.rows, learning_rate=3e-3,
-    logging_steps=1, save_strategy="no", report_to=[], use_cpu=not cuda, disable_tqdm=True,
+    logging_steps=1, save_strategy="no", report_to=[], use_cpu=not cuda, bf16=cuda, disable_tqdm=True,
 )  # fmt: skip
 trainer = CPTrainer(
     model=model, args=training, train_dataset=dataset, data_collator=transformers.default_data_collator,

@@ -33,12 +33,13 @@ dist.init_process_group("nccl" if cuda else "gloo")
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
     torch.cuda.set_device(device)
+dtype = torch.bfloat16 if cuda else torch.float32  # the GPU attention kernels take bf16/fp16
 world = dist.get_world_size()
 mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("cp",))
 
 torch.manual_seed(0)  # the same initial weights on every rank
 cfg = TinyConfig()
-model = VarlenTinyLlama(cfg, causal=True, max_len=args.tokens).to(device)  # max_len: a constant, no recompiles
+model = VarlenTinyLlama(cfg, causal=True, max_len=args.tokens).to(device, dtype)  # max_len: constant
 inner = "inductor" if cuda else "aot_eager"  # aot_eager: quicker to compile on CPU
 backend = cpcompile.backend(strategy=args.strategy, comm=args.comm, mesh=mesh, inner=inner)
 compiled = torch.compile(model, backend=backend, fullgraph=True)
