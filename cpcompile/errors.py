@@ -9,7 +9,12 @@ import torch
 import torch.fx
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_EAGER_GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eager_guard.py")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_NOT_USER = (
+    os.path.join(_HERE, "eager_guard.py"),  # its SDPA wrapper (Dynamo inlines it)
+    os.path.join(_HERE, "attention_op.py"),  # cpcompile.attention, which HF's "cpcompile" attention calls
+    os.path.join(_HERE, "integrations", ""),  # the HF attention function: the model's line is the one to name
+)
 
 
 class CPCompileError(ValueError):
@@ -23,8 +28,8 @@ def _user_frame(node: torch.fx.Node) -> tuple[str, str, str, str] | None:
     """(path, line, function, code) of the user's innermost frame Dynamo recorded for `node`, or None."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
-    # torch's frames (varlen_attn's own) and the eager guard's SDPA wrapper (Dynamo inlines it) are not the user's
-    user = [f for f in frames if not f[0].startswith(_TORCH_DIR) and f[0] != _EAGER_GUARD]
+    # torch's frames (varlen_attn's own) and cpcompile's own attention plumbing are not the user's
+    user = [f for f in frames if not f[0].startswith((_TORCH_DIR, *_NOT_USER))]
     return (user or frames)[-1] if frames else None
 
 

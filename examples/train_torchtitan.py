@@ -4,6 +4,8 @@ process.
     python examples/train_torchtitan.py                          # packed documents, VarlenAttention, thd, 2 ranks
     python examples/train_torchtitan.py --strategy thd_zigzag
     python examples/train_torchtitan.py --attention sdpa         # dense causal SDPA, zigzag
+    python examples/train_torchtitan.py --strategy thd_balanced  # equal tokens and work a rank, any documents
+    python examples/train_torchtitan.py --comm ring              # K/V passed around the ranks
     python examples/train_torchtitan.py --ranks 3 --comm a2a --layers 2
 
 torchtitan's own CP takes FlexAttention only; here its VarlenAttention (packed documents) and its
@@ -20,27 +22,30 @@ import argparse
 import sys
 import time
 
-from cpcompile.integrations.rows import pack_rows
-from cpcompile.testing.distributed import run_ranks
-from cpcompile.testing.titan_llama import FLAVOR, titan_batches, train_titan
+from _demo import Progress, refusal, report_parity, run_or_explain  # examples/_demo.py: no torch import
 
 
 def _batches(args: argparse.Namespace) -> list[dict]:
+    from cpcompile.testing.titan_llama import titan_batches
+
     return titan_batches(args.steps, args.batch, args.seq, documents=args.attention == "varlen", seed=0)
 
 
 def _rank_main(rank: int, world: int, args: argparse.Namespace):
-    started = time.time()
+    from cpcompile.testing.titan_llama import train_titan
 
-    def on_step(step: int, loss: float, padding: int) -> None:
-        if rank == 0:
-            note = f" (compiling included: {time.time() - started:.1f} s)" if step == 0 else ""
-            print(f"step {step + 1}/{args.steps}  loss {loss:.4f}{note}", file=sys.stderr, flush=True)
-
-    return train_titan(
-        _batches(args), attention=args.attention, strategy=args.strategy, comm=args.comm, inner=args.inner,
-        layers=args.layers, max_documents=args.max_documents, on_step=on_step,
-    )  # fmt: skip
+    progress = Progress(args.steps, args.started) if rank == 0 else None
+    try:
+        return train_titan(
+            _batches(args), attention=args.attention, strategy=args.strategy, comm=args.comm, inner=args.inner,
+            layers=args.layers, max_documents=args.max_documents,
+            on_step=None if progress is None else lambda step, loss, padding: progress(step, loss),
+        )  # fmt: skip
+    except Exception as e:
+        refused = refusal(e)  # every rank refuses alike: report it as one line, not a traceback per rank
+        if refused is None:
+            raise
+        return refused
 
 
 class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -57,10 +62,12 @@ def _parse() -> argparse.Namespace:
     )
     p.add_argument(
         "--strategy",
-        choices=["thd", "thd_zigzag", "flat", "zigzag"],
+        choices=["thd", "thd_zigzag", "thd_balanced", "flat", "zigzag"],
         help="token layout (default: thd for varlen, zigzag for sdpa)%(default).0s",
     )
-    p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a"], help="all_gather of K/V, or a2a")
+    p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring"],
+                   help="all_gather of K/V, a2a (Ulysses: heads for sequence), or ring (K/V chunks passed around "
+                   "the ranks: the least memory)")  # fmt: skip
     p.add_argument("--ranks", type=int, default=2, help="CP ranks (CPU processes)")
     p.add_argument(
         "--inner",
@@ -68,6 +75,7 @@ def _parse() -> argparse.Namespace:
         choices=["aot_eager", "inductor", "eager"],
         help="the compiler cpcompile hands the rewritten graph to",
     )
+    p.add_argument("--verbose", action="store_true", help="print the whole traceback of an error")
     p.add_argument("--steps", type=int, default=5, help="training steps")
     p.add_argument("--seq", type=int, default=128, help="tokens per row")
     p.add_argument("--batch", type=int, default=2, help="rows per batch")
@@ -80,11 +88,18 @@ def _parse() -> argparse.Namespace:
     )
     args = p.parse_args()
     args.strategy = args.strategy or ("thd" if args.attention == "varlen" else "zigzag")
+    if (args.strategy.startswith("thd")) != (args.attention == "varlen"):
+        p.error(f"--strategy {args.strategy} does not fit --attention {args.attention}: varlen takes thd, "
+                "thd_zigzag or thd_balanced; sdpa takes flat or zigzag")  # fmt: skip
     return args
 
 
 def main() -> int:
     args = _parse()
+    from cpcompile.integrations.rows import pack_rows
+    from cpcompile.testing.distributed import run_ranks
+    from cpcompile.testing.titan_llama import FLAVOR, train_titan
+
     print(
         f"torchtitan Llama3 {FLAVOR} ({args.layers or 'all'} layers, {args.attention} attention), {args.steps} steps "
         f"of {args.batch}x{args.seq} tokens, strategy={args.strategy} comm={args.comm} inner={args.inner}, "
@@ -93,17 +108,15 @@ def main() -> int:
     full = pack_rows(**_batches(args)[0], strategy=args.strategy, cp=args.ranks, max_documents=args.max_documents)
     if full.padding:
         print(f"padding: {full.padding} tokens added for {args.strategy} on {args.ranks} ranks (labels ignored)")
-    print(f"compiling: each rank traces the model, cpcompile rewrites its attention, {args.inner} compiles it ...")
-    results = run_ranks(_rank_main, args.ranks, args, timeout=1800)
+    print(f"starting {args.ranks} ranks; each traces the model, cpcompile rewrites its attention, {args.inner} "
+          "compiles it ...", flush=True)  # fmt: skip
+    args.started = time.time()
+    results = run_or_explain(lambda: run_ranks(_rank_main, args.ranks, args, timeout=1800), args.verbose)
+    if results is None:
+        return 2
+    print("the same training on one process, for the comparison ...", flush=True)
     ref = train_titan(_batches(args), attention=args.attention, layers=args.layers)
-    loss_diff = max(abs(a - b) for r in results for a, b in zip(r.losses, ref.losses))
-    weight_diff = max((p - ref.params[n]).abs().max().item() for r in results for n, p in r.params.items())
-    print(f"attention nodes rewritten per rank: {[r.rewritten for r in results]}")
-    print(f"loss: first {ref.losses[0]:.4f} -> last {ref.losses[-1]:.4f} (single process)")
-    print(f"parity with single process: max |loss diff| {loss_diff:.2e}, max |weight diff| {weight_diff:.2e}")
-    ok = loss_diff <= 1e-4 and weight_diff <= 1e-3
-    print("PARITY OK" if ok else "PARITY MISMATCH")
-    return 0 if ok else 1
+    return 0 if report_parity(results, ref) else 1
 
 
 if __name__ == "__main__":

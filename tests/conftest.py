@@ -2,7 +2,8 @@
 
 Markers (pytest runs with --strict-markers, so only these exist):
 - multirank: the test spawns gloo ranks (cpcompile.testing.distributed.run_ranks); slow. Every test in
-  tests/parity/ has it; a multi-rank test in another folder carries @pytest.mark.multirank itself.
+  tests/parity/ and tests/examples/ has it; a multi-rank test in another folder carries @pytest.mark.multirank
+  itself.
 - gpu: the test needs CUDA (skipped where it is absent). Every test in tests/gpu/ has it.
 
 pytest -m "not multirank" runs the fast tests only (unit, graphs, errors); pytest -m gpu the CUDA ones.
@@ -18,7 +19,7 @@ MARKERS = {
     "multirank": "spawns gloo ranks (run_ranks); every test in tests/parity/",
     "gpu": "needs a CUDA GPU; every test in tests/gpu/",
 }
-FOLDER_MARKERS = {"parity": "multirank", "gpu": "gpu"}
+FOLDER_MARKERS = {"parity": "multirank", "examples": "multirank", "gpu": "gpu"}
 TESTS = Path(__file__).resolve().parent
 
 

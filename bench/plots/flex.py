@@ -13,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from . import reference_lines  # noqa: E402
+
 
 def table(rows: list[dict]) -> str:
     lines = ["| mask | S | cp | comm | single-GPU ms | ideal ms | slowest rank ms | efficiency |", "|" + "---|" * 8]
@@ -39,8 +41,7 @@ def main(path: str = "bench/results/flex.json", png: str = "docs/flex.png") -> N
         ax.bar([j + i * width for j in range(len(cases))], [by.get(c, 0) for c in cases], width, label="/".join(g))
     ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(cases))])
     ax.set_xticklabels([f"S={s // 1024}K cp={c}" for s, c in cases], fontsize=8)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.axhline(0.95, color="gray", lw=0.8, ls=":")
+    reference_lines(ax, 0.95, "target")
     ax.set_ylabel("ideal / slowest rank")
     ax.legend(fontsize=7, ncols=2, loc="lower left")
     ax.set_title(f"one CP rank's flex_attention fwd+bwd, zigzag, {rec['gpu']}, torch {rec['torch']}", fontsize=9)

@@ -1,6 +1,6 @@
 """Plot bench/results/memory.json into docs/memory.png: per-rank activation memory (peak - static) of one
-training step against S, one line per comm, against single-GPU activations / cp (dashed); one panel per cp,
-one row per stack (layers, MLP, checkpointing). Prints the markdown table for docs/scale.md. Runs on a CPU
+training step against S, one line per comm, against single-GPU activations / cp (dashed); one panel per measured
+(stack, cp) pair (layers, MLP, checkpointing). Prints the markdown table for docs/scale.md. Runs on a CPU
 machine (matplotlib), from the repository root:
 
     python -m bench.plots.memory [--json bench/results/memory.json] [--png docs/memory.png]
@@ -48,33 +48,25 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     recs = json.load(open(args.json))
     done = [r for r in recs if "skipped" not in r and r.get("activation_bytes") is not None]
-    stacks = sorted({_stack(r) for r in done})
-    cps = sorted({r["cp"] for r in done})
+    panels = sorted({(_stack(r), r["cp"]) for r in done})  # only what was measured: no empty panel
     if not done:
         raise SystemExit(f"{args.json}: no measured records with a single-GPU baseline")
-    fig, axes = plt.subplots(len(stacks), len(cps), figsize=(3.4 * len(cps), 3.0 * len(stacks)), squeeze=False)
-    for i, stack in enumerate(stacks):
-        for j, cp in enumerate(cps):
-            ax = axes[i][j]
-            mine = [r for r in done if _stack(r) == stack and r["cp"] == cp]
-            if not mine:  # this stack was not measured at this cp
-                ax.set_axis_off()
-                continue
-            for name in sorted({r["name"] for r in mine}):
-                pts = sorted((r["S"], r["activation_bytes"] / GIB) for r in mine if r["name"] == name)
-                ax.plot([s / 1024 for s, _ in pts], [b for _, b in pts], marker="o", label=name)
-            base = sorted(
-                {(r["S"], (r["single_gpu_peak_bytes"] - r["single_gpu_static_bytes"]) / cp / GIB) for r in mine}
-            )
-            ax.plot([s / 1024 for s, _ in base], [b for _, b in base], "k--", label="single GPU / cp")
-            ax.set_xscale("log", base=2)
-            ticks = sorted({r["S"] // 1024 for r in mine})
-            ax.set_xticks(ticks, [f"{t}K" for t in ticks])
-            ax.minorticks_off()
-            ax.set_title(f"{stack}, cp={cp}", fontsize=8)
-            ax.set_xlabel("S (K tokens)", fontsize=8)
-            ax.set_ylabel("activations GiB / rank", fontsize=8)
-            ax.tick_params(labelsize=7)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2), squeeze=False)
+    for ax, (stack, cp) in zip(axes[0], panels):
+        mine = [r for r in done if _stack(r) == stack and r["cp"] == cp]
+        for name in sorted({r["name"] for r in mine}):
+            pts = sorted((r["S"], r["activation_bytes"] / GIB) for r in mine if r["name"] == name)
+            ax.plot([s / 1024 for s, _ in pts], [b for _, b in pts], marker="o", label=name)
+        base = sorted({(r["S"], (r["single_gpu_peak_bytes"] - r["single_gpu_static_bytes"]) / cp / GIB) for r in mine})
+        ax.plot([s / 1024 for s, _ in base], [b for _, b in base], "k--", label="single GPU / cp")
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["S"] // 1024 for r in mine})
+        ax.set_xticks(ticks, [f"{t}K" for t in ticks])
+        ax.minorticks_off()
+        ax.set_title(f"{stack}, cp={cp}", fontsize=8)
+        ax.set_xlabel("S (K tokens)", fontsize=8)
+        ax.set_ylabel("activations GiB / rank", fontsize=8)
+        ax.tick_params(labelsize=7)
     axes[0][0].legend(fontsize=6)
     d = done[0]
     fig.suptitle(f"per-rank peak - static, one fwd+bwd, {d['layout']}, {d['device']}, torch {d['torch']}", fontsize=9)

@@ -14,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from . import reference_lines  # noqa: E402
+
 
 def main(path: str = "bench/results/multi_gpu.json", png: str = "docs/multi_gpu.png") -> None:
     recs = json.load(open(path))
@@ -30,10 +32,9 @@ def main(path: str = "bench/results/multi_gpu.json", png: str = "docs/multi_gpu.
     for ax, label, target in zip(axes, ("ideal / latency", "PyTorch CP latency / cpcompile"), (0.95, 1.3)):
         ax.set_xticks([j + width * (len(tokens) - 1) / 2 for j in range(len(names))])
         ax.set_xticklabels(["/".join(n) for n in names], fontsize=7)
-        ax.axhline(target, color="gray", lw=0.8, ls=":")
-        ax.axhline(1.0, color="gray", lw=0.8)
+        reference_lines(ax, target, "target")
         ax.set_ylabel(label)
-    axes[0].legend(fontsize=7, loc="lower left")
+        ax.legend(fontsize=7, loc="lower left")
     cp = ", ".join(str(c) for c in sorted({r["cp"] for r in layer}))
     fig.suptitle(f"one attention layer fwd+bwd, cp={cp}, {layer[0]['device']}, NCCL", fontsize=9)
     fig.tight_layout()

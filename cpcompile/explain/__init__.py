@@ -23,6 +23,7 @@ import torch
 from ..backend import check_choices
 from ..cost import SiteShape, estimate
 from ..errors import CPCompileError, node_origin, node_source
+from ..layouts import THD_LAYOUTS
 from ..log import LOGGER_NAME
 from ..passes import PassState
 from ..passes.agree import plan_summary
@@ -31,6 +32,7 @@ from ..passes.match import find_attention_sites
 from ..passes.plan import plan_site
 from ..passes.plans import CPConfig, CPPlan
 from ..passes.rewrite import rewrite_graph
+from ..sharding.conventions import with_hf_labels, with_position_ids
 from .inputs import local_inputs, packed_offsets, stand_in_group
 from .recommend import recommend
 from .report import Recommendation, Refusal, Report, SiteReport
@@ -131,6 +133,8 @@ def explain(
     seq_keys=(),
     passthrough_keys=(),
     device: str | torch.device | None = None,
+    hf_loss: str | None = None,
+    ignore_index: int = -100,
     **example_kwargs,
 ) -> Report:
     """What cpcompile.backend(strategy=strategy, comm=comm, kernel=kernel) would do with `model` on `world` CP
@@ -140,7 +144,9 @@ def explain(
     document offsets the model takes (packed strategies; the same tensor, or the `cu_seqlens` keyword);
     seq_keys / passthrough_keys: keyword tensors to cut like the tokens / keep whole (as in shard_batch);
     device: plan the kernels for this device instead of the example tensors' (meta tensors: "cpu", or "cuda" in a
-    process where CUDA is available, since the kernels' availability checks run here).
+    process where CUDA is available, since the kernels' availability checks run here); hf_loss: as in shard_batch
+    ("causal_lm": the example's `labels=` become the globally shifted `shift_labels`, `num_items_in_batch` and
+    the global `position_ids` (when absent) are added: the batch a Hugging Face model gets under CP).
     Unknown names and a world below 2 raise CPCompileError; everything the pass would refuse is a refusal.
     """
     check_choices(strategy, comm, kernel)
@@ -149,6 +155,10 @@ def explain(
     report = Report(strategy=strategy, comm=comm, kernel=kernel, world=world)
     configs = [CPConfig(strategy, comm, kernel, cp_group=stand_in_group(r, world)) for r in range(world)]
     try:
+        if hf_loss is not None:  # the batch a Hugging Face model gets from shard_batch(..., hf_loss=)
+            dim = (0 if strategy in THD_LAYOUTS else 1) if seq_dim is None else seq_dim
+            example_kwargs = with_position_ids(dict(example_kwargs), dim, None)  # when the batch has none
+            example_kwargs = with_hf_labels(example_kwargs, dim, hf_loss, ignore_index)
         cu = packed_offsets(strategy, cu_seqlens, example_kwargs)
         args, kwargs = local_inputs(
             example_args, example_kwargs, strategy=strategy, rank=0, world=world, seq_dim=seq_dim,
@@ -162,6 +172,7 @@ def explain(
         report.refusals.append(Refusal("eager attention", str(error)))
     report.graphs = len(graphs)
     sites = [s for g, gm in enumerate(graphs) for s in _plan_graph(report, g, gm, configs, cu, device)]
+    report.device = next((s.device.type for s in sites), "")
     if device is None and any(s.device.type == "meta" for s in sites):
         report.notes.append("the example tensors are on the meta device: pass device='cuda' (or 'cpu') to plan kernels")
     kinds = {s.kind for s in sites}

@@ -1,9 +1,10 @@
 """The layout explain() recommends for a model and world size: the one whose best comm x kernel the cost model
-estimates fastest over all its attention sites (packed sites with the example batch's documents).
+estimates fastest over all its attention sites (packed sites with the example batch's documents), under the comm
+asked for (comm="auto": each site's fastest comm).
 
 The layout stays the user's choice, since it is the data contract of shard_batch; this only advises. Each layout
-of the sites' kind (flat / zigzag for SDPA, thd / thd_zigzag for varlen_attn) is planned with comm="auto" (and
-the kernel asked for), so the planner's rules decide what it may use; a layout within cost.TIE of the fastest
+of the sites' kind (flat / zigzag for SDPA, thd / thd_zigzag for varlen_attn) is planned with the comm and the
+kernel asked for, so the planner's rules decide what it may use; a layout within cost.TIE of the fastest
 loses only to one listed before it (flat before zigzag, thd before thd_zigzag: fewer blocks, no padding).
 thd_zigzag needs every document to be a multiple of 2*cp: for a batch that is not, it is costed on the batch
 padded by pad_documents, and the reason says how many tokens that adds. thd_balanced (blocks from each batch's
@@ -42,7 +43,7 @@ def _layout_cost(sites, layout: str, config: CPConfig, cu: torch.Tensor | None) 
             cu = padded
     best = []
     for site in sites:
-        plan = plan_site(site, dataclasses.replace(config, strategy=layout, comm="auto"))
+        plan = plan_site(site, dataclasses.replace(config, strategy=layout))  # the comm asked for, or "auto"
         options = [(e.comm, e.kernel) for e in plan.choice.options] if plan.choice else [(plan.comm, plan.kernel)]
         shape = SiteShape.of_site(
             site, plan.causal, world, **({} if site.kind == "sdpa" else dict(
@@ -82,7 +83,8 @@ def recommend(sites: list[AttentionSite], config: CPConfig, cu: torch.Tensor | N
         costs[layout] = (sum(e.total_ms for e in best), best, note)
     if not costs:
         reasons = "; ".join(f"{name}: {why}" for name, why in refused.items())
-        return Recommendation("none", "no layout can take these sites: " + reasons)
+        under = "" if config.comm == "auto" else f" with comm={config.comm}"
+        return Recommendation("none", f"no layout can take these sites{under}: " + reasons)
     fastest = min(total for total, _, _ in costs.values())
     chosen = next(name for name, (total, _, _) in costs.items() if total <= fastest * (1 + TIE))
     parts = []
@@ -93,5 +95,6 @@ def recommend(sites: list[AttentionSite], config: CPConfig, cu: torch.Tensor | N
         parts.append(text + (f", {note}" if note else ""))
     parts += [f"{name} refused ({why})" for name, why in refused.items()]
     what = "this batch's documents" if cu is not None else "these shapes"
-    reason = f"estimated forward + backward over {len(sites)} site(s) for {what}: " + "; ".join(parts)
+    asked = "the fastest comm per site (comm=auto)" if config.comm == "auto" else f"comm={config.comm}, as asked"
+    reason = f"{asked}; estimated forward + backward over {len(sites)} site(s) for {what}: " + "; ".join(parts)
     return Recommendation(chosen, reason, {name: total for name, (total, _, _) in costs.items()})

@@ -3,10 +3,14 @@ recommended layout; str() renders it as the table the README shows."""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 from ..cost import Choice, Estimate
-from ..cost.rates import provenance
+from ..cost.rates import provenance, table
+
+WIDTH = 120
+"""Lines of the rendered report are wrapped at this width (the compact table fits in it for typical sites)."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +84,15 @@ class Report:
     refusals: list[Refusal] = field(default_factory=list)
     recommendation: Recommendation | None = None
     notes: list[str] = field(default_factory=list)
+    device: str = ""
+    """The device type the kernels were planned for ("cpu", "cuda"; "" when no site was found)."""
 
     def __str__(self) -> str:
         return render(self)
+
+    def details(self) -> str:
+        """The table with every column: local q/k/v shapes and the bytes a rank sends, too."""
+        return render(self, details=True)
 
 
 def _per_rank(values, fmt=str) -> str:
@@ -114,28 +124,42 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def render(report: Report) -> str:
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+
+
+def _rates_line(report: Report) -> str:
+    measured = table()["device"]
+    if report.device == "cpu":
+        return f"estimated at {measured} rates: no CPU rates are measured, so read the ms as relative, not CPU times"
+    return f"estimated at {measured} rates"
+
+
+def render(report: Report, details: bool = False) -> str:
+    """The report as text; details=True adds the local q/k/v shapes and the bytes sent per rank."""
     head = (
         f"cpcompile.explain: strategy={report.strategy} comm={report.comm} kernel={report.kernel} "
         f"world={report.world}: {len(report.sites)} attention site(s) in {report.graphs} graph(s), "
         f"{len(report.refusals)} refusal(s)"
     )
-    lines = [head, ""]
+    lines = _wrap(head)
     if report.sites:
-        rows = [
-            ["#", "node", "source", "q / k / v (local)", "layout", "comm", "kernel", "blocks/rank",
-             "sent fwd / bwd per rank", "FLOPs/rank (fwd+bwd)", "max/mean", "est. ms"],
-        ]  # fmt: skip
+        lines += _wrap(_rates_line(report) + ("; report.details() adds shapes and bytes" if not details else ""))
+    lines.append("")
+    if report.sites:
+        wide = ["q / k / v (local)", "sent fwd / bwd per rank"] if details else []
+        rows = [["#", "node", "source", *wide[:1], "layout", "comm", "kernel", "blocks/rank", *wide[1:],
+                 "FLOPs/rank", "max/mean", "est. ms"]]  # fmt: skip
         for i, s in enumerate(report.sites):
             e = s.estimate
-            costs = ["-"] * 5 if e is None else [
-                _per_rank(e.blocks), f"{_bytes(e.sent_fwd)} / {_bytes(e.sent_bwd)}", _per_rank(e.flops, _flops),
-                f"{e.balance:.2f}", f"{e.total_ms:.3g}",
-            ]  # fmt: skip
-            rows.append([
-                str(i), s.node, s.source, " / ".join(_shape(x) for x in (s.q_shape, s.k_shape, s.v_shape)), s.layout,
-                s.comm, s.kernel, *costs,
-            ])  # fmt: skip
+            shapes = [" / ".join(_shape(x) for x in (s.q_shape, s.k_shape, s.v_shape))] if details else []
+            sent = ([f"{_bytes(e.sent_fwd)} / {_bytes(e.sent_bwd)}"] if e is not None else ["-"]) if details else []
+            if e is None:
+                costs = ["-"] * (5 if details else 4)
+            else:
+                flops = _per_rank(e.flops, _flops)
+                costs = [_per_rank(e.blocks), *sent, flops, f"{e.balance:.2f}", f"{e.total_ms:.3g}"]
+            rows.append([str(i), s.node, s.source, *shapes, s.layout, s.comm, s.kernel, *costs])  # fmt: skip
         lines += _table(rows)
         for i, s in enumerate(report.sites):
             if s.estimate is None:
@@ -149,17 +173,19 @@ def render(report: Report) -> str:
             if s.estimate.rates != s.kernel:
                 extra.append(f"rates of {s.estimate.rates}")
             if extra:
-                lines.append(f"  site {i}: " + "; ".join(extra))
-        lines.append(f"  estimates: {provenance()}; forward + backward, slowest rank + time on the wire")
+                lines += _wrap(f"  site {i}: " + "; ".join(extra), "    ")
+        lines += _wrap(f"  estimates: {provenance()}; forward + backward (FLOPs too), slowest rank + time on the "
+                       "wire", "    ")  # fmt: skip
     lines.append("")
     if report.refusals:
         lines.append("Refused:")
-        lines += [
-            f"  - {r.message}" if r.where in r.message else f"  - [{r.where}] {r.message}" for r in report.refusals
-        ]
+        for r in report.refusals:
+            text = f"  - {r.message}" if r.where in r.message else f"  - [{r.where}] {r.message}"
+            lines += _wrap(text, "    ")
     else:
         lines.append("Refused: nothing")
     if report.recommendation is not None:
-        lines += ["", f"Recommended layout: {report.recommendation.layout} ({report.recommendation.reason})"]
-    lines += [f"Note: {n}" for n in report.notes]
+        lines += [""] + _wrap(f"Recommended layout: {report.recommendation.layout} ({report.recommendation.reason})")
+    for n in report.notes:
+        lines += _wrap(f"Note: {n}")
     return "\n".join(lines)

@@ -61,7 +61,8 @@ def train_packed(
     on_step: Callable[[int, float], None] | None = None,
 ) -> TrainResult:
     """Train VarlenTinyLlama (causal per document): single-process when strategy is None, else CP over the
-    default group with strategy "thd" or "thd_zigzag"."""
+    default group with strategy "thd", "thd_zigzag" or "thd_balanced" (whose per-batch plan rides in the
+    cu_seqlens the model and shard get: plan_documents)."""
     device = torch.device(device)
     cp = dist.get_world_size() if strategy is not None else 1
     packed = [
@@ -82,6 +83,7 @@ def train_packed(
         cu = full.cu_seqlens
         ids, labels, pos = full.tokens[0], full.labels[0], full.positions[0]
         if strategy is not None:
+            cu = cpcompile.plan_documents(cu, strategy=strategy)  # thd, thd_zigzag: the offsets as they are
             ids, labels, pos = (
                 cpcompile.shard(t, strategy=strategy, seq_dim=0, cu_seqlens=cu) for t in (ids, labels, pos)
             )

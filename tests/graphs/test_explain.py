@@ -59,15 +59,21 @@ def test_report_table_snapshot():
         str(report),
         """\
 cpcompile.explain: strategy=zigzag comm=auto kernel=auto world=4: 1 attention site(s) in 1 graph(s), 0 refusal(s)
+estimated at NVIDIA H200 rates: no CPU rates are measured, so read the ms as relative, not CPU times; report.details()
+  adds shapes and bytes
 
-#  node  source              q / k / v (local)                         layout  comm        kernel     blocks/rank  sent fwd / bwd per rank  FLOPs/rank (fwd+bwd)  max/mean  est. ms
-0  out   test_explain.py:35  1x16x8192x64 / 1x4x8192x64 / 1x4x8192x64  zigzag  all_gather  cpu_flash  4/5/5/4      50.3 MB / 50.3 MB        1.92T                 1.00      7.37
-  site 0: auto chose all_gather + cpu_flash 7.37 ms (runner-up a2a + cpu_flash 8.34 ms) (the planner's estimates); rates of flash (proxy: cpu_flash has no measured rate)
-  estimates: kernel rates measured on NVIDIA H200 (bench/results/single_gpu.json, 2026-11-29..2026-12-01); link 300 GB/s per rank assumed; forward + backward, slowest rank + time on the wire
+#  node  source              layout  comm        kernel     blocks/rank  FLOPs/rank  max/mean  est. ms
+0  out   test_explain.py:35  zigzag  all_gather  cpu_flash  4/5/5/4      1.92T       1.00      7.37
+  site 0: auto chose all_gather + cpu_flash 7.37 ms (runner-up a2a + cpu_flash 8.34 ms) (the planner's estimates); rates
+    of flash (proxy: cpu_flash has no measured rate)
+  estimates: kernel rates measured on NVIDIA H200 (bench/results/single_gpu.json, 2026-11-29..2026-12-01); link 300 GB/s
+    per rank assumed; forward + backward (FLOPs too), slowest rank + time on the wire
 
 Refused: nothing
 
-Recommended layout: flat (estimated forward + backward over 1 site(s) for these shapes: flat 6.83 ms with a2a + cpu_flash, FLOPs max/mean per rank 1.00; zigzag 7.37 ms with all_gather + cpu_flash, FLOPs max/mean per rank 1.00)""",
+Recommended layout: flat (the fastest comm per site (comm=auto); estimated forward + backward over 1 site(s) for these
+  shapes: flat 6.83 ms with a2a + cpu_flash, FLOPs max/mean per rank 1.00; zigzag 7.37 ms with all_gather + cpu_flash,
+  FLOPs max/mean per rank 1.00)""",
     )
 
 
@@ -219,3 +225,42 @@ def test_plan_carrying_layouts_are_not_explained_or_auto():
 
     with pytest.raises(cpcompile.CPCompileError, match="regather=True with comm='auto'"):
         cpcompile.backend(comm="auto", regather=True)
+
+
+def test_compact_table_fits_and_details_add_the_wide_columns():
+    """The default table fits in 120 columns and says whose rates it costs at (on CPU: H200's, read as relative);
+    details() adds the local shapes and the bytes sent."""
+    with torch.device("meta"):
+        model, x = Attend(heads=(16, 4), head_dim=64), torch.randn(1, 32768, 32)
+    report = cpcompile.explain(model, x, strategy="zigzag", comm="all_gather", world=4, device="cpu")
+    assert max(len(line) for line in str(report).splitlines()) <= 120
+    assert "H200 rates: no CPU rates are measured" in str(report) and "q / k / v" not in str(report)
+    assert "1x16x8192x64 / 1x4x8192x64 / 1x4x8192x64" in report.details() and "sent fwd / bwd" in report.details()
+
+
+def test_recommendation_keeps_the_comm_asked_for():
+    """Asked for all_gather, the advice compares layouts under all_gather (it said "flat with a2a" before)."""
+    with torch.device("meta"):
+        model, x = Attend(heads=(16, 4), head_dim=64), torch.randn(1, 32768, 32)
+    report = cpcompile.explain(model, x, strategy="zigzag", comm="all_gather", world=4, device="cpu")
+    reason = report.recommendation.reason
+    assert "comm=all_gather, as asked" in reason and "a2a" not in reason, reason
+    auto = cpcompile.explain(model, x, strategy="zigzag", comm="auto", world=4, device="cpu").recommendation.reason
+    assert "comm=auto" in auto and "a2a" in auto
+
+
+def test_hf_model_site_names_the_models_line_and_hf_loss_cuts_labels():
+    """A Hugging Face model: the source column is the model's own line (not cpcompile's attention op), and
+    hf_loss="causal_lm" gives explain the batch shard_batch would (shift_labels, global position_ids)."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="cpcompile")
+    ids = torch.randint(0, 64, (1, 64))
+    report = cpcompile.explain(
+        model, input_ids=ids, labels=ids, use_cache=False, strategy="zigzag", hf_loss="causal_lm"
+    )
+    assert not report.refusals, str(report)
+    assert [s.source.split(":")[0] for s in report.sites] == ["modeling_llama.py"]

@@ -1,0 +1,77 @@
+"""Train a Hugging Face causal LM with context parallelism, with the model's own loss (needs transformers).
+
+    torchrun --standalone --nproc-per-node=2 examples/torchrun/hf.py                      # CPU: gloo; GPUs: NCCL
+    torchrun --standalone --nproc-per-node=8 examples/torchrun/hf.py --model meta-llama/Llama-3.2-1B --seq 32768
+
+Without --model a small LlamaForCausalLM is built from a config (random weights, nothing downloaded); with it
+the named model's config and weights are loaded. attn_implementation="cpcompile" is registered by
+`import cpcompile`. The HF Trainer: cpcompile/integrations/hf_trainer.py.
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import transformers
+from torch.distributed.device_mesh import init_device_mesh
+
+import cpcompile
+
+p = argparse.ArgumentParser()
+p.add_argument("--model", help="a Hub name or path (default: a small random LlamaForCausalLM)")
+p.add_argument("--strategy", default="zigzag", choices=["flat", "zigzag"])
+p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto"])
+p.add_argument("--steps", type=int, default=10)
+p.add_argument("--batch", type=int, default=1)
+p.add_argument("--seq", type=int, default=1024, help="GLOBAL tokens per row (a multiple of 2 x ranks for zigzag)")
+args = p.parse_args()
+
+cuda = torch.cuda.is_available()
+dist.init_process_group("nccl" if cuda else "gloo")
+device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+if cuda:
+    torch.cuda.set_device(device)
+dtype = torch.bfloat16 if cuda else torch.float32  # the GPU attention kernels take bf16/fp16
+mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("cp",))
+
+torch.manual_seed(0)  # the same initial weights on every rank
+if args.model:
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="cpcompile", dtype=dtype)
+else:
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="cpcompile")
+model = model.to(device, dtype).train()
+vocab = model.config.vocab_size
+inner = "inductor" if cuda else "aot_eager"  # aot_eager: quicker to compile on CPU
+backend = cpcompile.backend(strategy=args.strategy, comm=args.comm, mesh=mesh, inner=inner)
+compiled = torch.compile(model, backend=backend, fullgraph=True)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3 if not args.model else 1e-5)
+
+data = torch.Generator().manual_seed(1)  # the same GLOBAL batches on every rank
+losses = []
+for step in range(args.steps):
+    start = torch.randint(0, vocab, (args.batch, 1), generator=data)
+    ids = (start + torch.arange(args.seq)) % vocab  # rows that count up: something to learn
+    # hf_loss: the GLOBAL labels shifted into shift_labels before sharding, and num_items_in_batch, the global
+    # count of targets, so each rank's .loss is its share of the global mean loss
+    local = cpcompile.shard_batch({"input_ids": ids, "labels": ids}, strategy=args.strategy, mesh=mesh,
+                                  hf_loss="causal_lm")  # fmt: skip
+    local = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in local.items()}
+
+    loss = compiled(**local, use_cache=False).loss
+    opt.zero_grad()
+    loss.backward()
+    for param in model.parameters():  # each rank's gradients come from its own tokens: sum them
+        dist.all_reduce(param.grad, group=mesh.get_group())
+    opt.step()
+    loss = loss.detach()
+    dist.all_reduce(loss, group=mesh.get_group())  # the whole batch's loss, for the log
+    losses.append(loss.item())
+    if dist.get_rank() == 0:
+        print(f"step {step + 1}/{args.steps}  loss {losses[-1]:.4f}", flush=True)
+
+if dist.get_rank() == 0:
+    print(f"done: loss {losses[0]:.4f} -> {losses[-1]:.4f}, {len(backend.plans)} attention calls rewritten")
+dist.destroy_process_group()

@@ -1,0 +1,45 @@
+"""Train a Hugging Face causal LM with transformers' Trainer and cpcompile CP (needs transformers, accelerate).
+
+    torchrun --standalone --nproc-per-node=2 examples/torchrun/hf_trainer.py            # CPU: gloo; GPUs: NCCL
+
+CPTrainer is the Trainer with the same GLOBAL batches on every rank, each rank keeping its tokens (CPCollator:
+cpcompile.shard_batch with hf_loss="causal_lm") and the model compiled with the cpcompile backend. Every process
+is one CP rank. Rows must have one length (no padding); HF "padding-free" packing is refused (see the README).
+"""
+
+import argparse
+
+import torch
+import transformers
+
+from cpcompile.integrations.hf_trainer import CPTrainer
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=10)
+p.add_argument("--seq", type=int, default=1024, help="tokens per row (a multiple of 2 x ranks for zigzag)")
+p.add_argument("--rows", type=int, default=2, help="rows a batch")
+args = p.parse_args()
+
+config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+torch.manual_seed(0)
+model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="cpcompile")
+
+data = torch.Generator().manual_seed(1)  # rows that count up from a random token: something to learn
+starts = torch.randint(0, 256, (args.steps * args.rows, 1), generator=data)
+rows = (starts + torch.arange(args.seq)) % 256
+dataset = [{"input_ids": row, "labels": row.clone()} for row in rows]
+
+cuda = torch.cuda.is_available()
+training = transformers.TrainingArguments(
+    output_dir="cp_trainer_out", max_steps=args.steps, per_device_train_batch_size=args.rows, learning_rate=3e-3,
+    logging_steps=1, save_strategy="no", report_to=[], use_cpu=not cuda, bf16=cuda, disable_tqdm=True,
+)  # fmt: skip
+trainer = CPTrainer(
+    model=model, args=training, train_dataset=dataset, data_collator=transformers.default_data_collator,
+    cp_strategy="zigzag", cp_comm="all_gather", cp_inner="inductor" if cuda else "aot_eager",
+)  # fmt: skip
+trainer.train()
+losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+if trainer.is_world_process_zero():
+    print(f"done: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
