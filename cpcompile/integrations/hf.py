@@ -4,7 +4,8 @@ Under torch.compile HF's "sdpa" implementation builds a 4-D mask whenever it can
 tracing it never can (its packed-sequence check on position_ids is data-dependent): every SDPA call then gets an
 explicit mask, which cannot be sharded over CP ranks. "cpcompile" follows the contract of HF's flash-attention
 implementations instead: the attention call itself carries what the mask would (`is_causal`, `sliding_window`,
-`softcap`, `scaling`, `dropout`), and the mask function hands over only the 2-D padding mask.
+`softcap`, `scaling`, `dropout`, and GPT-OSS's attention sinks `s_aux`), and the mask function hands over only the
+2-D padding mask.
 
 - attention (`cpcompile_attention`): under torch.compile, one `cpcompile::attention` call (attention_op.py),
   which the pass rewrites into a CP region; windows, softcap, the padding mask and the position ids travel with
@@ -15,7 +16,7 @@ implementations instead: the attention call itself carries what the mask would (
   the causal, bidirectional and sliding-window patterns, and HF's 4-D mask for any other pattern (chunked
   attention, image-token overlays, custom mask functions), which a single process runs as sdpa does and CP
   refuses with one clear error (an explicit mask cannot be sharded).
-Refused with one CPCompileError: attention sinks (`s_aux`), position biases.
+Refused with one CPCompileError: position biases.
 """
 
 from __future__ import annotations
@@ -69,12 +70,6 @@ def cpcompile_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """HF's attention-interface signature: q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D) -> ((B, Lq, Hq, D), None)."""
-    if s_aux is not None:
-        raise _refuse(
-            module,
-            "the model uses attention sinks (s_aux), which no cpcompile attention kernel implements",
-            'use attn_implementation="eager" without CP',
-        )
     if kwargs.get("position_bias") is not None:
         raise _refuse(
             module,
@@ -83,9 +78,11 @@ def cpcompile_attention(
         )
     is_causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
     if not torch.compiler.is_compiling():
-        return _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, **kwargs)
+        return _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux, **kwargs)
     if attention_mask is not None and attention_mask.dim() == 4:
         # a pattern only HF's 4-D mask holds (cpcompile_mask): SDPA with it, as HF's sdpa does; CP refuses the mask
+        if s_aux is not None:  # (and the token guard the math path's scores)
+            return _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux)
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=False,
             enable_gqa=query.shape[1] != key.shape[1],
@@ -103,13 +100,15 @@ def cpcompile_attention(
         dropout_p=dropout,
         padding_mask=attention_mask,
         position_ids=position_ids,
+        sinks=s_aux,
     )
     return out.transpose(1, 2).contiguous(), None
 
 
-def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, **kwargs):
-    """No compile: HF's sdpa attention on HF's own mask (cpcompile_mask gave sdpa_mask's), softcap on the math path."""
-    if not softcap:
+def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux, **kwargs):
+    """No compile: HF's sdpa attention on HF's own mask (cpcompile_mask gave sdpa_mask's); softcap and sinks (a
+    sink column in the softmax, dropped after it: GPT-OSS's eager attention) on the math path."""
+    if not softcap and s_aux is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
@@ -124,10 +123,17 @@ def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causa
     groups = query.shape[1] // key.shape[1]
     k, v = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = torch.tanh((query @ k.transpose(-1, -2)) * scale / softcap) * softcap
+    scores = (query @ k.transpose(-1, -2)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask.bool(), float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if s_aux is not None:
+        column = s_aux.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, column], -1), dim=-1, dtype=torch.float32)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    probs = probs.to(query.dtype)
     probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     return (probs @ v).transpose(1, 2).contiguous(), None
 

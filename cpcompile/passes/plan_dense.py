@@ -15,7 +15,7 @@ from ..mesh import CPGroup
 from .auto import resolve, site_comms, site_kernels
 from .checks import constant, is_static
 from .match import AttentionSite
-from .plan_features import FEATURE_COMMS, check_token_metadata, softcap_of, window_of
+from .plan_features import FEATURE_COMMS, check_token_metadata, sinks_of, softcap_of, window_of
 from .plans import CPConfig, CPPlan
 
 
@@ -82,6 +82,7 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
 
     window = window_of(site, causal, sq * group.size)
     softcap = softcap_of(site)
+    sinks = sinks_of(site)
     check_token_metadata(site)
     features = (("window",) if window is not None else ()) + (("softcap",) if softcap else ())
 
@@ -132,4 +133,5 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
         window=window,
         softcap=softcap,
         choice=choice,
+        sinks=sinks,
     )

@@ -14,6 +14,7 @@ import torch
 import cpcompile
 from cpcompile.layouts import LAYOUTS, get_layout
 from cpcompile.layouts.heads import HeadSplit
+from cpcompile.layouts.ring import held_rank, ring_blocks
 from cpcompile.layouts.window import band
 from cpcompile.passes.plan_features import FEATURE_COMMS
 from cpcompile.regions.a2a import buffer_blocks
@@ -61,6 +62,13 @@ def _partials(layout: str, comm: str, cp: int, causal: bool, window, seq: int) -
             for b in lay.blocks(cp, rank, chunk, causal, window):
                 rows.update(own[b.q_start : b.q_start + b.q_len])
                 keys.update(sources[b.source][b.kv_start : b.kv_start + b.kv_len])
+    elif comm == "ring":  # every step's blocks against the held rank's K/V (in its local order)
+        chunk = seq // lay.num_chunks(cp)
+        for rank in range(cp):
+            for step, blocks in enumerate(ring_blocks(lay, cp, rank, chunk, causal, window)):
+                held = held_rank(rank, step, cp)
+                rows.update((rank, r) for b in blocks for r in range(b.q_start, b.q_start + b.q_len))
+                keys.update((held, j) for b in blocks for j in range(b.kv_start, b.kv_start + b.kv_len))
     else:
         for q_buf, blocks in enumerate(buffer_blocks(layout, causal, cp, seq // cp, window)):
             rows.update((q_buf, r) for b in blocks for r in range(b.q_start, b.q_start + b.q_len))
@@ -97,7 +105,7 @@ def _sweep(rank, world):
         low = _reference(q, k, v, dout, mask, torch.bfloat16)
         for layout in sorted(LAYOUTS):
             shard = lambda t: cpcompile.shard(t, strategy=layout, seq_dim=2)  # noqa: E731, B023
-            for comm in FEATURE_COMMS:  # the comms whose dense regions take windows (ring refuses them)
+            for comm in FEATURE_COMMS:  # the comms whose dense regions take windows: all of them
                 partials = _partials(layout, comm, world, causal, window, seq)
                 got = _cp(q, k, v, dout, layout=layout, comm=comm, causal=causal, window=window)
                 for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):
