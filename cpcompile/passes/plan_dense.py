@@ -114,9 +114,9 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
         raise site_error(
             node,
             f"its scores are softcapped (softcap={softcap}, e.g. Gemma 2's attn_logit_softcapping) and no kernel "
-            f"here caps scores ({e}); on CPU the 'cpu_ref' kernel does, on CUDA none of cudnn/flash does",
-            "on CUDA set the model's softcapping to None (Gemma 2: attn_logit_softcapping=None, which changes the "
-            "model), or run it on CPU",
+            f"here caps scores ({e}); 'flex_softcap' (FlexAttention, CUDA fp16/bf16, head dims powers of two in "
+            "[16, 256]) and 'cpu_ref' (CPU) do",
+            "use kernel='auto' (it picks them for softcapped sites), or name one of them",
         ) from None
     # the cost model counts the layout's blocks without the window: under a window it ranks the comms by their
     # unwindowed work (both take windows; the choice is never wrong, at worst not the fastest)

@@ -1,8 +1,8 @@
 """GPU: sliding windows on the dense layouts (cpcompile.attention) on the CUDA kernels, fwd+bwd in bf16, gloo
 ranks sharing one GPU (collectives hop through host memory: tests/gpu/test_gpu.py). Each rank compares its
 output and q/k/v gradients with masked fp64 attention over the full sequence under the bf16 rule of
-tests/support/parity.py, the roundings counted from the windowed blocks themselves; and softcapped scores,
-which no CUDA kernel takes, are one CPCompileError."""
+tests/support/parity.py, the roundings counted from the windowed blocks themselves; and softcapped scores on a
+named kernel that takes none are one CPCompileError (tests/gpu/test_softcap.py runs them on flex_softcap)."""
 
 from __future__ import annotations
 
@@ -153,11 +153,12 @@ def test_gpu_flash_window_block_matches_masked_sdpa():
             assert err <= allowed, f"window={window} {name}: error {err:.3g} > allowed {allowed:.3g}"
 
 
-def test_gpu_softcap_is_refused_on_cuda():
+def test_gpu_softcap_on_a_named_kernel_without_it_is_refused():
+    """kernel="auto" runs softcapped sites on flex_softcap (tests/gpu/test_softcap.py); naming cuDNN is one error."""
     from tests.support.fake_pg import fake_group
 
     q = torch.randn(1, 4, 64, 64, device="cuda", dtype=torch.bfloat16)
     with fake_group(0, 2), pytest.raises(Exception) as excinfo:
-        be = cpcompile.backend(strategy="zigzag", inner="eager")
+        be = cpcompile.backend(strategy="zigzag", kernel="cudnn", inner="eager")
         torch.compile(lambda a: cpcompile.attention(a, a, a, is_causal=True, softcap=50.0), backend=be)(q)
     assert "its scores are softcapped (softcap=50.0" in str(excinfo.value), excinfo.value
