@@ -79,6 +79,29 @@ CAUSAL = (
     "olmo2",
 )  # fmt: skip
 MODELS = (*CAUSAL, "bert")
+RUNS: dict[str, tuple[tuple[str, str, int], ...]] = {name: (("zigzag", "all_gather", 2),) for name in MODELS}
+"""What tests/parity/test_hf_zoo.py runs each model under: (strategy, comm, ranks); README's table reads it too."""
+for _name in ("gemma3", "bert"):  # a2a at 4 ranks: gemma3 has a sliding and a full layer
+    RUNS[_name] += (("zigzag", "a2a", 4),)
+for _name in ("gemma3", "gpt_oss"):  # windows (and sinks) under the ring
+    RUNS[_name] += (("zigzag", "ring", 2),)
+
+
+def features(name: str) -> list[str]:
+    """What a zoo model's attention asks of CP, read off its config (README's table)."""
+    _, cfg = _config(name)
+    out = ["causal" if name in CAUSAL else "bidirectional"]
+    if getattr(cfg, "sliding_window", None) and (getattr(cfg, "use_sliding_window", True) is not False):
+        out.append("sliding windows")
+    if getattr(cfg, "attn_logit_softcapping", None):
+        out.append("softcapped scores")
+    if name == "gpt_oss":
+        out.append("attention sinks")
+    if getattr(cfg, "num_local_experts", 0):
+        out.append("MoE")
+    if getattr(cfg, "num_key_value_heads", None) not in (None, getattr(cfg, "num_attention_heads", None)):
+        out.append("GQA")
+    return out
 
 
 def _gpt_oss_moe(cfg) -> None:
