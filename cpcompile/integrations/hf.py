@@ -21,6 +21,7 @@ Refused with one CPCompileError: position biases.
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import torch
@@ -38,10 +39,11 @@ def _module_name(module: torch.nn.Module) -> str:
     return f"{type(module).__name__}" + (f" (layer {layer})" if layer is not None else "")
 
 
-def hf_window(sliding_window: int | None, is_causal: bool, key_length: int) -> tuple[int, int]:
+def hf_window(sliding_window: int | None, is_causal: bool, key_length: int | None) -> tuple[int, int]:
     """HF's `sliding_window` as a (left, right) window: causal sees the token and the w - 1 before it (HF's mask
-    `kv > q - w`); bidirectional every token within distance w (HF's sdpa mask `|q - kv| <= w`)."""
-    if sliding_window is None or key_length <= sliding_window:
+    `kv > q - w`); bidirectional every token within distance w (HF's sdpa mask `|q - kv| <= w`). `key_length`:
+    drop a window that cannot bind at this many keys (HF's flash path does); None: keep it."""
+    if sliding_window is None or (key_length is not None and key_length <= sliding_window):
         return (-1, -1)  # the window cannot bind (HF's flash path skips it the same way)
     w = int(sliding_window)
     return (w - 1, 0) if is_causal else (w, w)
@@ -88,7 +90,10 @@ def cpcompile_attention(
             enable_gqa=query.shape[1] != key.shape[1],
         )  # fmt: skip
         return out.transpose(1, 2).contiguous(), None
-    window = hf_window(sliding_window, is_causal, key.shape[-2])
+    # never dropped for the LOCAL key length: a window that reaches past the GLOBAL sequence the planner drops
+    window = hf_window(sliding_window, is_causal, None)
+    if kwargs.get("cu_seq_lens_q") is not None:  # packed documents (shard_batch(hf_packing=True), a collator)
+        return _packed(module, query, key, value, window, is_causal, scaling, softcap, s_aux, dropout, kwargs)
     out = attention(
         query,
         key,
@@ -103,6 +108,34 @@ def cpcompile_attention(
         sinks=s_aux,
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _packed(module, query, key, value, window, is_causal, scaling, softcap, s_aux, dropout, kwargs):
+    """HF's flash-attention kwargs (cu_seq_lens_q/k, max_length_q/k) over one packed row: varlen_attn, which the
+    pass runs on the packed layouts (thd_balanced, thd, thd_zigzag). q (1, Hq, T, D) -> ((1, T, Hq, D), None)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    gqa = {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen_attn).parameters else {}  # (2.11: none)
+    if softcap or s_aux is not None or dropout:
+        what = "softcapped scores" if softcap else "attention sinks" if s_aux is not None else "attention dropout"
+        raise _refuse(
+            module,
+            f"packed documents run on varlen_attn, which takes no {what}",
+            "train this model on unpacked batches (strategy='flat' or 'zigzag')",
+        )
+    if query.shape[0] != 1:
+        raise _refuse(
+            module,
+            f"cu_seq_lens_q describes one packed row, but the batch has {query.shape[0]} rows",
+            "pack the batch into one row (cpcompile.shard_batch(..., hf_packing=True) does)",
+        )
+    cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs.get("cu_seq_lens_k", kwargs["cu_seq_lens_q"])
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k", kwargs.get("max_length_q"))
+    left, right = window
+    window_size = (left, 0) if is_causal else (left, right)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
+    out = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, window_size=window_size, **gqa)
+    return out.unsqueeze(0), None
 
 
 def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux, **kwargs):
