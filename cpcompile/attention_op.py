@@ -14,9 +14,11 @@ tokens, as with a KV cache; Lq == Lk under CP): key j is visible to row i iff
   - padding_mask (B, >= Lk; its last Lk entries), nonzero = a real token: only real keys are visible;
   - position_ids (B or 1, Lq), with no padding mask and Lq == Lk: positions that do not step by one start a new
     document (Hugging Face's packed sequences), and keys of other documents are not visible.
-Scores are `scale * q.k` (default 1/sqrt(D)), then `softcap * tanh(score / softcap)` when softcap > 0. GQA
-follows the head counts. Under CP the planner refuses what a CP region cannot run, and a run-time check makes
-sure the padding mask is all ones and the position ids are the tokens' global positions (regions/guards.py).
+Scores are `scale * q.k` (default 1/sqrt(D)), then `softcap * tanh(score / softcap)` when softcap > 0. `sinks`
+(Hq,), GPT-OSS's attention sinks: one more logit per head in every row's softmax denominator, a key of score
+sinks[h] (as it is: not scaled, capped or masked) and value zero. GQA follows the head counts. Under CP the
+planner refuses what a CP region cannot run, and a run-time check makes sure the padding mask is all ones and
+the position ids are the tokens' global positions (regions/guards.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from .eager_guard import cp_call_in_progress, eager_attention_error
 SCHEMA = (
     "attention(Tensor query, Tensor key, Tensor value, Tensor? padding_mask=None, Tensor? position_ids=None, "
     "bool is_causal=False, float? scale=None, int window_left=-1, int window_right=-1, float softcap=0.0, "
-    "float dropout_p=0.0) -> Tensor"
+    "float dropout_p=0.0, Tensor? sinks=None) -> Tensor"
 )
 
 _lib = torch.library.Library("cpcompile", "FRAGMENT")
@@ -77,17 +79,22 @@ def visible(
     return mask
 
 
-def _softcapped(q, k, v, mask, scale, softcap, dropout_p):
-    """Math attention with tanh-softcapped scores (no fused kernel takes softcap): scores and softmax in at
-    least fp32."""
+def _math(q, k, v, mask, scale, softcap, dropout_p, sinks=None):
+    """Math attention for what no fused SDPA kernel takes (tanh-softcapped scores, sinks): scores and softmax in
+    at least fp32; a sink is one more term of every row's denominator."""
     acc = torch.promote_types(q.dtype, torch.float32)
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        total = torch.logaddexp(torch.logsumexp(scores, dim=-1), sinks.to(acc).view(-1, 1))
+        probs = torch.exp(scores - total.unsqueeze(-1))
     if dropout_p > 0:
         probs = F.dropout(probs, p=dropout_p)
     return (probs.to(v.dtype) @ v).to(q.dtype)
@@ -105,6 +112,7 @@ def _attention(
     window_right: int = -1,
     softcap: float = 0.0,
     dropout_p: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if (  # only a call that computes (the same test as eager_guard._guarded_sdpa's, inline for the same reason)
         not torch.compiler.is_compiling()
@@ -113,10 +121,15 @@ def _attention(
         and cp_call_in_progress()
     ):
         raise eager_attention_error("cpcompile.attention")
+    if sinks is not None and tuple(sinks.shape) != (query.shape[1],):
+        raise ValueError(
+            f"cpcompile.attention: its attention sinks have shape {tuple(sinks.shape)}; they must be one logit a "
+            f"query head, ({query.shape[1]},)"
+        )
     lq, lk = query.shape[-2], key.shape[-2]
     scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
     only_causal = (window_left, window_right) == (-1, -1) and padding_mask is None and position_ids is None
-    if softcap == 0 and is_causal and only_causal and lq == lk:
+    if softcap == 0 and sinks is None and is_causal and only_causal and lq == lk:
         return F.scaled_dot_product_attention(
             query,
             key,
@@ -135,8 +148,8 @@ def _attention(
         position_ids=position_ids,
         device=query.device,
     )
-    if softcap > 0:
-        return _softcapped(query, key, value, mask, scale, softcap, dropout_p)
+    if softcap > 0 or sinks is not None:
+        return _math(query, key, value, mask, scale, softcap, dropout_p, sinks)
     return F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=query.shape[1] != key.shape[1]
     )
@@ -161,10 +174,12 @@ def attention(
     dropout_p: float = 0.0,
     padding_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SDPA-shaped attention (q (B, Hq, L, D), k/v (B, Hkv, L, D[v]) -> (B, Hq, L, Dv)) with what SDPA lacks: a
     sliding `window` (left, right) (-1: unbounded; e.g. (w - 1, 0) with is_causal: the token and the w - 1 before
-    it), tanh `softcap` of the scores, and the token metadata CP checks. The cpcompile backend rewrites it into a
-    CP region; elsewhere it is SDPA with the equivalent mask (module docstring)."""
+    it), tanh `softcap` of the scores, attention `sinks` (Hq,: one learned logit a head in every row's softmax
+    denominator, GPT-OSS), and the token metadata CP checks. The cpcompile backend rewrites it into a CP region;
+    elsewhere it is SDPA with the equivalent mask (module docstring)."""
     left, right = window
-    return OP(query, key, value, padding_mask, position_ids, is_causal, scale, left, right, softcap, dropout_p)
+    return OP(query, key, value, padding_mask, position_ids, is_causal, scale, left, right, softcap, dropout_p, sinks)

@@ -48,13 +48,13 @@ def _start(issue, x: torch.Tensor) -> torch.Tensor:
     return issue(x)
 
 
-def start_shift(x: torch.Tensor, group_name: str, rank: int, world: int) -> torch.Tensor:
-    """Send `x` to rank + 1 and receive rank - 1's tensor of the same shape (un-waited, flat: view it after
-    `wait`)."""
+def start_shift(x: torch.Tensor, group_name: str, rank: int, world: int, offset: int = 1) -> torch.Tensor:
+    """Send `x` to rank + offset and receive rank - offset's tensor of the same shape (un-waited, flat: view it
+    after `wait`). The ring shifts by 1; by more where it skips steps no rank needs (windows)."""
     flat = x.contiguous().view(-1)
     send, recv = [0] * world, [0] * world
-    send[(rank + 1) % world] = flat.numel()
-    recv[(rank - 1) % world] = flat.numel()
+    send[(rank + offset) % world] = flat.numel()
+    recv[(rank - offset) % world] = flat.numel()
     return _start(lambda t: _c10d.all_to_all_single(t, recv, send, group_name), flat)
 
 

@@ -1,8 +1,10 @@
 """The block executor: one custom op that runs a rank's attention blocks and merges them by log-sum-exp.
 
-`cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None, windows=None, softcap=0.0)` runs
+`cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None, windows=None, softcap=0.0,
+sinks=None)` runs
 every block (layouts.Block, six ints each by blocks.encode_dense, its window in `windows` where any block has
-one; sources are ks/vs, then the slots of packed_kv; scores softcapped when softcap > 0) with the kernel
+one; sources are ks/vs, then the slots of packed_kv; scores softcapped when softcap > 0; `sinks` (one logit a q
+head, sinks.py) folded in after the merge, for a caller whose blocks hold every key of a row) with the kernel
 provider, same-shaped blocks batched into one call (calls.py), the calls spread over two CUDA streams
 (streams), and merges partial outputs by LSE in fp32 registers (merge). Its registered backward calls each
 block's kernel backward with the FINAL output and LSE, which yields the exact partial gradients (the
@@ -23,6 +25,7 @@ from .blocks import decode_dense, decode_windows
 from .calls import Call, batched_rows, plan_calls, segments
 from .merge import merge_outputs, sum_into
 from .packed_kv import unpack_kv
+from .sinks import fold_sinks, sinks_grad
 from .streams import assign, run_calls
 
 
@@ -126,6 +129,7 @@ def attend_blocks(
     acc_out: bool = False,
     windows: list[int] | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_kernel(kernel)
     ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
@@ -148,11 +152,17 @@ def attend_blocks(
             lse_all.narrow(-1, a, b - a).fill_(float("-inf"))
             continue
         merge_outputs(out.narrow(-2, a, b - a), lse_all.narrow(-1, a, b - a), o_parts, l_parts)
+    if sinks is not None:  # every key of every row is in these blocks: the sink is the merge's last term
+        sunk, sunk_lse = fold_sinks(out, lse_all, sinks)
+        out.copy_(sunk)
+        lse_all.copy_(sunk_lse)
     return out, lse_all
 
 
 @attend_blocks.register_fake
-def _attend_blocks_fake(q, ks, vs, blocks, scale, kernel, packed_kv=None, acc_out=False, windows=None, softcap=0.0):
+def _attend_blocks_fake(
+    q, ks, vs, blocks, scale, kernel, packed_kv=None, acc_out=False, windows=None, softcap=0.0, sinks=None
+):
     vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])[1]
     out = _empty_like_layout(q, vs[0].shape[-1], acc_dtype(q.dtype) if acc_out else q.dtype)
     return out, q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
@@ -241,10 +251,11 @@ def with_packed_sources(
 
 
 def _setup_context(ctx, inputs, output):
-    q, ks, vs, blocks, scale, kernel, packed_kv, acc_out, windows, softcap = inputs
+    q, ks, vs, blocks, scale, kernel, packed_kv, acc_out, windows, softcap, sinks = inputs
     out, lse = output
-    ctx.has_packed = packed_kv is not None
-    ctx.save_for_backward(q, out, lse, *([packed_kv] if ctx.has_packed else []), *ks, *vs)
+    ctx.has_packed, ctx.has_sinks = packed_kv is not None, sinks is not None
+    extra = [*([packed_kv] if ctx.has_packed else []), *([sinks] if ctx.has_sinks else [])]
+    ctx.save_for_backward(q, out, lse, *extra, *ks, *vs)
     ctx.n_sources = len(ks)
     ctx.blocks, ctx.scale, ctx.kernel = blocks, scale, kernel
     ctx.extra = {"windows": windows} if windows is not None else {}
@@ -252,18 +263,21 @@ def _setup_context(ctx, inputs, output):
         ctx.extra["softcap"] = softcap
     # autograd wants one gradient per argument PASSED, and the dispatcher drops trailing defaults: count up to
     # the last optional argument that is not its default
-    given = [packed_kv is not None, bool(acc_out), windows is not None, bool(softcap)]
+    given = [packed_kv is not None, bool(acc_out), windows is not None, bool(softcap), sinks is not None]
     ctx.n_args = 6 + max((i + 1 for i, g in enumerate(given) if g), default=0)
 
 
 def _backward(ctx, dout, _dlse):
     q, out, lse, *rest = ctx.saved_tensors
     packed_kv = rest.pop(0) if ctx.has_packed else None
+    sinks = rest.pop(0) if ctx.has_sinks else None
     ks, vs = rest[: ctx.n_sources], rest[ctx.n_sources :]
     dq, dks, dvs, dpacked = torch.ops.cpcompile.attend_blocks_backward(
         dout.to(q.dtype), q, ks, vs, out.to(q.dtype), lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv, **ctx.extra
     )
-    grads = (dq, dks, dvs, None, None, None, dpacked.to(packed_kv.dtype) if ctx.has_packed else None, None, None, None)
+    dpacked = dpacked.to(packed_kv.dtype) if ctx.has_packed else None
+    dsinks = sinks_grad(dout, out, lse, sinks) if ctx.has_sinks else None
+    grads = (dq, dks, dvs, None, None, None, dpacked, None, None, None, dsinks)
     return grads[: ctx.n_args]
 
 

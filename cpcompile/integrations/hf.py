@@ -4,7 +4,8 @@ Under torch.compile HF's "sdpa" implementation builds a 4-D mask whenever it can
 tracing it never can (its packed-sequence check on position_ids is data-dependent): every SDPA call then gets an
 explicit mask, which cannot be sharded over CP ranks. "cpcompile" follows the contract of HF's flash-attention
 implementations instead: the attention call itself carries what the mask would (`is_causal`, `sliding_window`,
-`softcap`, `scaling`, `dropout`), and the mask function hands over only the 2-D padding mask.
+`softcap`, `scaling`, `dropout`, and GPT-OSS's attention sinks `s_aux`), and the mask function hands over only the
+2-D padding mask.
 
 - attention (`cpcompile_attention`): under torch.compile, one `cpcompile::attention` call (attention_op.py),
   which the pass rewrites into a CP region; windows, softcap, the padding mask and the position ids travel with
@@ -15,11 +16,12 @@ implementations instead: the attention call itself carries what the mask would (
   the causal, bidirectional and sliding-window patterns, and HF's 4-D mask for any other pattern (chunked
   attention, image-token overlays, custom mask functions), which a single process runs as sdpa does and CP
   refuses with one clear error (an explicit mask cannot be sharded).
-Refused with one CPCompileError: attention sinks (`s_aux`), position biases.
+Refused with one CPCompileError: position biases.
 """
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import torch
@@ -37,10 +39,11 @@ def _module_name(module: torch.nn.Module) -> str:
     return f"{type(module).__name__}" + (f" (layer {layer})" if layer is not None else "")
 
 
-def hf_window(sliding_window: int | None, is_causal: bool, key_length: int) -> tuple[int, int]:
+def hf_window(sliding_window: int | None, is_causal: bool, key_length: int | None) -> tuple[int, int]:
     """HF's `sliding_window` as a (left, right) window: causal sees the token and the w - 1 before it (HF's mask
-    `kv > q - w`); bidirectional every token within distance w (HF's sdpa mask `|q - kv| <= w`)."""
-    if sliding_window is None or key_length <= sliding_window:
+    `kv > q - w`); bidirectional every token within distance w (HF's sdpa mask `|q - kv| <= w`). `key_length`:
+    drop a window that cannot bind at this many keys (HF's flash path does); None: keep it."""
+    if sliding_window is None or (key_length is not None and key_length <= sliding_window):
         return (-1, -1)  # the window cannot bind (HF's flash path skips it the same way)
     w = int(sliding_window)
     return (w - 1, 0) if is_causal else (w, w)
@@ -69,12 +72,6 @@ def cpcompile_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """HF's attention-interface signature: q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D) -> ((B, Lq, Hq, D), None)."""
-    if s_aux is not None:
-        raise _refuse(
-            module,
-            "the model uses attention sinks (s_aux), which no cpcompile attention kernel implements",
-            'use attn_implementation="eager" without CP',
-        )
     if kwargs.get("position_bias") is not None:
         raise _refuse(
             module,
@@ -83,15 +80,20 @@ def cpcompile_attention(
         )
     is_causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
     if not torch.compiler.is_compiling():
-        return _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, **kwargs)
+        return _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux, **kwargs)
     if attention_mask is not None and attention_mask.dim() == 4:
         # a pattern only HF's 4-D mask holds (cpcompile_mask): SDPA with it, as HF's sdpa does; CP refuses the mask
+        if s_aux is not None:  # (and the token guard the math path's scores)
+            return _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux)
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=False,
             enable_gqa=query.shape[1] != key.shape[1],
         )  # fmt: skip
         return out.transpose(1, 2).contiguous(), None
-    window = hf_window(sliding_window, is_causal, key.shape[-2])
+    # never dropped for the LOCAL key length: a window that reaches past the GLOBAL sequence the planner drops
+    window = hf_window(sliding_window, is_causal, None)
+    if kwargs.get("cu_seq_lens_q") is not None:  # packed documents (shard_batch(hf_packing=True), a collator)
+        return _packed(module, query, key, value, window, is_causal, scaling, softcap, s_aux, dropout, kwargs)
     out = attention(
         query,
         key,
@@ -103,13 +105,43 @@ def cpcompile_attention(
         dropout_p=dropout,
         padding_mask=attention_mask,
         position_ids=position_ids,
+        sinks=s_aux,
     )
     return out.transpose(1, 2).contiguous(), None
 
 
-def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, **kwargs):
-    """No compile: HF's sdpa attention on HF's own mask (cpcompile_mask gave sdpa_mask's), softcap on the math path."""
-    if not softcap:
+def _packed(module, query, key, value, window, is_causal, scaling, softcap, s_aux, dropout, kwargs):
+    """HF's flash-attention kwargs (cu_seq_lens_q/k, max_length_q/k) over one packed row: varlen_attn, which the
+    pass runs on the packed layouts (thd_balanced, thd, thd_zigzag). q (1, Hq, T, D) -> ((1, T, Hq, D), None)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    gqa = {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen_attn).parameters else {}  # (2.11: none)
+    if softcap or s_aux is not None or dropout:
+        what = "softcapped scores" if softcap else "attention sinks" if s_aux is not None else "attention dropout"
+        raise _refuse(
+            module,
+            f"packed documents run on varlen_attn, which takes no {what}",
+            "train this model on unpacked batches (strategy='flat' or 'zigzag')",
+        )
+    if query.shape[0] != 1:
+        raise _refuse(
+            module,
+            f"cu_seq_lens_q describes one packed row, but the batch has {query.shape[0]} rows",
+            "pack the batch into one row (cpcompile.shard_batch(..., hf_packing=True) does)",
+        )
+    cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs.get("cu_seq_lens_k", kwargs["cu_seq_lens_q"])
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k", kwargs.get("max_length_q"))
+    left, right = window
+    window_size = (left, 0) if is_causal else (left, right)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
+    out = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, window_size=window_size, **gqa)
+    return out.unsqueeze(0), None
+
+
+def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux, **kwargs):
+    """No compile: HF's sdpa attention on HF's own mask (cpcompile_mask gave sdpa_mask's); softcap and sinks (a
+    sink column in the softmax, dropped after it: GPT-OSS's eager attention) on the math path."""
+    if not softcap and s_aux is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
@@ -124,10 +156,17 @@ def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causa
     groups = query.shape[1] // key.shape[1]
     k, v = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = torch.tanh((query @ k.transpose(-1, -2)) * scale / softcap) * softcap
+    scores = (query @ k.transpose(-1, -2)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask.bool(), float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if s_aux is not None:
+        column = s_aux.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, column], -1), dim=-1, dtype=torch.float32)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    probs = probs.to(query.dtype)
     probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     return (probs @ v).transpose(1, 2).contiguous(), None
 

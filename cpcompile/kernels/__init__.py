@@ -18,6 +18,7 @@ from .cudnn_varlen import CuDNNVarlenKernel
 from .flash import FlashKernel
 from .flash_attn import FlashAttnPackageKernel
 from .flash_varlen import FlashVarlenKernel
+from .flex_softcap import FlexSoftcapKernel
 from .te import TransformerEngineKernel
 
 PROVIDERS: dict[str, AttentionKernel] = {
@@ -25,6 +26,7 @@ PROVIDERS: dict[str, AttentionKernel] = {
     "flash": FlashKernel(),
     "cpu_flash": CPUFlashKernel(),
     "cpu_ref": CPUReferenceKernel(),
+    "flex_softcap": FlexSoftcapKernel(),
     "flash_attn": FlashAttnPackageKernel(),
     "te": TransformerEngineKernel(),
 }
@@ -34,9 +36,10 @@ VARLEN_PROVIDERS: dict[str, VarlenAttentionKernel] = {
     "cpu_varlen_ref": CPUVarlenReference(),
 }
 KERNEL_NAMES = ("auto", *PROVIDERS, *VARLEN_PROVIDERS)
-AUTO_ORDER = ("cudnn", "flash", "cpu_flash", "cpu_ref")
+AUTO_ORDER = ("cudnn", "flash", "flex_softcap", "cpu_flash", "cpu_ref")
 """What kernel="auto" tries for dense blocks, fastest first: cuDNN on CUDA (flash when cuDNN cannot take the
-dtype, head dim or a sliding window), the CPU flash kernel on CPU (the CPU reference for softcapped scores).
+dtype, head dim or a sliding window, FlexAttention for softcapped scores), the CPU flash kernel on CPU (the CPU
+reference for softcapped scores).
 Optional-package providers are only used when named."""
 FEATURES = {"window": "sliding windows", "softcap": "softcapped scores"}
 """Optional dense-block features (kernels/base.py): name -> what a refusal calls it."""
@@ -78,7 +81,8 @@ def supported_kernels(
 ) -> list[str]:
     """The providers kernel="auto" may pick here, in AUTO_ORDER / VARLEN_AUTO_ORDER, that take the block
     `features` (the cost model chooses among them where there are several, cost/choose.py; resolve_kernel("auto")
-    takes the first). A `last_resort` provider (cpu_ref) is offered only when nothing else runs the site."""
+    takes the first). A `last_resort` provider (cpu_ref, flex_softcap) is offered only when nothing else runs the
+    site."""
     order = VARLEN_AUTO_ORDER if varlen else AUTO_ORDER
     providers = VARLEN_PROVIDERS if varlen else PROVIDERS
     found = [p for p in order if unsupported_reason(p, device, dtype, head_dim, varlen, v_head_dim, features) is None]

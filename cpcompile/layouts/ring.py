@@ -9,7 +9,8 @@ Dense (flat, zigzag): blocks read source 0, the held buffer. Causal: a held chun
 chunk is an unmasked block, the rank's own chunk a causal square (step 0 only), a later chunk nothing.
 Zigzag steps are balanced: step 0 is two causal squares plus one full chunk-square, every later step two
 full chunk-squares (the held rank's front chunk for both local chunks, or the back local chunk for both held
-chunks), the same on every rank.
+chunks), the same on every rank. A sliding window: the band's blocks of the local chunks against the held ones
+(layouts/window.py); `visited_steps` keeps only the steps some rank has blocks at, which the ring visits.
 
 Packed (thd, thd_zigzag): varlen blocks over the held buffer, as device ops on cu_seqlens. thd: step 0 is each
 local document piece against itself (bottom-right causal); later steps the piece against the held rank's
@@ -28,6 +29,7 @@ import torch
 from ..kernels.base import NO_WINDOW
 from .base import Block, ChunkLayout
 from .thd import VarlenBlock, _bound, _interleave, _ranges, get_packed_layout
+from .window import ring_window_blocks
 
 HELD = 0
 """The held buffer is source 0 of every step's executor call."""
@@ -38,9 +40,19 @@ def held_rank(rank: int, step: int, cp: int) -> int:
     return (rank - step) % cp
 
 
-def step_blocks(layout: ChunkLayout, cp: int, rank: int, step: int, chunk_len: int, causal: bool) -> list[Block]:
+def step_blocks(
+    layout: ChunkLayout,
+    cp: int,
+    rank: int,
+    step: int,
+    chunk_len: int,
+    causal: bool,
+    window: tuple[int, int] | None = None,
+) -> list[Block]:
     """Rank `rank`'s dense blocks at ring step `step` over the held buffer (source 0), coalesced into as few
-    rectangles as the chunk order allows."""
+    rectangles as the chunk order allows; under a sliding `window` only the band's blocks (layouts/window.py)."""
+    if window is not None:
+        return ring_window_blocks(layout, cp, rank, held_rank(rank, step, cp), chunk_len, causal, window)
     mine = layout.rank_chunks(rank, cp)
     theirs = layout.rank_chunks(held_rank(rank, step, cp), cp)
     blocks = []
@@ -53,9 +65,27 @@ def step_blocks(layout: ChunkLayout, cp: int, rank: int, step: int, chunk_len: i
     return _coalesce(blocks)
 
 
-def ring_blocks(layout: ChunkLayout, cp: int, rank: int, chunk_len: int, causal: bool) -> list[list[Block]]:
-    """Every step's blocks (a step may have none: a causal rank whose held chunks all come later)."""
-    return [step_blocks(layout, cp, rank, s, chunk_len, causal) for s in range(cp)]
+def ring_blocks(
+    layout: ChunkLayout, cp: int, rank: int, chunk_len: int, causal: bool, window: tuple[int, int] | None = None
+) -> list[list[Block]]:
+    """Every step's blocks (a step may have none: a causal rank whose held chunks all come later, or a held
+    chunk wholly outside every local row's window)."""
+    return [step_blocks(layout, cp, rank, s, chunk_len, causal, window) for s in range(cp)]
+
+
+def visited_steps(
+    layout: ChunkLayout, cp: int, chunk_len: int, causal: bool, window: tuple[int, int] | None = None
+) -> tuple[int, ...]:
+    """The ring steps some rank has blocks at (step 0 always): the ring visits only these, shifting the K/V by
+    the gap between two (comm/pending.start_shift's offset). Without a window every step; with a window shorter
+    than a chunk, the neighbours' steps only (flat: 1 causal, 1 and cp - 1 both sides), so a rank sends and
+    attends at most its neighbours' K/V instead of every rank's. The same on every rank (all ranks' blocks)."""
+    if window is None:
+        return tuple(range(cp))
+    used = {0}
+    for rank in range(cp):
+        used.update(s for s, blocks in enumerate(ring_blocks(layout, cp, rank, chunk_len, causal, window)) if blocks)
+    return tuple(sorted(used))
 
 
 def _coalesce(blocks: list[Block]) -> list[Block]:

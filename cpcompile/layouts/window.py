@@ -149,3 +149,14 @@ def exchange_window_blocks(
     kv = [p for ps in pieces for p in ps]
     lo, hi = band(causal, window)
     return [band_blocks([Piece(0, p.start, p.length, p.glob) for p in ps], kv, lo, hi) for ps in pieces]
+
+
+def ring_window_blocks(
+    layout: Chunks, cp: int, rank: int, held: int, chunk_len: int, causal: bool, window: tuple[int, int]
+) -> list[Block]:
+    """The ring: rank `rank`'s windowed blocks over the K/V of rank `held` (one buffer, source 0, in that rank's
+    local order); [] when the window keeps every held key from every local row."""
+    mine, theirs = layout.rank_chunks(rank, cp), layout.rank_chunks(held, cp)
+    q_pieces = merge_pieces([Piece(0, i * chunk_len, chunk_len, c * chunk_len) for i, c in enumerate(mine)])
+    kv = merge_pieces([Piece(0, j * chunk_len, chunk_len, c * chunk_len) for j, c in enumerate(theirs)])
+    return band_blocks(q_pieces, kv, *band(causal, window))

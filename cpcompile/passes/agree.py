@@ -47,7 +47,7 @@ def plan_summary(plan: CPPlan) -> str:
     fields = [
         s.kind, plan.layout, plan.comm, plan.kernel, plan.causal, plan.scale, plan.dtensor, _shape(s.q_shape),
         _shape(s.k_shape), _shape(s.v_shape), str(s.dtype), s.device.type, plan.group.size,
-        getattr(plan, "window", None), getattr(plan, "max_doc", None), plan.softcap, plan.regather,
+        getattr(plan, "window", None), getattr(plan, "max_doc", None), plan.softcap, plan.regather, plan.sinks,
     ]  # fmt: skip
     return repr(tuple(fields))
 
@@ -125,8 +125,8 @@ def agree(group: dist.ProcessGroup, group_name: str, rank: int, summary: str) ->
             f"CP ranks planned graph #{index} differently: {differences(summary, theirs, rank, r)}"
             f"Rank {rank} has {summary}, rank {r} has {theirs} "
             "(per site: kind, layout, comm, kernel, causal, scale, dtensor, q/k/v local shapes, dtype, device, cp, "
-            "window, max_doc, softcap, regather). Fix: give every rank the same strategy/comm/kernel, dtype, batch "
-            "size and local length (shard with cpcompile.shard_batch, which cuts every rank's part of one global "
+            "window, max_doc, softcap, regather, sinks). Fix: give every rank the same strategy/comm/kernel, dtype, "
+            "batch size and local length (shard with cpcompile.shard_batch, which cuts every rank's part of one global "
             "batch)."
         )
 

@@ -99,6 +99,8 @@ class AttentionSite:
     """cpcompile.attention: the 2-D padding mask node it was given (checked at run time: all ones)."""
     position_ids: Any = None
     """cpcompile.attention: the position ids node it was given (checked at run time: the global positions)."""
+    sinks: Any = None
+    """cpcompile.attention: the attention sinks node (one logit a q head in every row's denominator), or None."""
     body: Body | None = None
     """The graph the node lives in: the top-level graph, or a higher-order op's body (passes/bodies.py)."""
     flex: FlexArgs | None = None
@@ -178,6 +180,7 @@ def cp_attention_site(node: torch.fx.Node, body: Body | None = None) -> Attentio
         softcap=a["softcap"],
         padding_mask=a["padding_mask"],
         position_ids=a["position_ids"],
+        sinks=a.get("sinks"),
     )
 
 

@@ -37,6 +37,12 @@ def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
             "its q/k/v are DTensors; cpcompile rewrites flex_attention on plain local tensors only",
             "feed the model plain tensors from cpcompile.shard_batch and the mask from cpcompile.shard_block_mask",
         )
+    if dtensor and site.sinks is not None:
+        raise site_error(
+            site.node,
+            "its q/k/v are DTensors and it has attention sinks; cpcompile takes sinks with plain local tensors only",
+            "feed the model plain tensors from cpcompile.shard_batch",
+        )
     if dtensor:  # mesh and seq dim come from the placements
         site, group = localize_dtensor_site(site, config.strategy, config.mesh, config.group)
     else:

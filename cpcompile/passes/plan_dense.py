@@ -15,7 +15,7 @@ from ..mesh import CPGroup
 from .auto import resolve, site_comms, site_kernels
 from .checks import constant, is_static
 from .match import AttentionSite
-from .plan_features import FEATURE_COMMS, check_token_metadata, softcap_of, window_of
+from .plan_features import FEATURE_COMMS, check_token_metadata, sinks_of, softcap_of, window_of
 from .plans import CPConfig, CPPlan
 
 
@@ -82,6 +82,7 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
 
     window = window_of(site, causal, sq * group.size)
     softcap = softcap_of(site)
+    sinks = sinks_of(site)
     check_token_metadata(site)
     features = (("window",) if window is not None else ()) + (("softcap",) if softcap else ())
 
@@ -113,9 +114,9 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
         raise site_error(
             node,
             f"its scores are softcapped (softcap={softcap}, e.g. Gemma 2's attn_logit_softcapping) and no kernel "
-            f"here caps scores ({e}); on CPU the 'cpu_ref' kernel does, on CUDA none of cudnn/flash does",
-            "on CUDA set the model's softcapping to None (Gemma 2: attn_logit_softcapping=None, which changes the "
-            "model), or run it on CPU",
+            f"here caps scores ({e}); 'flex_softcap' (FlexAttention, CUDA fp16/bf16, head dims powers of two in "
+            "[16, 256]) and 'cpu_ref' (CPU) do",
+            "use kernel='auto' (it picks them for softcapped sites), or name one of them",
         ) from None
     # the cost model counts the layout's blocks without the window: under a window it ranks the comms by their
     # unwindowed work (both take windows; the choice is never wrong, at worst not the fastest)
@@ -132,4 +133,5 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
         window=window,
         softcap=softcap,
         choice=choice,
+        sinks=sinks,
     )

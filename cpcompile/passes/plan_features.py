@@ -9,8 +9,8 @@ from ..errors import site_error
 from .checks import constant
 from .match import AttentionSite
 
-FEATURE_COMMS = ("all_gather", "a2a")
-"""The comms whose dense regions take windows and softcap (ring: not yet; the planner refuses it by name)."""
+FEATURE_COMMS = ("all_gather", "a2a", "ring")
+"""The comms whose dense regions take windows and softcap."""
 
 HF_POSITIONS_FIX = (
     "pass the tokens' GLOBAL position ids to the model (cpcompile.shard_batch creates them when the batch has none: "
@@ -42,6 +42,20 @@ def softcap_of(site: AttentionSite) -> float:
     if softcap < 0:
         raise site_error(site.node, f"softcap={softcap} is negative", "pass softcap > 0, or 0 for none")
     return softcap
+
+
+def sinks_of(site: AttentionSite) -> bool:
+    """Whether the site has attention sinks; they must be one value a q head, (Hq,) (GPT-OSS's `sinks`)."""
+    if site.sinks is None:
+        return False
+    shape = _shape(site.sinks)
+    if shape != (site.q_shape[1],):
+        raise site_error(
+            site.node,
+            f"its attention sinks have shape {shape}; they must be one logit a query head, ({site.q_shape[1]},)",
+            "pass sinks of shape (num_query_heads,) (GPT-OSS: the attention module's `sinks` parameter)",
+        )
+    return True
 
 
 def _reaches_input(node: torch.fx.Node) -> bool:

@@ -48,6 +48,8 @@ class CPPlan:
     """The cost model's cost.Choice when comm="auto" / kernel="auto" had several options (None: no choice)."""
     regather: bool = False
     """The region gathers K/V again in backward instead of saving them (comms whose entry `regathers`)."""
+    sinks: bool = False
+    """The site's attention sinks (`site.sinks`, a graph tensor) go to the region (cpcompile.attention sites)."""
 
     def region_target(self):
         return get_comm(self.comm).region
@@ -63,6 +65,8 @@ class CPPlan:
             kwargs["softcap"] = self.softcap
         if self.regather:
             kwargs["regather"] = True
+        if self.sinks:
+            kwargs["sinks"] = self.site.sinks
         return kwargs
 
     def _common_kwargs(self) -> dict:

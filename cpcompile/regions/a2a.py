@@ -86,17 +86,20 @@ def a2a_attention(
     world: int,
     window: tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal or full attention of this rank's tokens, computed head-parallel after an all-to-all.
 
     q (B, Hq, L, D), k/v (B, Hkv, L, D[v]) are this rank's tokens in the layout's local order; the result
     has q's shape, in the same token order. Every rank runs the same blocks (the whole sequence), so `rank`
-    only names the caller; the planner checked the head counts (layouts.heads.head_split_problem). A sliding
-    `window` is cp=1's (the exchanged buffers hold the whole sequence); `softcap` caps the scores.
+    only names the caller and its heads; the planner checked the head counts (layouts.heads.head_split_problem).
+    A sliding `window` is cp=1's (the exchanged buffers hold the whole sequence); `softcap` caps the scores;
+    `sinks` (Hq,): the executor folds in this rank's heads' sinks (each q buffer holds all keys of its rows).
     """
-    del rank
     lay = get_layout(layout)
     split = HeadSplit(q.shape[1], k.shape[1], world)
+    if sinks is not None:
+        sinks = sinks.narrow(0, rank * split.q_per_rank, split.q_per_rank)
     k, v = replicate_kv(k, v, split)
     chunk = q.shape[-2] // lay.chunks_per_rank
     exchanges = exchange_slots(lay, causal, window is not None)
@@ -112,7 +115,7 @@ def a2a_attention(
     for q_b, blocks in zip(qs, buffer_blocks(layout, causal, world, q.shape[-2], window)):
         used, ints = _used_sources(blocks)
         k_src, v_src = [ks[i] for i in used], [vs[i] for i in used]
-        extra = executor_extra(blocks, softcap)
+        extra = executor_extra(blocks, softcap) | ({} if sinks is None else {"sinks": sinks})
         out, _lse = torch.ops.cpcompile.attend_blocks(q_b, k_src, v_src, ints, scale, kernel, **extra)
         back.append(send_tokens_back(out.permute(2, 0, 1, 3), world, group_name))
     heads = torch.cat(back, dim=1) if len(back) > 1 else back[0]  # (world, L, B, h*Dv): block j = heads of rank j

@@ -11,6 +11,7 @@ from ..comm.collectives import slots_tokens_first
 from ..comm.pending import in_backward, start_all_gather, start_reduce_scatter, wait
 from ..executor.blocks import encode_dense, encode_windows
 from ..executor.packed_kv import pack_kv, unpack_kv
+from ..executor.sinks import fold_sinks, sinks_grad
 from ..layouts import LOCAL_SOURCE, Block, get_layout
 from ..precision import acc_dtype
 from .partials import add_part, merge_step
@@ -68,7 +69,7 @@ class _PackedAllGatherAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, local, remote, scale, kernel, slots, group_name, world, regather, extras):
+    def forward(ctx, q, k, v, sinks, local, remote, scale, kernel, slots, group_name, world, regather, extras):
         x_local, x_remote = extras  # executor_extra of each block list
         pending = start_all_gather(pack_slots(k, v, slots), group_name, world)
         acc = lse = None
@@ -78,14 +79,16 @@ class _PackedAllGatherAttention(torch.autograd.Function):
         if remote:
             o, l = torch.ops.cpcompile.attend_blocks(q, [], [], remote, scale, kernel, gathered, True, **x_remote)
             acc, lse = merge_step(acc, lse, o, l)
+        if sinks is not None:
+            acc, lse = fold_sinks(acc, lse, sinks)
         out = acc.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse, *([] if regather else [gathered]))
+        ctx.save_for_backward(q, k, v, out, lse, sinks, *([] if regather else [gathered]))
         ctx.args = (local, remote, scale, kernel, slots, group_name, world, regather, extras)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, *kept = ctx.saved_tensors
+        q, k, v, out, lse, sinks, *kept = ctx.saved_tensors
         local, remote, scale, kernel, slots, group_name, world, regather, (x_local, x_remote) = ctx.args
         dout = dout.contiguous()
 
@@ -117,7 +120,9 @@ class _PackedAllGatherAttention(torch.autograd.Function):
             dq, dk, dv = local_part()
         dk_g, dv_g = unpack_slots(wait(reduced), k.shape[-1])
         dq = add_part(dq, dq_g)
-        return dq.to(q.dtype), add_part(dk, dk_g).to(k.dtype), add_part(dv, dv_g).to(v.dtype), *([None] * 9)
+        dsinks = None if sinks is None else sinks_grad(dout, out, lse, sinks)
+        dk, dv = add_part(dk, dk_g).to(k.dtype), add_part(dv, dv_g).to(v.dtype)
+        return dq.to(q.dtype), dk, dv, dsinks, *([None] * 9)
 
 
 def all_gather_attention(
@@ -135,6 +140,7 @@ def all_gather_attention(
     regather: bool = False,
     window: tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal or full attention of this rank's q over the whole sequence's K/V, in the given layout.
 
@@ -142,13 +148,15 @@ def all_gather_attention(
     tokens form one strided buffer, so a block's key range is always a slice of one buffer: no reorder
     copy. Causal squares read the local K/V, so they do not wait for the gather. `regather`: keep only the
     local K/V for backward and gather them again there. A sliding `window` (left, right) over global positions
-    skips the blocks outside it (layouts/window.py); `softcap` caps the scores.
+    skips the blocks outside it (layouts/window.py); `softcap` caps the scores; `sinks` (Hq,) adds one logit a
+    head to every row's denominator (executor/sinks.py).
     """
     slots = get_layout(layout).chunks_per_rank
     local, remote = split_blocks(rank_blocks(layout, causal, rank, world, q.shape[-2], window))
     extras = (executor_extra(local, softcap), executor_extra(remote, softcap))
     blocks = (encode_dense(local), encode_dense(remote))
-    return _PackedAllGatherAttention.apply(q, k, v, *blocks, scale, kernel, slots, group_name, world, regather, extras)
+    args = (*blocks, scale, kernel, slots, group_name, world, regather, extras)
+    return _PackedAllGatherAttention.apply(q, k, v, sinks, *args)
 
 
 def rank_blocks(

@@ -93,11 +93,13 @@ def check_packed_metadata(
 
 BAD_POSITIONS = (
     "cpcompile: position_ids are not every token's GLOBAL position on some CP rank (packed documents, or "
-    "sharded another way): pass arange(global length) sharded like the tokens (cpcompile.shard_batch)"
+    "sharded another way): pass arange(global length) sharded like the tokens (cpcompile.shard_batch), or for "
+    "HF packed documents cpcompile.shard_batch(..., strategy='thd_balanced', hf_packing=True)"
 )
 PADDED = (
     "cpcompile: attention_mask has padding (zeros) on some CP rank, which CP cannot apply: drop an all-ones "
-    "mask, or pack documents without padding (strategy='thd' with varlen_attn)"
+    "mask, or make the padded rows packed documents: cpcompile.shard_batch(..., strategy='thd_balanced', "
+    "hf_packing=True)"
 )
 
 

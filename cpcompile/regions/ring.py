@@ -6,7 +6,9 @@ comm/pending.py), run this step's blocks (layouts/ring.py) on the held K/V, merg
 by LSE in fp32, then wait for the next chunk. Backward circulates K/V again and, with them, the gradient of the
 held K/V: each rank adds its part (fp32, straight from the executor in the packed layout) to the gradient that
 arrived with the chunk and sends it on, so after cp shifts every K/V gradient is home, summed in fp32, rounded
-once. GQA travels as the kv heads (the executor reads each group's q heads against them).
+once. GQA travels as the kv heads (the executor reads each group's q heads against them). Under a sliding window
+the ring visits only the steps some rank has blocks at, shifting by the gap between them, and sends each gradient
+home from the last one (`_gap`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import torch
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.pending import in_backward, start_shift, wait
 from ..executor.blocks import encode_dense
+from ..executor.sinks import fold_sinks, sinks_grad
 from ..layouts import Block, get_layout
-from ..layouts.ring import ring_blocks
-from .all_gather import pack_slots, unpack_slots
+from ..layouts.ring import ring_blocks, visited_steps
+from .all_gather import executor_extra, pack_slots, unpack_slots
 from .partials import add_part, merge_step
 
 
@@ -26,37 +29,41 @@ class _RingAttention(torch.autograd.Function):
     """Ring forward and backward over one packed K/V buffer (L, 1, 2, B, Hkv, D) (MLA: K and V side by side)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, steps, scale, kernel, group_name, rank, world):
+    def forward(ctx, q, k, v, sinks, steps, visited, extras, scale, kernel, group_name, rank, world):
         held = pack_slots(k, v, 1)
         mine = held
         acc = lse = None
-        for s, blocks in enumerate(steps):
-            pending = start_shift(held, group_name, rank, world) if s + 1 < world else None
+        for i, (blocks, extra) in enumerate(zip(steps, extras)):
+            gap = _gap(visited, i, world)
+            pending = start_shift(held, group_name, rank, world, gap) if i + 1 < len(visited) else None
             if blocks:
-                o, l = torch.ops.cpcompile.attend_blocks(q, [], [], blocks, scale, kernel, held, True)
+                o, l = torch.ops.cpcompile.attend_blocks(q, [], [], blocks, scale, kernel, held, True, **extra)
                 acc, lse = merge_step(acc, lse, o, l)
             if pending is not None:
                 held = wait(pending).view(held.shape)
+        if sinks is not None:  # after the last step: every key of every row has been merged
+            acc, lse = fold_sinks(acc, lse, sinks)
         out = acc.to(q.dtype)
-        ctx.save_for_backward(q, mine, out, lse)
-        ctx.args = (steps, scale, kernel, group_name, rank, world)
+        ctx.save_for_backward(q, mine, out, lse, sinks)
+        ctx.args = (steps, visited, extras, scale, kernel, group_name, rank, world)
         ctx.kv_dtype = k.dtype
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, held, out, lse = ctx.saved_tensors
-        steps, scale, kernel, group_name, rank, world = ctx.args
+        q, held, out, lse, sinks = ctx.saved_tensors
+        steps, visited, extras, scale, kernel, group_name, rank, world = ctx.args
         dout = dout.contiguous()
         dq = travel = pending_grad = None
-        for s, blocks in enumerate(steps):
+        for i, (blocks, extra) in enumerate(zip(steps, extras)):
             # the first shift's input tied to dout keeps every K/V shift in the backward graph (comm/pending.py)
-            sent = in_backward(held, dout) if s == 0 else held
-            pending = start_shift(sent, group_name, rank, world) if s + 1 < world else None
+            sent = in_backward(held, dout) if i == 0 else held
+            gap = _gap(visited, i, world)
+            pending = start_shift(sent, group_name, rank, world, gap) if i + 1 < len(visited) else None
             part = None
             if blocks:
                 dq_s, _, _, part = torch.ops.cpcompile.attend_blocks_backward(
-                    dout, q, [], [], out, lse, blocks, scale, kernel, held, True
+                    dout, q, [], [], out, lse, blocks, scale, kernel, held, True, **extra
                 )
                 dq = add_part(dq, dq_s)
             if pending_grad is None:  # step 0: the rank's own K/V, nothing has arrived
@@ -64,12 +71,20 @@ class _RingAttention(torch.autograd.Function):
             else:  # the held chunk's gradient so far arrived with it; add this rank's part, send it on
                 arrived = wait(pending_grad).view(held.shape)
                 travel = add_part(arrived, part)
-            pending_grad = start_shift(travel, group_name, rank, world) if world > 1 else None
+            # on with the chunk to the next visited step; after the last, home to the chunk's owner
+            pending_grad = start_shift(travel, group_name, rank, world, gap) if gap % world else None
             if pending is not None:
                 held = wait(pending).view(held.shape)
         home = travel if pending_grad is None else wait(pending_grad).view(held.shape)  # own K/V's, after a circle
         dk, dv = unpack_slots(home, q.shape[-1])
-        return dq.to(q.dtype), dk.to(ctx.kv_dtype), dv.to(ctx.kv_dtype), None, None, None, None, None, None
+        dsinks = None if sinks is None else sinks_grad(dout, out, lse, sinks)
+        return dq.to(q.dtype), dk.to(ctx.kv_dtype), dv.to(ctx.kv_dtype), dsinks, *([None] * 8)
+
+
+def _gap(visited: tuple[int, ...], i: int, world: int) -> int:
+    """How far the held chunk moves after visited step i: to the next visited step, or after the last one the
+    way home to its owner (world - step: 1 when every step is visited)."""
+    return visited[i + 1] - visited[i] if i + 1 < len(visited) else world - visited[i]
 
 
 def ring_attention(
@@ -84,12 +99,21 @@ def ring_attention(
     group_name: str,
     rank: int,
     world: int,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal or full attention of this rank's q over every rank's K/V, which arrive one rank at a time."""
+    """Causal or full attention of this rank's q over every rank's K/V, which arrive one rank at a time. A sliding
+    `window` (left, right) over global positions runs only the band's blocks, on windowed kernels, and the ring
+    visits only the steps some rank needs (layouts/ring.visited_steps); `softcap` caps the scores; `sinks` (Hq,)
+    fold one logit a head into every row's denominator after the last step (executor/sinks.py)."""
     lay = get_layout(layout)
-    steps = ring_blocks(lay, world, rank, q.shape[-2] // lay.chunks_per_rank, causal)
-    encoded = tuple(encode_dense(b) for b in steps)
-    return _RingAttention.apply(q, k, v, encoded, scale, kernel, group_name, rank, world)
+    chunk = q.shape[-2] // lay.chunks_per_rank
+    every = ring_blocks(lay, world, rank, chunk, causal, window)
+    visited = visited_steps(lay, world, chunk, causal, window)
+    steps = tuple(encode_dense(every[s]) for s in visited)
+    extras = tuple(executor_extra(every[s], softcap) for s in visited)
+    return _RingAttention.apply(q, k, v, sinks, steps, visited, extras, scale, kernel, group_name, rank, world)
 
 
 def wire_bytes(
@@ -113,7 +137,10 @@ def wire_bytes(
     return (world - 1) * kv * elt, (world - 1) * kv * elt + world * kv * acc_elt
 
 
-def rank_blocks(layout: str, causal: bool, rank: int, world: int, local_len: int) -> list[Block]:
+def rank_blocks(
+    layout: str, causal: bool, rank: int, world: int, local_len: int, window: tuple[int, int] | None = None
+) -> list[Block]:
     """Every block this rank runs, over all ring steps (each against that step's held K/V)."""
     lay = get_layout(layout)
-    return [b for step in ring_blocks(lay, world, rank, local_len // lay.chunks_per_rank, causal) for b in step]
+    steps = ring_blocks(lay, world, rank, local_len // lay.chunks_per_rank, causal, window)
+    return [b for step in steps for b in step]

@@ -10,6 +10,7 @@ from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from .api import is_packed, shard
 from .conventions import with_hf_labels, with_position_ids
+from .hf_packing import flash_kwargs, hf_documents
 from .packed import plan_documents
 
 SEQUENCE_KEYS = frozenset(
@@ -44,6 +45,7 @@ def shard_batch(
     position_ids: bool = True,
     hf_loss: str | None = None,
     ignore_index: int = -100,
+    hf_packing: bool = False,
 ) -> dict[str, object]:
     """Shard every per-token tensor of a batch; pass metadata and non-tensors through; refuse the unknown.
 
@@ -59,7 +61,23 @@ def shard_batch(
     (`hf_loss`): "causal_lm" adds `shift_labels` (the global labels shifted by one, so the model shifts nothing)
     and both "causal_lm" and "masked_lm" add `num_items_in_batch` (the global count of targets != ignore_index),
     so each rank's `model(**batch).loss` is its share of the global mean: sum it (and the gradients) over ranks.
+
+    `hf_packing=True` (a packed strategy, thd_balanced for documents of any length): HF's packed or padded batch
+    (restarting position_ids, a padding attention_mask, or a collator's cu_seq_lens_q) becomes one packed row of
+    documents (sharding/hf_packing.py); the model gets HF's flash-attention kwargs (cu_seq_lens_q/k: the offsets,
+    or thd_balanced's plan; max_length_q/k) and attn_implementation="cpcompile" runs varlen_attn on them.
     """
+    flash: dict = {}
+    if hf_packing:
+        if strategy not in THD_LAYOUTS:
+            raise CPCompileError(
+                f"shard_batch(hf_packing=True, strategy={strategy!r}): packed documents need a packed layout. "
+                f"Fix: strategy='thd_balanced' (documents of any length) or one of {sorted(THD_LAYOUTS)}."
+            )
+        if hf_loss is not None:  # shifted per row, before the rows are packed into one
+            batch, hf_loss = with_hf_labels(dict(batch), seq_dim, hf_loss, ignore_index), None
+        batch, cu_seqlens = hf_documents(dict(batch), seq_dim, SEQUENCE_KEYS | set(seq_keys))
+        offsets = cu_seqlens
     if strategy in THD_LAYOUTS and cu_seqlens is None:
         cu_seqlens = batch.get("cu_seqlens")
     if not isinstance(seq_dim, int) or seq_dim < 0:
@@ -73,7 +91,10 @@ def shard_batch(
         batch = with_position_ids(dict(batch), seq_dim, cu_seqlens if packed else None)
     if packed and THD_LAYOUTS[strategy].carries_plan:
         cu_seqlens = plan_documents(cu_seqlens, strategy=strategy, mesh=mesh, group=group)  # once for every key
-        batch = {**batch, "cu_seqlens": cu_seqlens}
+        if not hf_packing:
+            batch = {**batch, "cu_seqlens": cu_seqlens}
+    if hf_packing:
+        flash = flash_kwargs(cu_seqlens, offsets)
     if hf_loss is not None:
         batch = with_hf_labels(dict(batch), seq_dim, hf_loss, ignore_index)
     seq = SEQUENCE_KEYS | set(seq_keys)
@@ -94,4 +115,4 @@ def shard_batch(
                 f"shard_batch does not know whether batch[{key!r}] (shape {tuple(value.shape)}) is per-token. "
                 f"Fix: name it in seq_keys=[{key!r}] to shard it or passthrough_keys=[{key!r}] to keep it whole."
             )
-    return out
+    return {**out, **flash}

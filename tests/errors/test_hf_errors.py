@@ -74,14 +74,36 @@ def test_attention_dropout_in_training_is_refused():
     assert "dropout_p=0.1" in msg and "model.eval()" in msg, msg
 
 
-def test_attention_sinks_are_refused():
+def test_attention_sinks_not_one_per_query_head_are_refused():
+    def sunk(q, k, v, sinks):
+        return cpcompile.attention(q, k, v, is_causal=True, sinks=sinks)
+
+    q, kv = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    be = cpcompile.backend(strategy="zigzag", inner="eager")
+    with fake_group(0, 2), pytest.raises(Exception) as excinfo:
+        torch._dynamo.reset()
+        torch.compile(sunk, backend=be, fullgraph=True)(q, kv, kv, torch.zeros(2))
+    assert "its attention sinks have shape (2,); they must be one logit a query head, (4,)" in str(excinfo.value)
+
+
+def test_hf_eager_sinks_are_gpt_oss_eager_attention():
+    """Without compile, attn_implementation="cpcompile" with s_aux is GPT-OSS's own eager attention."""
+    pytest.importorskip("transformers")
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
     from cpcompile.integrations.hf import cpcompile_attention
 
-    module = build("llama", "cpcompile").model.layers[0].self_attn
-    q = torch.randn(1, 4, 8, 16, dtype=torch.float64)
-    kv = torch.randn(1, 2, 8, 16, dtype=torch.float64)
-    with pytest.raises(CPCompileError, match=r"LlamaAttention \(layer 0\).*attention sinks \(s_aux\)"):
-        cpcompile_attention(module, q, kv, kv, None, s_aux=torch.zeros(4))
+    module = build("gpt_oss", "cpcompile").model.layers[0].self_attn
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 8, 16, dtype=torch.float64, generator=g)
+    kv = torch.randn(1, 2, 8, 16, dtype=torch.float64, generator=g)
+    with torch.no_grad():
+        module.sinks.copy_(torch.randn(4, generator=g))
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()[None, None]
+    got, _ = cpcompile_attention(module, q, kv, kv, mask, scaling=0.25, s_aux=module.sinks)
+    additive = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    ref, _ = eager_attention_forward(module, q, kv, kv, additive, scaling=0.25)
+    torch.testing.assert_close(got, ref)
 
 
 def test_softcap_without_a_softcap_kernel_is_one_error():
@@ -95,7 +117,7 @@ def test_softcap_without_a_softcap_kernel_is_one_error():
         torch.compile(capped, backend=be, fullgraph=True)(q, kv, kv)
     msg = _cp_error(excinfo)
     assert "its scores are softcapped (softcap=30.0" in msg and "it takes no softcapped scores" in msg, msg
-    assert "attn_logit_softcapping=None" in msg, msg
+    assert "'flex_softcap' (FlexAttention" in msg and "use kernel='auto'" in msg, msg
 
 
 def test_window_that_excludes_the_token_itself_is_refused():
@@ -136,16 +158,3 @@ def test_mask_patterns_cpcompile_cannot_express_stay_explicit_and_are_refused():
         assert isinstance(mask, torch.Tensor) and mask.dim() == 4  # HF's own mask, not the 2-D padding marker
         msg = _compile_hf(lambda **kw: forward(**kw)[0], ids=local["input_ids"], pos=local["position_ids"])
     assert "an explicit attn_mask tensor cannot be sharded" in msg and "mask pattern is one cpcompile" in msg, msg
-
-
-def test_windows_under_ring_are_refused_by_name():
-    def windowed(q, k, v):
-        return cpcompile.attention(q, k, v, is_causal=True, window=(3, 0))
-
-    q = torch.randn(1, 2, 8, 16)
-    be = cpcompile.backend(strategy="zigzag", comm="ring", inner="eager")
-    with fake_group(0, 2), pytest.raises(Exception) as excinfo:
-        torch._dynamo.reset()
-        torch.compile(windowed, backend=be, fullgraph=True)(q, q, q)
-    msg = _cp_error(excinfo)
-    assert "sliding windows have no blocks under comm='ring'" in msg and "comm='all_gather' or comm='a2a'" in msg

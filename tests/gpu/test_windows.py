@@ -1,8 +1,8 @@
 """GPU: sliding windows on the dense layouts (cpcompile.attention) on the CUDA kernels, fwd+bwd in bf16, gloo
 ranks sharing one GPU (collectives hop through host memory: tests/gpu/test_gpu.py). Each rank compares its
 output and q/k/v gradients with masked fp64 attention over the full sequence under the bf16 rule of
-tests/support/parity.py, the roundings counted from the windowed blocks themselves; and softcapped scores,
-which no CUDA kernel takes, are one CPCompileError."""
+tests/support/parity.py, the roundings counted from the windowed blocks themselves; and softcapped scores on a
+named kernel that takes none are one CPCompileError (tests/gpu/test_softcap.py runs them on flex_softcap)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 import cpcompile
 from cpcompile.layouts import LAYOUTS, get_layout
 from cpcompile.layouts.heads import HeadSplit
+from cpcompile.layouts.ring import held_rank, ring_blocks
 from cpcompile.layouts.window import band
 from cpcompile.passes.plan_features import FEATURE_COMMS
 from cpcompile.regions.a2a import buffer_blocks
@@ -61,6 +62,13 @@ def _partials(layout: str, comm: str, cp: int, causal: bool, window, seq: int) -
             for b in lay.blocks(cp, rank, chunk, causal, window):
                 rows.update(own[b.q_start : b.q_start + b.q_len])
                 keys.update(sources[b.source][b.kv_start : b.kv_start + b.kv_len])
+    elif comm == "ring":  # every step's blocks against the held rank's K/V (in its local order)
+        chunk = seq // lay.num_chunks(cp)
+        for rank in range(cp):
+            for step, blocks in enumerate(ring_blocks(lay, cp, rank, chunk, causal, window)):
+                held = held_rank(rank, step, cp)
+                rows.update((rank, r) for b in blocks for r in range(b.q_start, b.q_start + b.q_len))
+                keys.update((held, j) for b in blocks for j in range(b.kv_start, b.kv_start + b.kv_len))
     else:
         for q_buf, blocks in enumerate(buffer_blocks(layout, causal, cp, seq // cp, window)):
             rows.update((q_buf, r) for b in blocks for r in range(b.q_start, b.q_start + b.q_len))
@@ -97,7 +105,7 @@ def _sweep(rank, world):
         low = _reference(q, k, v, dout, mask, torch.bfloat16)
         for layout in sorted(LAYOUTS):
             shard = lambda t: cpcompile.shard(t, strategy=layout, seq_dim=2)  # noqa: E731, B023
-            for comm in FEATURE_COMMS:  # the comms whose dense regions take windows (ring refuses them)
+            for comm in FEATURE_COMMS:  # the comms whose dense regions take windows: all of them
                 partials = _partials(layout, comm, world, causal, window, seq)
                 got = _cp(q, k, v, dout, layout=layout, comm=comm, causal=causal, window=window)
                 for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):
@@ -145,11 +153,12 @@ def test_gpu_flash_window_block_matches_masked_sdpa():
             assert err <= allowed, f"window={window} {name}: error {err:.3g} > allowed {allowed:.3g}"
 
 
-def test_gpu_softcap_is_refused_on_cuda():
+def test_gpu_softcap_on_a_named_kernel_without_it_is_refused():
+    """kernel="auto" runs softcapped sites on flex_softcap (tests/gpu/test_softcap.py); naming cuDNN is one error."""
     from tests.support.fake_pg import fake_group
 
     q = torch.randn(1, 4, 64, 64, device="cuda", dtype=torch.bfloat16)
     with fake_group(0, 2), pytest.raises(Exception) as excinfo:
-        be = cpcompile.backend(strategy="zigzag", inner="eager")
+        be = cpcompile.backend(strategy="zigzag", kernel="cudnn", inner="eager")
         torch.compile(lambda a: cpcompile.attention(a, a, a, is_causal=True, softcap=50.0), backend=be)(q)
     assert "its scores are softcapped (softcap=50.0" in str(excinfo.value), excinfo.value

@@ -170,3 +170,25 @@ def test_inductor_overlaps_every_step_of_a_plain_layer():
         fn = torch.compile(gqa_attention, backend=be, fullgraph=True)
         _, (fwd, bwd) = run_and_get_code(lambda: fn(q, k, v).sum().backward())
     assert blocks_without_overlap(fwd) == [] and blocks_without_overlap(bwd) == []
+
+
+def _windowed(q, k, v):
+    return cpcompile.attention(q, k, v, is_causal=True, window=(2, 0))
+
+
+def test_a_short_window_skips_the_steps_it_never_reaches():
+    """flat cp=4, chunks of 16, a causal window of 3 tokens: only step 1 (the previous rank's K/V) is visited.
+    Forward: one K/V shift to rank + 1. Backward: that shift again, the own gradient's shift with the K/V to rank
+    + 1, and the held chunk's gradient home to rank - 1 (offset cp - 1), not cp - 1 + cp shifts."""
+    world, rank = 4, 1
+    with fake_group(rank=rank, world=world):
+        be = cpcompile.backend(strategy="flat", comm="ring", inner="aot_eager")
+        graphs = capture_graphs(_windowed, be, *_qkv())
+    fw, bw = (_collectives(graphs[n]) for n in ("fw", "bw"))
+
+    def to_rank(node):  # all_to_all_single(x, output_split_sizes, input_split_sizes, group): the one split sent
+        (dest,) = [r for r, n in enumerate(node.args[2]) if n]
+        return dest
+
+    assert [to_rank(n) for n in fw] == [rank + 1]
+    assert sorted(to_rank(n) for n in bw) == [rank - 1, rank + 1, rank + 1]

@@ -1,6 +1,7 @@
 """The HF zoo: tiny random Hugging Face models with attn_implementation="cpcompile", trained as a user would
 (use_cache=False, input_ids and labels, the model's own loss), on gloo ranks against the same model on one process
-with HF's own attention ("sdpa"; "eager" for Gemma 2, which HF keeps off sdpa): logits, the model's own loss and
+with HF's own attention ("sdpa"; "eager" for Gemma 2, which HF keeps off sdpa, and GPT-OSS, whose sinks HF's sdpa
+lacks): logits, the model's own loss and
 every parameter gradient.
 
 Per rank: the global batch goes through cpcompile.shard_batch(hf_loss=...) (it adds the global position_ids and,
@@ -23,11 +24,15 @@ from cpcompile.testing.distributed import RankPool
 
 pytest.importorskip("transformers")
 
-from tests.support.hf_zoo import CAUSAL, MODELS, WINDOW, batch, build  # noqa: E402
+from tests.support.hf_zoo import CAUSAL, MODELS, RUNS, WINDOW, batch, build  # noqa: E402
 
 BATCH, SEQ = 2, 32
 LOGITS_TOL = 1e-10  # fp64 logits, relative to the largest
 FP32_TOL = 2e-5  # relative to the largest reference value: HF's loss runs in fp32 (logits.float())
+
+
+def _runs(strategy: str, comm: str, world: int) -> list[str]:
+    return [name for name in MODELS if (strategy, comm, world) in RUNS[name]]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -38,12 +43,14 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 EAGER_ONLY = ("gemma2",)
 """Models HF runs on its eager attention only (softcapped scores): fp32 softmax in the reference."""
+EAGER_REFERENCE = (*EAGER_ONLY, "gpt_oss")
+"""The reference runs HF's eager attention (GPT-OSS: its sdpa path takes no sinks; the eager one is fp64 here)."""
 AOT = ("gemma2",)
 """On aot_eager: Gemma 2 has both new paths (sliding windows and softcapped scores on cpu_ref)."""
 
 
 def _reference(name: str, full: dict) -> dict:
-    model = build(name, "eager" if name in EAGER_ONLY else "sdpa")
+    model = build(name, "eager" if name in EAGER_REFERENCE else "sdpa")
     kwargs = {} if name == "bert" else {"use_cache": False}
     out = model(**full, **kwargs)
     out.loss.backward()
@@ -93,7 +100,7 @@ def _compare(rank, world, name, strategy, comm) -> dict:
     errors["grads"] = (max(_rel(got["grads"][n], g) for n, g in ref["grads"].items()), FP32_TOL)
     windows = sorted({p.window for p in got["plans"]}, key=str)
     sites = len({p.site.node.name for p in got["plans"]})  # (Dynamo may restart a trace: plans repeat)
-    return {"errors": errors, "sites": sites, "windows": windows,
+    return {"errors": errors, "sites": sites, "windows": windows, "sinks": sorted({p.sinks for p in got["plans"]}),
             "kernels": sorted({p.kernel for p in got["plans"]})}  # fmt: skip
 
 
@@ -105,6 +112,7 @@ def _check(name, reports):
             if not err <= tol:
                 failures.append(f"rank {rank} {name} {what}: error {err:.3g} > {tol:.3g}")
         assert r["windows"] == WINDOWED.get(name, [None]), (name, r["windows"])
+        assert r["sinks"] == [name == "gpt_oss"], (name, r["sinks"])
         assert r["kernels"] == (["cpu_ref"] if name in EAGER_ONLY else ["cpu_flash"]), (name, r["kernels"])
     assert not failures, "\n".join(failures)
 
@@ -114,6 +122,7 @@ WINDOWED = {
     "mistral_sw": [(WINDOW - 1, 0)],
     "gemma2": [(WINDOW - 1, 0), None],
     "gemma3": [(WINDOW - 1, 0), None],
+    "gpt_oss": [(WINDOW - 1, 0), None],
 }
 
 
@@ -165,7 +174,7 @@ def ranks4():
     pool.close()
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", _runs("zigzag", "all_gather", 2))
 def test_zoo_zigzag_all_gather_2_ranks(ranks2, name):
     _check(name, ranks2.run(_compare, name, "zigzag", "all_gather", timeout=600))
 
@@ -177,6 +186,11 @@ def test_hf_masks_cp_cannot_apply_fail_on_every_rank(ranks2):
             assert "position_ids are not every token's GLOBAL position" in checks[case], (rank, case, checks)
 
 
-@pytest.mark.parametrize("name", ("gemma3", "bert"))  # gemma3: a sliding and a full layer
+@pytest.mark.parametrize("name", _runs("zigzag", "a2a", 4))  # gemma3: a sliding and a full layer
 def test_zoo_zigzag_a2a_4_ranks(ranks4, name):
     _check(name, ranks4.run(_compare, name, "zigzag", "a2a", timeout=600))
+
+
+@pytest.mark.parametrize("name", _runs("zigzag", "ring", 2))  # windows (and GPT-OSS's sinks) under the ring
+def test_zoo_zigzag_ring_2_ranks(ranks2, name):
+    _check(name, ranks2.run(_compare, name, "zigzag", "ring", timeout=600))

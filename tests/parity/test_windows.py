@@ -1,7 +1,8 @@
 """Sliding windows (cpcompile.attention) under CP on the dense layouts, forward and backward, against the same op
-on one process: flat and zigzag x all_gather and a2a, causal and bidirectional windows, one softcapped case.
+on one process: flat and zigzag x all_gather, a2a and ring, causal and bidirectional windows, softcapped cases, and
+the ring at cp=4 where it skips the steps no window reaches.
 
-One spawn of 2 ranks (fp64, eager inner compiler: the op-level path; tests/parity/test_hf_zoo.py runs windows
+One spawn of 2 ranks and one of 4 (fp64, eager inner compiler: the op-level path; tests/parity/test_hf_zoo.py runs windows
 through HF models and aot_eager). Windows are shorter than a chunk, span chunks and reach past the sequence, so
 blocks are skipped, cut and whole. The blocks themselves are checked exhaustively in tests/unit/test_window_blocks.py.
 """
@@ -22,6 +23,13 @@ CASES = [
     ("flat", "all_gather", True, (13, 0), 0.0),  # reaches past a rank's half
     ("flat", "a2a", False, (4, 4), 0.0),
     ("zigzag", "all_gather", True, (5, 0), 20.0),  # softcapped: the CPU reference kernel
+    ("zigzag", "ring", True, (3, 0), 0.0),
+    ("flat", "ring", False, (7, 2), 0.0),
+    ("zigzag", "ring", True, (5, 0), 20.0),
+]
+RING_4 = [  # cp=4 (chunks of 6 flat, 3 zigzag): the ring skips the steps no window reaches
+    ("flat", "ring", True, (3, 0), 0.0),  # visits steps 0 and 1
+    ("zigzag", "ring", False, (2, 1), 0.0),  # 0, 1 and 3
 ]
 
 
@@ -49,10 +57,23 @@ def _errors(strategy, comm, causal, window, softcap) -> list[float]:
 
 
 def _run_all(rank, world):
-    return {case: _errors(*case) for case in CASES}
+    return {case: _errors(*case) for case in (CASES if world == 2 else RING_4)}
+
+
+def _assert_exact(results):
+    bad = {(r, case): e for r, found in enumerate(results) for case, e in found.items() if max(e) > 1e-10}
+    assert not bad, bad
 
 
 def test_windowed_attention_parity_2_ranks():
-    results = run_ranks(_run_all, 2, timeout=600)
-    bad = {(r, case): e for r, found in enumerate(results) for case, e in found.items() if max(e) > 1e-10}
-    assert not bad, bad
+    _assert_exact(run_ranks(_run_all, 2, timeout=600))
+
+
+def test_windowed_ring_skips_steps_parity_4_ranks():
+    from cpcompile.layouts import LAYOUTS
+    from cpcompile.layouts.ring import visited_steps
+
+    for strategy, _, causal, window, _ in RING_4:  # the cases do skip steps
+        chunk = SEQ // LAYOUTS[strategy].num_chunks(4)
+        assert len(visited_steps(LAYOUTS[strategy], 4, chunk, causal, window)) < 4, (strategy, window)
+    _assert_exact(run_ranks(_run_all, 4, timeout=600))

@@ -1,5 +1,5 @@
-"""Sliding windows on the chunk layouts: a rank's windowed blocks cover exactly the windowed mask, each pair once,
-skip what lies outside the window, and carry windows every windowed kernel takes (both sides >= 0 or unbounded)."""
+"""Sliding windows on the chunk layouts: a rank's windowed blocks (all_gather, a2a, the ring's steps) cover exactly
+the windowed mask, each pair once, skip what lies outside the window (the ring: whole steps), and carry windows every windowed kernel takes (both sides >= 0 or unbounded)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from cpcompile.layouts import LAYOUTS, LOCAL_SOURCE
 from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
+from cpcompile.layouts.ring import held_rank, ring_blocks, visited_steps
 from cpcompile.layouts.window import band
 
 WINDOWS = [(0, 0), (1, 0), (2, 0), (3, 1), (-1, 2), (4, -1), (5, 5), (0, -1), (-1, 0)]
@@ -109,3 +110,40 @@ def test_flat_a2a_window_is_one_block():
     assert exchange_blocks(buffers, 8, True, (5, 0)) == [[exchange_blocks(buffers, 8, True, (5, 0))[0][0]]]
     (block,) = exchange_blocks(buffers, 8, True, (5, 0))[0]
     assert (block.q_len, block.kv_len, block.window) == (32, 32, (5, 0))
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("cp", [1, 2, 3, 4])
+@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_window_steps_cover_the_mask_exactly_once(name, cp, chunk, causal):
+    """Over the steps the ring visits, every rank's blocks against the K/V it holds cover exactly its rows of the
+    windowed mask; the steps it skips hold nothing any rank's window reaches."""
+    layout = LAYOUTS[name]
+    seq = layout.num_chunks(cp) * chunk
+    for window in WINDOWS:
+        if causal and window[1] != 0:
+            continue
+        visited = visited_steps(layout, cp, chunk, causal, window)
+        seen: Counter = Counter()
+        for rank in range(cp):
+            rows = layout.shard_index(seq, cp, rank).tolist()
+            for step, blocks in enumerate(ring_blocks(layout, cp, rank, chunk, causal, window)):
+                assert step in visited or not blocks, (rank, step)
+                held = {0: layout.shard_index(seq, cp, held_rank(rank, step, cp)).tolist()}
+                for b in blocks:
+                    _check_window(b)
+                    seen.update(_block_pairs(b, rows, held))
+        assert seen == _wanted(seq, causal, window), (name, cp, chunk, causal, window)
+
+
+def test_ring_skips_the_steps_outside_a_short_window():
+    """A window shorter than a chunk: the ring visits only the neighbours' steps, at cp=8, and each of those
+    runs one block of the window's width."""
+    flat, zigzag = LAYOUTS["flat"], LAYOUTS["zigzag"]
+    assert visited_steps(flat, 8, 16, True, (3, 0)) == (0, 1)
+    assert visited_steps(flat, 8, 16, False, (4, 4)) == (0, 1, 7)
+    assert visited_steps(zigzag, 8, 16, True, (3, 0)) == (0, 1, 7)  # the back chunk's predecessor is on rank + 1
+    assert visited_steps(flat, 8, 16, True, None) == tuple(range(8))
+    (block,) = ring_blocks(flat, 8, 3, 16, True, (3, 0))[1]  # rank 2's last 3 keys for rank 3's first 3 rows
+    assert (block.q_start, block.q_len, block.kv_start, block.kv_len, block.window) == (0, 3, 13, 3, (0, -1))

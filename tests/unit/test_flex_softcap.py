@@ -1,0 +1,66 @@
+"""The FlexAttention softcap provider (kernels/flex_softcap.py) on CPU: its forward and its backward from the FINAL
+out/lse against the CPU reference (flex's eager math; CUDA runs the same code on Inductor's flex kernels:
+tests/gpu/test_softcap.py), and which provider kernel="auto" picks for softcapped sites on CUDA (CUDA's
+availability stubbed: selection only, nothing runs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpcompile.errors import CPCompileError
+from cpcompile.kernels import PROVIDERS, resolve_kernel, supported_kernels
+from cpcompile.precision import acc_dtype
+from tests.support.flex import cpu_flex_backward
+
+
+def _case(sq, sk, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, sq, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, sk, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    return q, k, v, torch.randn(2, 4, sq, 16, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (False, (3, 0)), (False, (2, 5))])
+def test_block_forward_matches_the_reference(causal, window):
+    q, k, v, _ = _case(8, 8 if causal else 12)
+    extra = {} if window is None else {"window": window}
+    with cpu_flex_backward():
+        out, lse = PROVIDERS["flex_softcap"].forward(q, k, v, causal, 0.3, softcap=2.0, **extra)
+    ref_out, ref_lse = PROVIDERS["cpu_ref"].forward(q, k, v, causal, 0.3, softcap=2.0, **extra)
+    torch.testing.assert_close(out, ref_out.to(out.dtype))
+    torch.testing.assert_close(lse.to(ref_lse.dtype), ref_lse)
+
+
+def test_backward_from_the_final_out_and_lse_is_the_blocks_share():
+    """Two blocks over disjoint keys merged by LSE: each block's backward, given the MERGED out/lse, is its share of
+    the whole attention's gradient; their sum matches the CPU reference's gradient of one block over all keys."""
+    q, k, v, dout = _case(6, 10)
+    ref, flex = PROVIDERS["cpu_ref"], PROVIDERS["flex_softcap"]
+    out, lse = ref.forward(q, k, v, False, 0.4, softcap=3.0)
+    want = ref.backward(dout, q, k, v, out, lse, False, 0.4, softcap=3.0)
+    halves = [(k[..., :4, :], v[..., :4, :]), (k[..., 4:, :], v[..., 4:, :])]
+    with cpu_flex_backward():
+        parts = [flex.backward(dout, q, kk, vv, out, lse, False, 0.4, softcap=3.0) for kk, vv in halves]
+    dq = parts[0][0] + parts[1][0]
+    dk, dv = (torch.cat([parts[0][i], parts[1][i]], dim=-2) for i in (1, 2))
+    for got, exp in zip((dq, dk, dv), want):
+        torch.testing.assert_close(got.to(acc_dtype(got.dtype)), exp.to(acc_dtype(got.dtype)))
+
+
+@pytest.fixture
+def cuda_present(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def test_auto_picks_flex_for_softcap_on_cuda_only(cuda_present):
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    assert supported_kernels(cuda, bf16, 64, features=("softcap",)) == ["flex_softcap"]
+    assert supported_kernels(cuda, bf16, 64, features=("window", "softcap")) == ["flex_softcap"]
+    assert "flex_softcap" not in supported_kernels(cuda, bf16, 64, features=("window",))  # FA2 takes windows
+    assert "flex_softcap" not in supported_kernels(cuda, bf16, 64)  # a last resort: never over cuDNN/FA2
+    assert supported_kernels(torch.device("cpu"), torch.float32, 64, features=("softcap",)) == ["cpu_ref"]
+    assert supported_kernels(cuda, bf16, 48, features=("softcap",)) == []  # head dims flex does not take
+    assert resolve_kernel("auto", cuda, bf16, 64, features=("softcap",)) == "flex_softcap"
+    with pytest.raises(CPCompileError, match="kernel 'flash' cannot run here: it takes no softcapped scores"):
+        resolve_kernel("flash", cuda, bf16, 64, features=("softcap",))
