@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -11,6 +13,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import cpcompile
 from cpcompile import CPCompileError
+from cpcompile.testing.varlen_model import GQA
 
 CU = torch.tensor([0, 3, 16], dtype=torch.int32)
 
@@ -98,7 +101,7 @@ def test_a2a_refuses_thd_zigzag():
 
 
 def test_a2a_head_rules():
-    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, enable_gqa=True)  # noqa: E731
+    fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, **GQA)  # noqa: E731
     q, k, v = torch.randn(8, 3, 4), torch.randn(8, 3, 4), torch.randn(8, 3, 4)
     _refused(fn, q, k, v, CU, comm="a2a", match="each of the 2 ranks q_heads/cp heads, but there are 3 q heads")
 
@@ -108,6 +111,10 @@ def test_different_cu_seqlens_for_q_and_k():
     _refused(fn, *_qkv(), CU, CU.clone(), match="cu_seq_q and cu_seq_k are different tensors")
 
 
+@pytest.mark.skipif(
+    "seqused_k" not in inspect.signature(varlen_attn).parameters,
+    reason="varlen_attn takes seqused_k from torch 2.13 on (2.11's KV-cache arguments are k_cache/v_cache)",
+)
 def test_kv_cache_inputs_are_refused():
     fn = lambda q, k, v, cu, used: varlen_attn(q, k, v, cu, cu, 16, 16, seqused_k=used)  # noqa: E731
     _refused(fn, *_qkv(), CU, torch.tensor([3, 13], dtype=torch.int32), match="seqused_k: KV-cache")

@@ -17,6 +17,7 @@ from torch.nn.attention.varlen import varlen_attn
 import cpcompile
 from cpcompile import kernels
 from cpcompile.comm.registry import COMMS
+from cpcompile.testing.varlen_model import GQA
 from tests.support.fake_pg import fake_group
 
 WORLD, RANK = 4, 1
@@ -78,7 +79,7 @@ def test_packed_auto_kernel_under_every_comm(cuda_stand_ins, comm, layout):
     cu = torch.tensor([0, 16, 48, 64], dtype=torch.int32)
 
     def fn(q, k, v, cu):
-        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(-1, 0), enable_gqa=True)
+        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(-1, 0), **GQA)
 
     with fake_group(RANK, WORLD):
         plans = _compile_and_run(fn, cpcompile.backend(strategy=layout, comm=comm, inner="aot_eager"), q, k, v, cu)

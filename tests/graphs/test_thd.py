@@ -7,6 +7,7 @@ import expecttest
 import torch
 from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
+from cpcompile.testing.varlen_model import GQA
 from tests.support.fake_pg import aot_graphs, count_ops, fake_group, rewritten_graph
 
 
@@ -20,7 +21,7 @@ def causal(q, k, v, cu):
 
 
 def full(q, k, v, cu):
-    return varlen_attn(q, k, v, cu, cu, 32, 32, enable_gqa=True)  # max_q/max_k bound the 24-token document
+    return varlen_attn(q, k, v, cu, cu, 32, 32, **GQA)  # max_q/max_k bound the 24-token document
 
 
 def _inputs(heads=(2, 2), cu=(0, 3, 16, 32), requires_grad=False):

@@ -11,6 +11,7 @@ from expecttest import assert_expected_inline
 from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
 import cpcompile
+from cpcompile.testing.varlen_model import GQA
 from tests.support.fake_pg import capture_graphs, fake_group, normalize_gm
 from tests.support.graphs import VIEW_OPS, _collectives, _kernel_calls
 
@@ -28,11 +29,11 @@ def _capture(fn, heads=(4, 2)):
 
 
 def sliding_with_lse(q, k, v, cu):
-    return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(4, 0), enable_gqa=True, return_aux=AuxRequest(lse=True))
+    return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(4, 0), **GQA, return_aux=AuxRequest(lse=True))
 
 
 def causal(q, k, v, cu):
-    return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(-1, 0), enable_gqa=True)
+    return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(-1, 0), **GQA)
 
 
 def test_rewritten_graph_snapshot():
@@ -92,7 +93,7 @@ def test_inductor_kernels():
     from torch._inductor.utils import run_and_get_code
 
     def fn(q, k, v, cu):
-        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(4, 0), enable_gqa=True)
+        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(4, 0), **GQA)
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(L, h, 4, generator=g, requires_grad=True) for h in (4, 2, 2))

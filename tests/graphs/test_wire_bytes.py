@@ -14,6 +14,7 @@ from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
 import cpcompile
 from cpcompile.comm.registry import get_comm
+from cpcompile.testing.varlen_model import GQA
 from tests.support.fake_pg import capture_graphs, fake_group
 from tests.support.graphs import sent_bytes
 
@@ -47,7 +48,7 @@ def _packed(layout, comm, heads, dtype, lse):
     aux = {"return_aux": AuxRequest(lse=True)} if lse else {}
 
     def fn(q, k, v, cu):
-        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(-1, 0), enable_gqa=True, **aux)
+        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(-1, 0), **GQA, **aux)
 
     with fake_group(RANK, WORLD):
         graphs = capture_graphs(fn, cpcompile.backend(strategy=layout, comm=comm, inner="eager"), q, k, v, cu)
