@@ -66,7 +66,7 @@ from torch.distributed.tensor import DTensor
 from ..errors import CPCompileError, site_error
 from ..mesh import resolve_group
 from .match import is_cp_attention, is_flex, is_sdpa, is_varlen
-from .token_flow import BODY_OPERANDS, Flag, Result, track
+from .token_flow import BODY_OPERANDS, Flag, Result, concrete, track
 
 log = logging.getLogger("cpcompile")
 
@@ -135,9 +135,7 @@ def _data_inputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.Te
             return None
         if not isinstance(value, torch.Tensor) or _is_state(node, value):
             continue
-        if not all(isinstance(s, int) for s in value.shape):
-            return None
-        inputs.append((node, value))
+        inputs.append((node, torch.empty(concrete(value.shape), dtype=value.dtype, device="meta")))
     return inputs
 
 
@@ -218,11 +216,11 @@ def _clean(result: Result) -> bool:
     return not result.flags and not result.inconsistent
 
 
-def _track(gm: torch.fx.GraphModule, seeds: dict[str, int]) -> Result | None:
+def _track(gm: torch.fx.GraphModule, seeds: dict[str, int], length: int | None) -> Result | None:
     """token_flow.track, or None (with a warning) when the analysis itself fails: a bug or an op fake tensors
     cannot run must not block a model; the graph is then not checked."""
     try:
-        return track(gm, seeds)
+        return track(gm, seeds, length)
     except Exception as e:  # noqa: BLE001
         log.warning(
             "cpcompile token guard could not analyse this graph (%s: %s); it is not checked", type(e).__name__, e
@@ -239,7 +237,7 @@ def check_graph(gm: torch.fx.GraphModule, plans: list) -> Flag | None:
         lengths = {p.site.q_shape[0] if p.site.kind == "varlen" else p.site.q_shape[2] for p in plans}
         results = []
         for seeds in _assignments(inputs, lengths, _cu_only_inputs(gm)):
-            result = _track(gm, seeds)
+            result = _track(gm, seeds, min(lengths))
             if result is None:
                 return None
             if _clean(result) or (not result.flags and not results):
@@ -256,36 +254,12 @@ def check_graph(gm: torch.fx.GraphModule, plans: list) -> Flag | None:
         return None
     for size in sizes:
         for seeds in itertools.islice(_assignments(inputs, {size}, set()), 4):
-            result = _track(gm, seeds)
+            result = _track(gm, seeds, None)
             if result is None:
                 return None
             if any(f.pairwise for f in result.flags):
                 return result.flags[0]
     return None
-
-
-def _where(p) -> str:
-    if p.is_partial():
-        return f"a per-rank partial {getattr(p, 'reduce_op', 'sum')} over tokens"
-    return f"sharded on dim {p.dim}" if hasattr(p, "dim") else "whole"
-
-
-def _needed(before, after) -> str:
-    if before.is_partial():
-        return "combined across ranks first"
-    if after.is_partial():
-        return "made a partial sum"
-    return f"re-sharded on dim {after.dim}" if hasattr(after, "dim") else "gathered whole from every rank"
-
-
-def _moves(flag: Flag) -> str:
-    counts: dict[tuple, int] = {}
-    for move in flag.moves:
-        counts[move] = counts.get(move, 0) + 1
-    return "; ".join(
-        f"{'its input' if n == 1 else f'{n} inputs'} {_where(b)} would have to be {_needed(b, a)}"
-        for (b, a), n in counts.items()
-    )
 
 
 def refusal(flag: Flag) -> CPCompileError:
@@ -300,7 +274,7 @@ def refusal(flag: Flag) -> CPCompileError:
         return site_error(node, rule, fix)
     if flag.kind == "partial":
         rule = (
-            f"{op} uses a reduction over tokens before it is summed across ranks ({_moves(flag)}): each rank "
+            f"{op} uses a reduction over tokens before it is summed across ranks ({flag.detail}): each rank "
             "reduces only its own tokens, so this use sees a partial value and its result would be silently wrong"
         )
         fix = (
@@ -308,14 +282,22 @@ def refusal(flag: Flag) -> CPCompileError:
             "afterwards (dist.all_reduce, README's loss recipe); normalise per token, not over tokens; " + _MARK_FIX
         )
     elif flag.kind == "unknown":
-        rule = (
-            f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens (DTensor's sharding "
-            f"propagation has no rule for it here: {flag.detail})"
-        )
+        rule = f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens ({flag.detail})"
         fix = _MARK_FIX
+    elif flag.kind == "positions":
+        rule = (
+            f"{op} uses positions made from this rank's LOCAL sequence length ({flag.detail}): every rank would "
+            "number its own tokens 0..L-1, so positions (RoPE, learned or sinusoidal position embeddings, "
+            "position-dependent scaling) would be wrong on every rank but one"
+        )
+        fix = (
+            "pass the tokens' GLOBAL position ids into the model and build positions from them "
+            "(cpcompile.shard_batch adds position_ids when the batch has none; torchtitan: pass positions=); "
+            + _MARK_FIX
+        )
     elif flag.kind == "flex_buffer":
         rule = (
-            f"{op} holds this rank's tokens only ({_moves(flag)}), but under CP the score_mod/mask_mod index it by "
+            f"{op} holds this rank's tokens only ({flag.detail}), but under CP the score_mod/mask_mod index it by "
             "GLOBAL position, so it would be read out of range or at the wrong tokens"
         )
         fix = "pass the whole tensor (built for the global sequence, as for one GPU), not its shard_batch shard"
@@ -328,7 +310,7 @@ def refusal(flag: Flag) -> CPCompileError:
     else:
         how = "it relates tokens to each other, as attention does" if flag.pairwise else "it needs other ranks' tokens"
         rule = (
-            f"{op} mixes tokens along the sequence dim that CP shards ({_moves(flag)}: {how}), so on this rank's "
+            f"{op} mixes tokens along the sequence dim that CP shards ({flag.detail}: {how}), so on this rank's "
             "tokens alone its result would be silently wrong"
         )
         fix = (
@@ -338,26 +320,10 @@ def refusal(flag: Flag) -> CPCompileError:
     return site_error(node, rule, fix, what="node", action="run")
 
 
-SUPPORTED = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
-"""The analysis follows DTensor's sharding rules, and torch 2.11's have no rule for views that flatten a sharded
-dim with another (every nn.Linear on (batch, seq, hidden) does): there it would refuse ordinary models, so on
-older torch the guard is off (unrewritten flex_attention is still refused) and says so once (H200, torch 2.11)."""
-_said = []
-
-
 def refuse_token_mixing(gm: torch.fx.GraphModule, state) -> None:
     """The pass step (after rewrite): raise one CPCompileError for the first token-mixing op left in `gm`."""
     refuse_flex_attention(gm)
     if _cp_size(state) < 2:
-        return
-    if not SUPPORTED:
-        if not _said:
-            _said.append(True)
-            log.warning(
-                "cpcompile: the token-mixing guard needs torch >= 2.13 (DTensor's view rules); on torch %s it is "
-                "off, so ops other than attention that mix tokens along the sequence are not refused",
-                torch.__version__,
-            )
         return
     flag = check_graph(gm, state.plans)
     if flag is not None:

@@ -12,13 +12,11 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import cpcompile
-from cpcompile.passes import guard_tokens as _guard
 from cpcompile.token_local import clear_token_local_marks
 from tests.support.errors import cp_error as _cp_error
 from tests.support.fake_pg import fake_group
 
-pytestmark = pytest.mark.skipif(not _guard.SUPPORTED, reason="the token guard needs torch >= 2.13")
-
+OLD_TORCH = torch.torch_version.TorchVersion(torch.__version__) < "2.13"
 B, L, D = 2, 8, 8  # the sequence dim is 1 of (B, L, D)
 
 
@@ -124,11 +122,14 @@ def mean_into_attention(x):
         (pool_tokens, "avg_pool1d", "aten.avg_pool2d"),
         (shift_tokens, "getitem", "aten.slice"),
         (exp_of_loss_share, "exp", "aten.exp"),
-        (mean_into_attention, "contiguous", "aten.clone"),
+        (mean_into_attention, "expand_as", "aten.expand"),
     ],
 )
 def test_token_mixing_is_refused(no_comm, fn, node, op):
     msg = refusal(fn, torch.randn(B, L, D))
+    if fn is encoder_layer and OLD_TORCH:  # torch 2.11's Dynamo runs the layer's SDPA eagerly while tracing it
+        assert "scaled_dot_product_attention ran eagerly" in msg, msg
+        return
     assert f"cpcompile cannot run node '{node}' at {__file__}:" in msg, msg
     rule, fix = msg.split("Fix:")
     assert op in rule and ("mixes tokens" in rule or "reduction over tokens" in rule), msg
@@ -212,7 +213,7 @@ def test_analysis_failure_warns_and_compiles(monkeypatch, caplog):
     """A failure of the checker itself (a bug, an op meta tensors cannot run) must not block a model."""
     from cpcompile.passes import guard_tokens
 
-    def broken(gm, seeds):
+    def broken(*args):
         raise RuntimeError("meta kernel missing")
 
     monkeypatch.setattr(guard_tokens, "track", broken)

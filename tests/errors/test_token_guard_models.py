@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import cpcompile
-from cpcompile.passes import guard_tokens as _guard
 from cpcompile.passes.guard_tokens import check_graph
 from cpcompile.passes.match import find_attention_sites
 from cpcompile.passes.plan import plan_site
@@ -20,7 +19,7 @@ from cpcompile.testing.varlen_model import VarlenTinyLlama, document_position_id
 from tests.support.errors import cp_error as _cp_error
 from tests.support.fake_pg import fake_group
 
-pytestmark = pytest.mark.skipif(not _guard.SUPPORTED, reason="the token guard needs torch >= 2.13")
+OLD_TORCH = torch.torch_version.TorchVersion(torch.__version__) < "2.13"
 
 CFG = TinyConfig(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, hidden=64)
 
@@ -104,6 +103,7 @@ def _hf_inputs():
     return torch.randint(0, 128, (1, 16), generator=g), torch.arange(16, 32)[None], torch.randint(0, 128, (1, 16))
 
 
+@pytest.mark.skipif(OLD_TORCH, reason="HF's sdpa builds a 4-D mask on torch 2.11 (the planner refuses it)")
 @pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2"])
 def test_hugging_face_sdpa_models_compile(name):
     torch.manual_seed(0)
