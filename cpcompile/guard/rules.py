@@ -203,7 +203,7 @@ def slice_(func, args, kwargs, outs, tag) -> Verdict:
     if isinstance(t, Seq):
         why = _cut(t, dim, start, end, step, size)
         return refuse("gather", why) if why else Verdict((t,))
-    if t is None and end - start == LOCAL_LENGTH.get(0) and size != end - start and src.numel() > 1:
+    if t is None and id(src) in STATE and end - start == LOCAL_LENGTH.get(0) and size != end - start:
         return Verdict((Local(f"a tensor sliced to the local length, [{start}:{end}] of {size}"),))
     return Verdict((t,))
 
@@ -284,5 +284,8 @@ _register(split, "split", "split_with_sizes", "chunk", "unbind", "tensor_split",
 _register(cat, "cat", "concat", "concatenate")
 _register(trailing, "one_hot", "unfold")
 
+STATE: set[int] = set()
+"""ids of the model state tensors (parameters, buffers) while a graph is analysed: a slice of one to the local
+length is a table cut to this rank's length (a position buffer)."""
 LOCAL_LENGTH: dict[int, int] = {}
 """{0: this graph's local sequence length} while a graph is analysed (set by the tracker)."""

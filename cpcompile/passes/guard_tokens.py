@@ -124,6 +124,15 @@ def _is_state(node: torch.fx.Node, value: torch.Tensor) -> bool:
     return isinstance(getattr(grapharg, "example", None), torch.nn.Parameter)
 
 
+def _state_inputs(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """Placeholders that are model state (parameters, buffers)."""
+    return frozenset(
+        n.name
+        for n in gm.graph.nodes
+        if n.op == "placeholder" and isinstance(v := _value(n), torch.Tensor) and _is_state(n, v)
+    )
+
+
 def _data_inputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.Tensor]] | None:
     """(placeholder, traced value) of every tensor input that is not model state; None: the graph is skipped."""
     inputs = []
@@ -220,7 +229,7 @@ def _track(gm: torch.fx.GraphModule, seeds: dict[str, int], length: int | None) 
     """token_flow.track, or None (with a warning) when the analysis itself fails: a bug or an op fake tensors
     cannot run must not block a model; the graph is then not checked."""
     try:
-        return track(gm, seeds, length)
+        return track(gm, seeds, length, _state_inputs(gm))
     except Exception as e:  # noqa: BLE001
         log.warning(
             "cpcompile token guard could not analyse this graph (%s: %s); it is not checked", type(e).__name__, e

@@ -238,25 +238,31 @@ class Runner(torch.fx.Interpreter):
         return outs[0]
 
 
-def track(gm: torch.fx.GraphModule, seeds: dict[str, int], length: int | None = None) -> Result:
+def track(
+    gm: torch.fx.GraphModule, seeds: dict[str, int], length: int | None = None, state: frozenset[str] = frozenset()
+) -> Result:
     """Run `gm` on meta tensors like its traced inputs, placeholder `name` holding tokens on dim seeds[name]
     (`length`: the local sequence length, for the local-length checks); what it found."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [_traced(n) for n in placeholders]
     tracker = Tracker()
     _rules.LOCAL_LENGTH.clear()
+    _rules.STATE.clear()
     if length:
         _rules.LOCAL_LENGTH[0] = length
     try:
         with torch.no_grad():
             inputs = [_fresh(v) for v in values]
             for n, t in zip(placeholders, inputs):
+                if n.name in state:
+                    _rules.STATE.add(id(t))
                 if n.name in seeds:
                     tracker.place(t, whole(seeds[n.name], t.shape[seeds[n.name]]))
             with tracker:
                 Runner(gm, tracker).run(*inputs)
     finally:
         _rules.LOCAL_LENGTH.clear()
+        _rules.STATE.clear()
     tracker.result.fallbacks = tracker.fallbacks
     return tracker.result
 
