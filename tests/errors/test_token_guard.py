@@ -209,17 +209,35 @@ def test_cu_seqlens_is_global():
     assert len(compile_cp(packed, torch.randn(8, 2, 4), cu, strategy="thd").plans) == 1
 
 
-def test_analysis_failure_warns_and_compiles(monkeypatch, caplog):
-    """A failure of the checker itself (a bug, an op meta tensors cannot run) must not block a model."""
+def test_analysis_failure_is_a_refusal(no_comm, monkeypatch):
+    """A graph the checker itself fails on (a bug, an op meta tensors cannot run) is refused, not compiled
+    unchecked: it could be silently wrong."""
     from cpcompile.passes import guard_tokens
 
     def broken(*args):
         raise RuntimeError("meta kernel missing")
 
     monkeypatch.setattr(guard_tokens, "track", broken)
-    with caplog.at_level("WARNING", logger="cpcompile"):
-        compile_cp(cumsum, torch.randn(B, L, D))
-    assert "could not analyse this graph (RuntimeError: meta kernel missing)" in caplog.text
+    msg = refusal(cumsum, torch.randn(B, L, D))
+    assert "could not analyse this graph (RuntimeError: meta kernel missing)" in msg, msg
+
+
+def test_a_graph_after_a_graph_break_is_checked(no_comm):
+    """The graph after a break has no attention site: the local length of the backend's earlier graph tells
+    which dim holds the tokens, and a cumsum over them is refused."""
+
+    def broken_model(x):
+        y = attend(x)
+        torch._dynamo.graph_break()
+        return y.cumsum(dim=1)
+
+    with fake_group(0, 2):
+        be = cpcompile.backend(strategy="zigzag", inner="eager")
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as excinfo:
+            torch.compile(broken_model, backend=be)(torch.randn(B, L, D))
+    msg = str(_cp_error(excinfo))
+    assert "node 'cumsum'" in msg and "aten.cumsum" in msg, msg
 
 
 def test_ambiguous_sizes_are_resolved():
@@ -382,6 +400,29 @@ def test_function_and_module_marks():
     compile_cp(model_with_marked_function, torch.randn(B, L, D))
     cpcompile.mark_token_local(Smoother)
     compile_cp(model_with_marked_module, torch.randn(B, L, D))
+
+
+class Residual(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return x + self.inner(x)
+
+
+class CausalConv(nn.Module):
+    def forward(self, x):
+        return F.pad(x, (0, 0, 1, 0))[:, :-1] + x
+
+
+def test_an_instance_mark_covers_that_instance_only(no_comm):
+    """mark_token_local(one Residual) must not exempt another Residual around a causal conv."""
+    linear, conv = Residual(nn.Linear(D, D)), Residual(CausalConv())
+    cpcompile.mark_token_local(linear)
+    compile_cp(lambda x: attend(linear(x)), torch.randn(B, L, D))
+    msg = refusal(lambda x: attend(conv(linear(x))), torch.randn(B, L, D))
+    assert "in forward" in msg and "aten.constant_pad_nd" in msg, msg
 
 
 def test_marked_code_hands_the_sequence_on():

@@ -178,3 +178,19 @@ def test_checkpointed_tiny_llama_blocks():
         return model.head(model.norm(x))
 
     assert _guard_with_nested_rewrite(forward, ids, pos) is None
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_hugging_face_moe_models_compile_unmarked(name):
+    """MoE routing (softmax and topk over the experts of a (B*L, E) tensor, HF's grouped experts) and DeepSeek-V3's
+    MLA (new_empty + copies into slices) pass the guard without any user mark."""
+    pytest.importorskip("transformers")
+    from tests.support.hf_zoo import batch, build
+
+    if OLD_TORCH:
+        pytest.skip("torch 2.11's Dynamo cannot trace transformers 5.24's models here (lazy module import)")
+    model = build(name, "cpcompile", dtype=torch.float32)
+    with fake_group(0, 2):
+        local = cpcompile.shard_batch(batch(name, 2, 32), strategy="zigzag", hf_loss="causal_lm")
+    be = compile_cp(lambda kw: model(**kw, use_cache=False).loss, local)
+    assert len({p.site.node.name for p in be.plans}) == 2
