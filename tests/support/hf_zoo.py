@@ -72,7 +72,7 @@ def _config(name: str):
         cfg = _llama_sizes(
             q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
             n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
-            first_k_dense_replace=1, n_shared_experts=1,
+            first_k_dense_replace=1, n_shared_experts=1, num_key_value_heads=4,
         )  # fmt: skip
         return T.DeepseekV3ForCausalLM, T.DeepseekV3Config(**cfg)
     if name == "bert":
