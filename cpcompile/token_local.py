@@ -10,8 +10,10 @@ result silently wrong again: the mark is the user's promise.
 What can be marked:
 - an operator: `torch.ops.mylib.fused_norm` (all overloads), one overload `torch.ops.mylib.fused_norm.default`,
   or a `torch.library.custom_op` object;
-- a Python function or method, an `nn.Module` subclass or instance (its class's `forward`): every FX node whose
-  recorded stack passes through that function (Dynamo inlines it, so its ops are ordinary graph nodes).
+- a Python function or method, or an `nn.Module` subclass (its `forward`): every FX node whose recorded stack
+  passes through that function (Dynamo inlines it, so its ops are ordinary graph nodes);
+- an `nn.Module` instance: that instance only (its forward is replaced by a copy of the class's whose code has a
+  name of its own, so other instances of the class stay checked).
 
 The marks are process-wide (like `torch._dynamo.allow_in_graph`) and read at compile time; mark before compiling.
 """
@@ -19,7 +21,9 @@ The marks are process-wide (like `torch._dynamo.allow_in_graph`) and read at com
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
+import types
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -37,9 +41,25 @@ _CODE: dict[tuple[str, str], list[tuple[int, int]]] = {}
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
+_INSTANCES = itertools.count()
+
+
+def _instance_forward(module: nn.Module):
+    """Give `module` its own forward: the class's function with a code object of a name of its own (what the
+    graph's recorded stacks show), so a mark applies to this instance only."""
+    func = inspect.unwrap(getattr(type(module).forward, "__func__", type(module).forward))
+    name = f"{func.__code__.co_name}__cp_token_local_{next(_INSTANCES)}"
+    names = {"co_name": name, **({"co_qualname": name} if hasattr(func.__code__, "co_qualname") else {})}
+    code = func.__code__.replace(**names)
+    copy = types.FunctionType(code, func.__globals__, name, func.__defaults__, func.__closure__)
+    copy.__kwdefaults__ = func.__kwdefaults__
+    module.forward = types.MethodType(copy, module)
+    return code
+
+
 def _code_of(obj) -> object:
     if isinstance(obj, nn.Module):
-        obj = type(obj)
+        return _instance_forward(obj)
     if inspect.isclass(obj):
         if not issubclass(obj, nn.Module):
             raise TypeError(f"mark_token_local takes an nn.Module class, not {obj!r}")
@@ -63,11 +83,15 @@ def mark_token_local(obj: T) -> T:
         _OPS.add(op)
         return obj
     code = _code_of(obj)
+    if isinstance(obj, nn.Module):
+        _MODULES.append(obj)
     last = max((line for *_, line in code.co_lines() if line is not None), default=code.co_firstlineno)
     _CODE.setdefault((code.co_filename, code.co_name), []).append((code.co_firstlineno, last))
     return obj
 
 
+_MODULES: list = []
+"""Instances marked (their forward was replaced): a clear puts the class's back."""
 _BUILTIN: list = []
 """What cpcompile's integrations marked (library code known to be token-local): kept across a clear."""
 
@@ -83,6 +107,9 @@ def clear_token_local_marks() -> None:
     """Forget every user mark (tests; a process that changes its mind); the integrations' marks stay."""
     _OPS.clear()
     _CODE.clear()
+    for module in _MODULES:
+        module.__dict__.pop("forward", None)
+    _MODULES.clear()
     for obj in _BUILTIN:
         mark_token_local(obj)
 

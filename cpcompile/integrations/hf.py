@@ -240,3 +240,20 @@ def register() -> None:
     masking_utils.AttentionMaskInterface.register(NAME, cpcompile_mask)
     if hasattr(masking_utils, "find_packed_sequence_indices"):
         mark_builtin_token_local(masking_utils.find_packed_sequence_indices)
+    _declare_experts_token_local()
+
+
+def _declare_experts_token_local() -> None:
+    """HF's MoE experts (transformers.integrations.moe) sort the rank's (token, expert) pairs by expert, run each
+    expert on its rows (grouped_mm with offsets from a histogram of the pairs) and put the rows back in token
+    order: a permutation of this rank's own rows and its inverse, so token-local as a whole, which the guard's
+    per-op rules cannot see (the sort and the histogram run over the tokens). Declared here, once."""
+    from ..token_local import mark_builtin_token_local
+
+    try:
+        from transformers.integrations import moe
+    except ImportError:
+        return
+    for name in ("grouped_mm_experts_forward", "batched_mm_experts_forward"):
+        if hasattr(moe, name):
+            mark_builtin_token_local(getattr(moe, name))

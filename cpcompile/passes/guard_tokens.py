@@ -7,30 +7,27 @@ or pooling over tokens, a sort along them, a mean over tokens used per token) wo
 rank's tokens alone. The guard raises ONE CPCompileError naming the first such op, its node and source line, at
 compile time, before any collective.
 
-How it decides (derived, not a list of ops): token_flow.py runs the rewritten graph once on meta tensors with the
-sequence-carrying inputs placed `Shard(seq_dim)` on a fake mesh and asks DTensor's sharding propagator, op by op,
-what each op needs. Why DTensor's rules: they are the code PyTorch itself uses to decide when a sharded tensor
-must be communicated, they cover the aten ops a graph decomposes into (views and flattens with the batch
-included, as `_StridedShard`), and they exist already; cpcompile only reads them. Shape propagation alone (a
-symbolic local length) cannot tell a cumsum from a pointwise op (same shapes) without a list of ops, and running
-real DTensors would need global shapes where the graph holds this rank's (its view sizes are constants). The
-rule:
+How it decides: token_flow.py runs the rewritten graph once on meta tensors with the sequence-carrying inputs
+tagged and applies cpcompile's own rule for each op's family (cpcompile/guard/): where its outputs hold tokens,
+or a refusal. Why own rules and not DTensor's: DTensor's differ between torch versions (2.11 has no rule for the
+`(B*L, H)` flatten every nn.Linear makes, 2.14.1's strategy API refuses aten.cat) and its answers are about
+communication, not about what a rank's tokens mean (an arange over the local length is "replicated" to it).
+DTensor is asked only about ops no rule covers (guard/fallback.py). The rule:
 
-1. An op is refused when the propagator has to move a sequence-carrying input off its placement: gather it
-   (`Shard(seq) -> Replicate`: a contraction, scan, convolution, sort or reorder along the tokens), re-shard it on
-   another dim, or sum a `Partial` across ranks.
-2. A reduction over tokens (sum, mean, max; cross_entropy with reduction="sum"/"mean") yields `Partial`: each rank
-   holds its share. That is fine as long as the share only flows to the graph's outputs through ops that keep it
-   a share (scaling, adding shares, views): the user sums it across ranks (README's loss recipe:
-   `loss_sum / global_count`, then the gradients are all-reduced). It is refused when anything else consumes it
-   before that sum: a nonlinearity (`exp`, `log`, `sqrt` of a share), or a per-token use such as
-   `x - x.mean(dim=seq)` (normalising over tokens) or mixing it into attention inputs.
-3. A higher-order op with a body (torch.utils.checkpoint, wrap, invoke_subgraph) is looked into, its body run with
-   the same placements; any other higher-order op fed a sequence-carrying value is refused (cannot be analysed).
+1. An op is refused when it needs other ranks' tokens: a contraction, scan, convolution, sort, softmax or reorder
+   along the tokens, a slice/select/pad of the token axis, tokens meeting tokens (q @ k^T).
+2. A sum/mean/max/min over tokens (cross_entropy with reduction="sum"/"mean" too) yields a Share: each rank holds
+   its share. That is fine as long as the share only flows to the graph's outputs through ops that keep it a
+   share (scaling, adding shares, views): the user sums it across ranks (README's loss recipe). It is refused
+   when anything else consumes it before that sum: a nonlinearity, a product of two shares, a per-token use.
+3. Positions made from the LOCAL length (an arange over it, a model buffer sliced to it) combined with token data
+   are refused: pass the GLOBAL position ids.
+4. A higher-order op with a body (torch.utils.checkpoint, wrap, invoke_subgraph) is looked into, its body run with
+   the same tags; any other higher-order op fed a sequence-carrying value is refused (cannot be analysed).
    A `flex_attention` node left after the rewrite is refused outright (the rewrite did not reach it); a flex
    region whose score_mod/mask_mod buffers carry the sharded sequence is refused (the mods index them by GLOBAL
    position, so they must be whole).
-4. An op without a DTensor sharding rule (a custom kernel) fed sequence-carrying values is refused: cpcompile
+5. An op with no rule and no DTensor answer (a custom kernel) fed sequence-carrying values is refused: cpcompile
    cannot tell. Code that is token-local but refused is exempted with `cpcompile.mark_token_local(fn_or_op)`.
 
 Which inputs carry the sequence, and on which dim: the rewritten sites give this rank's local length L (SDPA q
@@ -49,7 +46,7 @@ the sequence when some op makes two values sharded on it meet along it (every to
 q @ k^T, SDPA inside nn.MultiheadAttention), and that run's first refusal is raised. A graph with no site and no
 such pairwise use (a lone cumsum or conv in a graph of its own) is not checked: its sequence dim cannot be told
 from its batch dim. Also skipped: DTensor graphs (DTensor's own propagation redistributes what an op needs, so a
-flat Shard stays correct; a zigzag Shard is a permuted sequence and is not checked), dynamic shapes, no process
+flat Shard stays correct; a zigzag Shard is a permuted sequence and is not checked), no process
 group or a CP group of one rank (nothing is sharded), and any graph the analysis itself fails on (an op meta
 tensors cannot run, a bug): a warning says so; a failure of the checker must not block a model.
 """
@@ -64,14 +61,24 @@ import torch.fx
 from torch.distributed.tensor import DTensor
 
 from ..errors import CPCompileError, site_error
-from ..mesh import resolve_group
+from ..mesh import cp_mesh_dim, resolve_group
 from .match import is_cp_attention, is_flex, is_sdpa, is_varlen
-from .token_flow import BODY_OPERANDS, Flag, Result, track
+from .token_flow import BODY_OPERANDS, Flag, Result, concrete, track
 
 log = logging.getLogger("cpcompile")
 
 MAX_ASSIGNMENTS = 16
 """At most this many choices of sequence dims are tried for one graph (ambiguous dims are rare)."""
+_SEEN: dict[int, tuple[object, set[int]]] = {}
+"""id(backend config) -> (config, the local sequence lengths of the attention sites compiled with it): a later
+graph of the same backend with no site (after a graph break) whose inputs have one is checked with it as the
+sequence length, fully."""
+
+
+def _seen(config) -> set[int]:
+    return _SEEN.setdefault(id(config), (config, set()))[1]
+
+
 MAX_SIZES = 6
 """A graph with no site: at most this many candidate sequence lengths are tried."""
 
@@ -124,7 +131,28 @@ def _is_state(node: torch.fx.Node, value: torch.Tensor) -> bool:
     return isinstance(getattr(grapharg, "example", None), torch.nn.Parameter)
 
 
-def _data_inputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.Tensor]] | None:
+def _state_inputs(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """Placeholders that are model state (parameters, buffers)."""
+    return frozenset(
+        n.name
+        for n in gm.graph.nodes
+        if n.op == "placeholder" and isinstance(v := _value(n), torch.Tensor) and _is_state(n, v)
+    )
+
+
+def _dtensor_inputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, int]]:
+    """(placeholder, token dim) of every DTensor input sharded on its CP mesh dim (global shapes)."""
+    found = []
+    for node in gm.graph.nodes:
+        value = _value(node) if node.op == "placeholder" else None
+        if isinstance(value, DTensor) and (cp := cp_mesh_dim(value.device_mesh)) is not None:
+            p = value.placements[cp]
+            if p.is_shard():
+                found.append((node, p.dim % value.dim()))
+    return found
+
+
+def _data_inputs(gm: torch.fx.GraphModule, strategy: str = "zigzag") -> list | None:
     """(placeholder, traced value) of every tensor input that is not model state; None: the graph is skipped."""
     inputs = []
     for node in gm.graph.nodes:
@@ -132,12 +160,10 @@ def _data_inputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.Te
             continue
         value = _value(node)
         if isinstance(value, DTensor):
-            return None
+            return None if strategy == "flat" else _dtensor_inputs(gm)
         if not isinstance(value, torch.Tensor) or _is_state(node, value):
             continue
-        if not all(isinstance(s, int) for s in value.shape):
-            return None
-        inputs.append((node, value))
+        inputs.append((node, torch.empty(concrete(value.shape), dtype=value.dtype, device="meta")))
     return inputs
 
 
@@ -218,30 +244,36 @@ def _clean(result: Result) -> bool:
     return not result.flags and not result.inconsistent
 
 
-def _track(gm: torch.fx.GraphModule, seeds: dict[str, int]) -> Result | None:
-    """token_flow.track, or None (with a warning) when the analysis itself fails: a bug or an op fake tensors
-    cannot run must not block a model; the graph is then not checked."""
+def _track(gm: torch.fx.GraphModule, seeds: dict[str, int], length: int | None) -> Result:
+    """token_flow.track; a failure of the analysis itself (an op meta tensors cannot run, a bug) is a refusal:
+    an unchecked graph could be silently wrong."""
     try:
-        return track(gm, seeds)
+        return track(gm, seeds, length, _state_inputs(gm))
     except Exception as e:  # noqa: BLE001
-        log.warning(
-            "cpcompile token guard could not analyse this graph (%s: %s); it is not checked", type(e).__name__, e
-        )
-        return None
+        raise CPCompileError(
+            f"cpcompile's token guard could not analyse this graph ({type(e).__name__}: {e}), so it cannot tell "
+            "whether an op in it mixes tokens across the CP ranks. Fix: mark the code that runs it token-local if "
+            "it is (cpcompile.mark_token_local(fn_or_module)), or report the op that fails"
+        ) from e
 
 
-def check_graph(gm: torch.fx.GraphModule, plans: list) -> Flag | None:
+def check_graph(
+    gm: torch.fx.GraphModule, plans: list, seen: set[int] | None = None, strategy: str = "zigzag"
+) -> Flag | None:
     """The first op of `gm` that mixes tokens along the sharded dim (None: none, or the graph is skipped)."""
-    inputs = _data_inputs(gm)
+    inputs = _data_inputs(gm, strategy)
     if not inputs:
         return None
+    if isinstance(inputs[0][1], int):  # DTensor inputs under a permuted layout: their placements say where
+        result = _track(gm, {n.name: d for n, d in inputs}, None)
+        return result.flags[0] if result.flags else None
     if plans:
         lengths = {p.site.q_shape[0] if p.site.kind == "varlen" else p.site.q_shape[2] for p in plans}
+        if seen is not None:
+            seen.update(lengths)
         results = []
         for seeds in _assignments(inputs, lengths, _cu_only_inputs(gm)):
-            result = _track(gm, seeds)
-            if result is None:
-                return None
+            result = _track(gm, seeds, min(lengths))
             if _clean(result) or (not result.flags and not results):
                 return None  # consistent and clean, or the first choice refuses nothing
             results.append(result)
@@ -252,40 +284,19 @@ def check_graph(gm: torch.fx.GraphModule, plans: list) -> Flag | None:
             return None
         return chosen.flags[0]
     sizes = sorted({n for _, v in inputs for n in v.shape if n > 1})
+    for size in sorted((seen or set()) & set(sizes)):  # a local length an earlier graph's attention had
+        for seeds in itertools.islice(_assignments(inputs, {size}, set()), 4):
+            result = _track(gm, seeds, size)
+            if result.flags:
+                return result.flags[0]
     if len(sizes) > MAX_SIZES:
         return None
     for size in sizes:
         for seeds in itertools.islice(_assignments(inputs, {size}, set()), 4):
-            result = _track(gm, seeds)
-            if result is None:
-                return None
+            result = _track(gm, seeds, None)
             if any(f.pairwise for f in result.flags):
                 return result.flags[0]
     return None
-
-
-def _where(p) -> str:
-    if p.is_partial():
-        return f"a per-rank partial {getattr(p, 'reduce_op', 'sum')} over tokens"
-    return f"sharded on dim {p.dim}" if hasattr(p, "dim") else "whole"
-
-
-def _needed(before, after) -> str:
-    if before.is_partial():
-        return "combined across ranks first"
-    if after.is_partial():
-        return "made a partial sum"
-    return f"re-sharded on dim {after.dim}" if hasattr(after, "dim") else "gathered whole from every rank"
-
-
-def _moves(flag: Flag) -> str:
-    counts: dict[tuple, int] = {}
-    for move in flag.moves:
-        counts[move] = counts.get(move, 0) + 1
-    return "; ".join(
-        f"{'its input' if n == 1 else f'{n} inputs'} {_where(b)} would have to be {_needed(b, a)}"
-        for (b, a), n in counts.items()
-    )
 
 
 def refusal(flag: Flag) -> CPCompileError:
@@ -300,7 +311,7 @@ def refusal(flag: Flag) -> CPCompileError:
         return site_error(node, rule, fix)
     if flag.kind == "partial":
         rule = (
-            f"{op} uses a reduction over tokens before it is summed across ranks ({_moves(flag)}): each rank "
+            f"{op} uses a reduction over tokens before it is summed across ranks ({flag.detail}): each rank "
             "reduces only its own tokens, so this use sees a partial value and its result would be silently wrong"
         )
         fix = (
@@ -308,14 +319,22 @@ def refusal(flag: Flag) -> CPCompileError:
             "afterwards (dist.all_reduce, README's loss recipe); normalise per token, not over tokens; " + _MARK_FIX
         )
     elif flag.kind == "unknown":
-        rule = (
-            f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens (DTensor's sharding "
-            f"propagation has no rule for it here: {flag.detail})"
-        )
+        rule = f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens ({flag.detail})"
         fix = _MARK_FIX
+    elif flag.kind == "positions":
+        rule = (
+            f"{op} uses positions made from this rank's LOCAL sequence length ({flag.detail}): every rank would "
+            "number its own tokens 0..L-1, so positions (RoPE, learned or sinusoidal position embeddings, "
+            "position-dependent scaling) would be wrong on every rank but one"
+        )
+        fix = (
+            "pass the tokens' GLOBAL position ids into the model and build positions from them "
+            "(cpcompile.shard_batch adds position_ids when the batch has none; torchtitan: pass positions=); "
+            + _MARK_FIX
+        )
     elif flag.kind == "flex_buffer":
         rule = (
-            f"{op} holds this rank's tokens only ({_moves(flag)}), but under CP the score_mod/mask_mod index it by "
+            f"{op} holds this rank's tokens only ({flag.detail}), but under CP the score_mod/mask_mod index it by "
             "GLOBAL position, so it would be read out of range or at the wrong tokens"
         )
         fix = "pass the whole tensor (built for the global sequence, as for one GPU), not its shard_batch shard"
@@ -328,7 +347,7 @@ def refusal(flag: Flag) -> CPCompileError:
     else:
         how = "it relates tokens to each other, as attention does" if flag.pairwise else "it needs other ranks' tokens"
         rule = (
-            f"{op} mixes tokens along the sequence dim that CP shards ({_moves(flag)}: {how}), so on this rank's "
+            f"{op} mixes tokens along the sequence dim that CP shards ({flag.detail}: {how}), so on this rank's "
             "tokens alone its result would be silently wrong"
         )
         fix = (
@@ -338,27 +357,11 @@ def refusal(flag: Flag) -> CPCompileError:
     return site_error(node, rule, fix, what="node", action="run")
 
 
-SUPPORTED = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
-"""The analysis follows DTensor's sharding rules, and torch 2.11's have no rule for views that flatten a sharded
-dim with another (every nn.Linear on (batch, seq, hidden) does): there it would refuse ordinary models, so on
-older torch the guard is off (unrewritten flex_attention is still refused) and says so once (H200, torch 2.11)."""
-_said = []
-
-
 def refuse_token_mixing(gm: torch.fx.GraphModule, state) -> None:
     """The pass step (after rewrite): raise one CPCompileError for the first token-mixing op left in `gm`."""
     refuse_flex_attention(gm)
     if _cp_size(state) < 2:
         return
-    if not SUPPORTED:
-        if not _said:
-            _said.append(True)
-            log.warning(
-                "cpcompile: the token-mixing guard needs torch >= 2.13 (DTensor's view rules); on torch %s it is "
-                "off, so ops other than attention that mix tokens along the sequence are not refused",
-                torch.__version__,
-            )
-        return
-    flag = check_graph(gm, state.plans)
+    flag = check_graph(gm, state.plans, _seen(state.config), state.config.strategy)
     if flag is not None:
         raise refusal(flag)

@@ -80,3 +80,35 @@ def test_helper_errors():
         cpcompile.unshard(dt, strategy="flat", seq_dim=2)
     with pytest.raises(cpcompile.CPCompileError, match="needs seq_dim="):
         cpcompile.unshard(x, strategy="flat")
+
+
+def test_zigzag_dtensor_inputs_then_cumsum_are_refused():
+    """A zigzag-sharded DTensor is a permuted sequence: DTensor's own cumsum would scan it in the wrong order,
+    so the token guard checks DTensor graphs of permuted layouts (a flat Shard DTensor redistributes itself)."""
+    import torch.nn.functional as F
+
+    mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("cp",))
+    q, k, v = _qkv(mesh, [Shard(2)])
+
+    def model(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).cumsum(dim=2)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(model, backend=cpcompile.backend(strategy="zigzag", inner="eager"), fullgraph=True)(q, k, v)
+    assert "aten.cumsum" in str(info.value) and "node 'cumsum'" in str(info.value), info.value
+
+
+def test_zigzag_dtensor_token_wise_graph_compiles():
+    import torch.nn.functional as F
+
+    mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("cp",))
+    q, k, v = _qkv(mesh, [Shard(2)])
+
+    def model(q, k, v):
+        return F.gelu(F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2).sum()
+
+    torch._dynamo.reset()
+    be = cpcompile.backend(strategy="zigzag", inner="eager")
+    torch.compile(model, backend=be, fullgraph=True)(q, k, v)
+    assert len(be.plans) == 1

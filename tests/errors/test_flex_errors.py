@@ -9,7 +9,6 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import cpcompile
-from cpcompile.passes.guard_tokens import SUPPORTED
 from tests.support.fake_pg import fake_group
 from tests.support.flex import attention, block_mask
 
@@ -106,7 +105,6 @@ def test_a_sharded_mask_never_runs_outside_a_region():
             flex_attention(*_qkv(), block_mask=mask, enable_gqa=True)
 
 
-@pytest.mark.skipif(not SUPPORTED, reason="the token guard needs torch >= 2.13")
 def test_a_sequence_sharded_mod_buffer_is_refused():
     """The mods index their buffers by GLOBAL position: a buffer cut into this rank's tokens is refused."""
 

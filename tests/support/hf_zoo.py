@@ -67,6 +67,19 @@ def _config(name: str):
         )
     if name == "olmo2":
         return T.Olmo2ForCausalLM, T.Olmo2Config(**_llama_sizes())
+    if name == "qwen3_moe":  # every layer sparse: 4 experts, top 2 (the router's topk over the (B*L, E) logits)
+        cfg = _llama_sizes(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+        return T.Qwen3MoeForCausalLM, T.Qwen3MoeConfig(**cfg, decoder_sparse_step=1, mlp_only_layers=[])
+    if name == "mixtral":
+        cfg = _llama_sizes(num_local_experts=4, num_experts_per_tok=2)
+        return T.MixtralForCausalLM, T.MixtralConfig(**cfg)
+    if name == "deepseek_v3":  # MLA (q/kv LoRA ranks, a RoPE part of the head), layer 0 dense, layer 1 MoE
+        cfg = _llama_sizes(
+            q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
+            first_k_dense_replace=1, n_shared_experts=1, num_key_value_heads=4,
+        )  # fmt: skip
+        return T.DeepseekV3ForCausalLM, T.DeepseekV3Config(**cfg)
     if name == "bert":
         drop = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
@@ -74,9 +87,11 @@ def _config(name: str):
     raise KeyError(name)
 
 
+MOE = ("qwen3_moe", "mixtral", "deepseek_v3")
+"""Mixture-of-experts models (DeepSeek-V3 with MLA): the token guard follows their routing unmarked."""
 CAUSAL = (
     "llama", "qwen2", "qwen3", "mistral", "mistral_sw", "gemma2", "gemma3", "gpt_oss", "phi3", "gpt_neox", "gpt2",
-    "olmo2",
+    "olmo2", *MOE,
 )  # fmt: skip
 MODELS = (*CAUSAL, "bert")
 RUNS: dict[str, tuple[tuple[str, str, int], ...]] = {name: (("zigzag", "all_gather", 2),) for name in MODELS}
@@ -97,8 +112,10 @@ def features(name: str) -> list[str]:
         out.append("softcapped scores")
     if name == "gpt_oss":
         out.append("attention sinks")
-    if getattr(cfg, "num_local_experts", 0):
+    if any(getattr(cfg, a, 0) for a in ("num_local_experts", "num_experts", "n_routed_experts")):
         out.append("MoE")
+    if name == "deepseek_v3":
+        out.append("MLA")
     if getattr(cfg, "num_key_value_heads", None) not in (None, getattr(cfg, "num_attention_heads", None)):
         out.append("GQA")
     return out
@@ -121,6 +138,8 @@ def build(name: str, attn_implementation: str, seed: int = 0, dtype: torch.dtype
     cfg._attn_implementation = attn_implementation
     if name == "gpt_oss":
         _gpt_oss_moe(cfg)
+    if name in MOE:  # HF's grouped experts (torch._grouped_mm) take fp32/bf16/fp16 only
+        dtype = torch.float32
     torch.manual_seed(seed)
     model = cls(cfg).to(dtype).train()
     if name == "gpt2":  # HF finds no loss_type for GPT2LMHeadModel and logs a warning, which fullgraph cannot trace
