@@ -12,6 +12,7 @@ import torch.fx
 from . import eager_guard, passes
 from .comm.registry import COMMS
 from .errors import CPCompileError
+from .inner import INNER, inner_compiler
 from .kernels import KERNEL_NAMES
 from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
@@ -20,7 +21,6 @@ from .passes.dtensor_rules import register_cpu_sdpa_rules
 from .passes.plans import FlexPlan
 from .passes.varlen_fake import fix_varlen_fake
 
-INNER = ("inductor", "aot_eager", "eager")
 OVERLAP_COMMS = ("ring", "all_gather")
 INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
 """Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
@@ -32,20 +32,6 @@ other passes stay on."""
 
 register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
 fix_varlen_fake()  # at import: Dynamo traces varlen_attn with MLA head dims before any backend is called
-
-
-def _inner_compiler(name: str | Callable) -> Callable:
-    if callable(name):
-        return name
-    if name == "inductor":
-        from torch._inductor.compile_fx import compile_fx
-
-        return compile_fx
-    if name == "aot_eager":
-        from torch._dynamo.backends.debugging import aot_eager
-
-        return aot_eager
-    return lambda gm, example_inputs: gm.forward
 
 
 @dataclass
@@ -80,14 +66,14 @@ class CPBackend:
         self.plans.extend(passes.run(gm, self.config))
         return gm
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None, options=None):
+        """torch.compile's mode= and options= (passed only when given) reach the inner compiler (inner.py)."""
+        inner_compiler(self.inner, mode, options, {})  # a mode/options the inner cannot take: refused first
         before = len(self.plans)
         gm = self.transform(gm)
-        compiler = _inner_compiler(self.inner)
         overlapped = [p for p in self.plans[before:] if p.comm in OVERLAP_COMMS and not isinstance(p, FlexPlan)]
-        if self.inner == "inductor" and overlapped:
-            return compiler(gm, example_inputs, config_patches=INDUCTOR_OVERLAP_PATCHES)
-        return compiler(gm, example_inputs)
+        overlap = INDUCTOR_OVERLAP_PATCHES if overlapped else {}
+        return inner_compiler(self.inner, mode, options, overlap)(gm, example_inputs)
 
 
 def check_choices(strategy: str, comm: str, kernel: str) -> None:
@@ -136,6 +122,7 @@ def backend(
     return CPBackend(config, inner=inner)
 
 
-def default_backend(gm: torch.fx.GraphModule, example_inputs):
-    """Entry point for torch.compile(model, backend="cpcompile"): flat layout, all-gather, default group."""
-    return backend()(gm, example_inputs)
+def default_backend(gm: torch.fx.GraphModule, example_inputs, **compile_kwargs):
+    """Entry point for torch.compile(model, backend="cpcompile"): flat layout, all-gather, default group
+    (torch.compile's mode= / options= pass through to Inductor)."""
+    return backend()(gm, example_inputs, **compile_kwargs)
