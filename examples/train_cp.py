@@ -5,6 +5,7 @@
     python examples/train_cp.py --ranks 4 --comm a2a     # Ulysses: trade heads for sequence around attention
     python examples/train_cp.py --packed --ranks 3       # packed documents through varlen_attn (thd)
     python examples/train_cp.py --model hf-llama         # transformers' LlamaForCausalLM (needs transformers)
+    python examples/train_cp.py --verify                 # first cpcompile.verify: the first batch both ways
 
 Every rank feeds its shard of each batch; torch.compile with the cpcompile backend rewrites each attention call
 into a CP region. Sequences the layout cannot split are padded (labels ignored) and the demo says so. At the
@@ -20,11 +21,13 @@ import time
 
 import torch
 
+import cpcompile
 from cpcompile.integrations.rows import pack_rows
 from cpcompile.testing.distributed import run_ranks
-from cpcompile.testing.model import TinyConfig
+from cpcompile.testing.model import TinyConfig, TinyLlama, token_loss_sum
 from cpcompile.testing.packed_training import chain_rows, train_packed
 from cpcompile.testing.training import MODELS, make_batches, train
+from cpcompile.testing.varlen_model import VarlenTinyLlama
 
 DENSE, PACKED = ("flat", "zigzag"), ("thd", "thd_zigzag")
 
@@ -84,6 +87,52 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace):
     return _train(args, TinyConfig(layers=args.layers), args.strategy, device, on_step)
 
 
+def _packed_forward(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    if isinstance(model, VarlenTinyLlama):  # the one-process run: varlen_attn has no CPU kernel, SDPA per document
+        model.use_per_document_sdpa()
+    return model(batch["input_ids"], batch["position_ids"], batch["cu_seqlens"])
+
+
+def _tiny_forward(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    return model(batch["input_ids"], batch["position_ids"])
+
+
+def _hf_forward(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+
+
+def _verify_rank(rank: int, world: int, args: argparse.Namespace) -> bool:
+    """cpcompile.verify on the first batch: the model sharded through the compiled model vs whole on one process."""
+    device = f"cuda:{rank}" if args.device == "cuda" else "cpu"
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+    cfg = TinyConfig(layers=args.layers)
+    torch.manual_seed(0)
+    if args.packed:
+        full = pack_rows(**_packed_batches(args, cfg)[0], strategy=args.strategy, cp=world,
+                         max_documents=args.max_documents)  # fmt: skip
+        model = VarlenTinyLlama(cfg, causal=True, max_len=full.max_seqlen)
+        batch = {"input_ids": full.tokens[0], "position_ids": full.positions[0], "labels": full.labels[0],
+                 "cu_seqlens": full.cu_seqlens}  # fmt: skip
+        forward, seq_dim, count = _packed_forward, 0, full.num_tokens
+    else:
+        if args.model == "hf-llama":
+            from cpcompile.testing.hf_llama import hf_llama
+
+            model, forward = hf_llama(cfg), _hf_forward
+        else:
+            model, forward = TinyLlama(cfg), _tiny_forward
+        batch, seq_dim = _dense_batches(args, cfg, world)[0], 1
+        count = int((batch["labels"] != -100).sum())
+    report = cpcompile.verify(
+        model.to(device), {k: v.to(device) for k, v in batch.items()},
+        backend=cpcompile.backend(strategy=args.strategy, comm=args.comm, inner=args.inner), forward=forward,
+        loss_fn=lambda logits, b: token_loss_sum(logits.reshape(-1, logits.shape[-1])[None], b["labels"].reshape(1, -1))
+        / count, seq_dim=seq_dim,
+    )  # fmt: skip
+    return report.passed
+
+
 def _padding_line(args: argparse.Namespace, cfg: TinyConfig) -> str | None:
     """What the layout needs padded, said before training (None when nothing is)."""
     if args.packed:
@@ -134,6 +183,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (row)")
     p.add_argument("--batch", type=int, default=2, help="sequences (rows) per batch")
     p.add_argument("--layers", type=int, default=2, help="transformer layers")
+    p.add_argument("--verify", action="store_true", help="first run cpcompile.verify on the first batch (logits, "
+                   "loss and every gradient, CP against one process) and stop on a mismatch")  # fmt: skip
     p.add_argument("--max-documents", type=int, default=64,
                    help="--packed: the most documents a batch holds (fixes the cu_seqlens length)")  # fmt: skip
     args = p.parse_args()
@@ -160,6 +211,11 @@ def main() -> int:
     padding = _padding_line(args, cfg)
     if padding:
         print(padding)
+    if args.verify:
+        print("cpcompile.verify on the first batch: sharded through the compiled model vs whole on one process")
+        if not all(run_ranks(_verify_rank, args.ranks, args, backend=backend, timeout=1800)):
+            print("VERIFY FAILED: not training")
+            return 1
     print(f"compiling: each rank traces the model, cpcompile rewrites its attention, {args.inner} compiles it ...")
     results = run_ranks(_rank_main, args.ranks, args, backend=backend, timeout=1800)
     ref = _train(args, cfg, None, "cpu")
