@@ -38,12 +38,14 @@ def _module_name(module: torch.nn.Module) -> str:
 
 
 def hf_window(sliding_window: int | None, is_causal: bool, key_length: int) -> tuple[int, int]:
-    """HF's `sliding_window` as a (left, right) window: causal sees the token and the w - 1 before it (HF's mask
-    `kv > q - w`); bidirectional every token within distance w (HF's sdpa mask `|q - kv| <= w`)."""
+    """The `sliding_window` HF's attention call gets as a (left, right) window, as HF's flash path maps it
+    (`(w - 1, w - 1)`, causal cutting the right): causal sees the token and the w - 1 before it (HF's mask
+    `kv > q - w`); bidirectional every token within distance w - 1 (ModernBERT passes its config's window + 1,
+    and HF's sdpa mask is `|q - kv| <= config.sliding_window`)."""
     if sliding_window is None or key_length <= sliding_window:
         return (-1, -1)  # the window cannot bind (HF's flash path skips it the same way)
     w = int(sliding_window)
-    return (w - 1, 0) if is_causal else (w, w)
+    return (w - 1, 0) if is_causal else (w - 1, w - 1)
 
 
 def _refuse(module: torch.nn.Module, rule: str, fix: str) -> CPCompileError:
