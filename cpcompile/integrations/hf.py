@@ -15,7 +15,8 @@ implementations instead: the attention call itself carries what the mask would (
   the causal, bidirectional and sliding-window patterns, and HF's 4-D mask for any other pattern (chunked
   attention, image-token overlays, custom mask functions), which a single process runs as sdpa does and CP
   refuses with one clear error (an explicit mask cannot be sharded).
-Refused with one CPCompileError: attention sinks (`s_aux`), position biases.
+Refused with one CPCompileError: attention sinks (`s_aux`), position biases (under torch.compile through
+refusal.py, so that the backend raises it rather than Dynamo wrapping it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from ..attention_op import attention
 from ..eager_guard import cp_call_in_progress, eager_attention_error
 from ..errors import CPCompileError
+from ..refusal import refused
 
 NAME = "cpcompile"
 """The `attn_implementation` name."""
@@ -71,18 +73,23 @@ def cpcompile_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """HF's attention-interface signature: q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D) -> ((B, Lq, Hq, D), None)."""
+    refusal = None
     if s_aux is not None:
-        raise _refuse(
+        refusal = _refuse(
             module,
             "the model uses attention sinks (s_aux), which no cpcompile attention kernel implements",
             'use attn_implementation="eager" without CP',
         )
-    if kwargs.get("position_bias") is not None:
-        raise _refuse(
+    elif kwargs.get("position_bias") is not None:
+        refusal = _refuse(
             module,
             "the model adds a position bias to the scores (a per-pair tensor, not shardable)",
             "train it without CP",
         )
+    if refusal is not None and not torch.compiler.is_compiling():
+        raise refusal
+    if refusal is not None:  # raised by the backend (refusal.py): Dynamo would wrap a raise here as "Unsupported"
+        return refused(query, str(refusal)).transpose(1, 2).contiguous(), None
     is_causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
     if not torch.compiler.is_compiling():
         return _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, **kwargs)
