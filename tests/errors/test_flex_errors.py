@@ -120,6 +120,29 @@ def test_a_sequence_sharded_mod_buffer_is_refused():
         _raises("score_mod/mask_mod buffer", attn, *_qkv(), docs_local, mask, strategy="flat")
 
 
+def test_sharded_document_ids_in_a_module_buffer_are_refused():
+    """Module buffers are model state, which the token guard does not place: the planner refuses one that holds
+    this rank's tokens and is indexed by position (it was an IndexError at run time)."""
+
+    class DocumentBias(torch.nn.Module):
+        def __init__(self, docs_local):
+            super().__init__()
+            self.register_buffer("docs", docs_local)
+
+        def forward(self, q, k, v, mask):
+            return flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s + (self.docs[qi] == self.docs[ki]),
+                                  block_mask=mask, enable_gqa=True)  # fmt: skip
+
+    with fake_group(0, 2):
+        mask = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=32), strategy="flat")
+        docs = torch.arange(32) // 10
+        msg = _raises(r"buffer 'l_self_buffers_docs_' \(shape \(16,\)\) by position", DocumentBias(docs[:16]),
+                      *_qkv(), mask, strategy="flat")  # fmt: skip
+        assert "Fix: keep the GLOBAL tensor" in msg
+        out = _compile(DocumentBias(docs), *_qkv(), mask, strategy="flat")  # the global ids: compiles and runs
+        assert out.shape == (1, 4, 16, 8)
+
+
 def test_regather_is_refused_for_flex():
     """The flex region keeps its gathered K/V; regather=True there would be silently ignored, so it is refused."""
     with fake_group(0, 2):
