@@ -19,7 +19,7 @@ from ..layouts import LAYOUTS, get_layout
 from ..layouts.flex import rank_major_chunks
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
-from ..sharding.flex import marker_args, marker_node, mask_graph
+from ..sharding.flex import marker_args, marker_block_size, marker_node, mask_graph
 from .auto import AUTO
 from .checks import constant, is_static
 from .match import AttentionSite
@@ -77,7 +77,8 @@ def plan_flex_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> Fle
         )
     masked = _check_mask(site, layout.name, group.size)
     _check_mod_buffers(site, group.size)
-    block_size = tuple(int(x) for x in flex.block_size)
+    marker = marker_node(mask_graph(node.graph.owning_module, flex.mask_mod))
+    block_size = marker_block_size(marker) if marker is not None else tuple(int(x) for x in flex.block_size)
     if masked:
         _check_blocks(site, config.comm, layout, group.size, block_size)
     options = dict(flex.kernel_options)
@@ -134,6 +135,13 @@ def _check_mask(site: AttentionSite, strategy: str, cp: int) -> bool:
             _SHARD_FIX,
         )
     sharded, sharded_cp, seq_len = marker_args(marker)
+    if seq_len == site.q_shape[2] and cp > 1:
+        raise site_error(
+            node,
+            f"its BlockMask was built for {seq_len} tokens, this rank's LOCAL length, and then sharded, so its blocks "
+            f"describe {seq_len} tokens of a sequence of {seq_len * cp}",
+            _SHARD_FIX,
+        )
     if (sharded, sharded_cp, seq_len) != (strategy, cp, site.q_shape[2] * cp):
         raise site_error(
             node,

@@ -49,6 +49,16 @@ def test_local_block_mask_is_refused():
         assert "Fix: build the BlockMask once for the GLOBAL sequence" in msg
 
 
+def test_local_block_mask_given_to_shard_block_mask_is_refused_by_the_planner():
+    """A mask built for the local length and sharded had Dynamo fail on flex's own length check (an Unsupported
+    wrapping its ValueError); the planner refuses it by name."""
+    with fake_group(0, 2):
+        local = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=16), strategy="flat")
+        msg = _raises("BlockMask was built for 16 tokens, this rank's LOCAL length", attention(None), *_qkv(), local,
+                      strategy="flat")  # fmt: skip
+        assert "Fix: build the BlockMask once for the GLOBAL sequence" in msg
+
+
 def test_mask_sharded_for_another_layout_is_refused():
     with fake_group(0, 2):
         mask = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=32), strategy="flat")
