@@ -97,7 +97,8 @@ def verify(
     Compared: the logits, the loss and every parameter gradient, by report.py's dtype-aware rule (a bf16 /
     fp16 model costs one more one-process run, in fp64). Dropout makes the runs differ: use a dropout of 0.
     Returns the Report (printed on the group's rank 0 when `show`); a mismatch is report.passed == False,
-    not an exception, so the caller decides (raise, log, stop).
+    not an exception, so the caller decides (raise, log, stop). A refusal while compiling (CPCompileError, the
+    first line of defence) is raised as in training.
     """
     if not isinstance(backend, CPBackend):
         raise CPCompileError(
