@@ -19,6 +19,7 @@ from .sharding import (
     unshard,
 )
 from .token_local import mark_token_local
+from .verify import verify
 
 __version__ = "0.1.0"
 
@@ -39,4 +40,5 @@ __all__ = [
     "shard_batch",
     "shard_block_mask",
     "unshard",
+    "verify",
 ]

@@ -13,6 +13,7 @@ from . import eager_guard, passes
 from .comm.registry import COMMS
 from .errors import CPCompileError
 from .inductor_cache import cache_key_patches
+from .inner import INNER, inner_compiler
 from .kernels import KERNEL_NAMES
 from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
@@ -21,7 +22,6 @@ from .passes.dtensor_rules import register_cpu_sdpa_rules
 from .passes.plans import FlexPlan
 from .passes.varlen_fake import fix_varlen_fake
 
-INNER = ("inductor", "aot_eager", "eager")
 OVERLAP_COMMS = ("ring", "all_gather")
 INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
 """Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
@@ -33,20 +33,6 @@ other passes stay on."""
 
 register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
 fix_varlen_fake()  # at import: Dynamo traces varlen_attn with MLA head dims before any backend is called
-
-
-def _inner_compiler(name: str | Callable) -> Callable:
-    if callable(name):
-        return name
-    if name == "inductor":
-        from torch._inductor.compile_fx import compile_fx
-
-        return compile_fx
-    if name == "aot_eager":
-        from torch._dynamo.backends.debugging import aot_eager
-
-        return aot_eager
-    return lambda gm, example_inputs: gm.forward
 
 
 @dataclass
@@ -81,17 +67,21 @@ class CPBackend:
         self.plans.extend(passes.run(gm, self.config))
         return gm
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None, options=None):
+        """torch.compile's mode= and options= (passed only when given) reach the inner compiler (inner.py)."""
+        inner_compiler(self.inner, mode, options, {})  # a mode/options the inner cannot take: refused first
         before = len(self.plans)
         gm = self.transform(gm)
-        compiler = _inner_compiler(self.inner)
         new = self.plans[before:]
-        if self.inner != "inductor" or not new:
-            return compiler(gm, example_inputs)
-        patches = cache_key_patches()  # the caches must see cpcompile's code (inductor_cache.py)
-        if any(p.comm in OVERLAP_COMMS and not isinstance(p, FlexPlan) for p in new):
-            patches.update(INDUCTOR_OVERLAP_PATCHES)
-        return compiler(gm, example_inputs, config_patches=patches)
+        patches = {}
+        if self.inner == "inductor" and new:
+            # the caches must see cpcompile's code (inductor_cache.py); a user's own post-grad pass is kept in it
+            user_pass = (options or {}).get("post_grad_custom_post_pass")
+            patches = cache_key_patches(user_pass)
+            options = {k: v for k, v in (options or {}).items() if k != "post_grad_custom_post_pass"} or None
+            if any(p.comm in OVERLAP_COMMS and not isinstance(p, FlexPlan) for p in new):
+                patches.update(INDUCTOR_OVERLAP_PATCHES)
+        return inner_compiler(self.inner, mode, options, patches)(gm, example_inputs)
 
 
 def check_choices(strategy: str, comm: str, kernel: str) -> None:
@@ -140,6 +130,7 @@ def backend(
     return CPBackend(config, inner=inner)
 
 
-def default_backend(gm: torch.fx.GraphModule, example_inputs):
-    """Entry point for torch.compile(model, backend="cpcompile"): flat layout, all-gather, default group."""
-    return backend()(gm, example_inputs)
+def default_backend(gm: torch.fx.GraphModule, example_inputs, **compile_kwargs):
+    """Entry point for torch.compile(model, backend="cpcompile"): flat layout, all-gather, default group
+    (torch.compile's mode= / options= pass through to Inductor)."""
+    return backend()(gm, example_inputs, **compile_kwargs)

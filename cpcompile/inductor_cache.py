@@ -45,7 +45,8 @@ class CodeKey(CustomGraphPass):
         return ("cpcompile", source_fingerprint(), inner)
 
 
-def cache_key_patches() -> dict:
-    """Inductor config patches for a graph holding cpcompile regions."""
-    user = torch._inductor.config.post_grad_custom_post_pass
+def cache_key_patches(user_pass=None) -> dict:
+    """Inductor config patches for a graph holding cpcompile regions; `user_pass`: a post-grad pass the user gave
+    in torch.compile's options (else the one configured), run first and keyed too."""
+    user = torch._inductor.config.post_grad_custom_post_pass if user_pass is None else user_pass
     return {"post_grad_custom_post_pass": user if isinstance(user, CodeKey) else CodeKey(user)}

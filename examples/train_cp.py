@@ -7,6 +7,7 @@
     python examples/train_cp.py --packed --strategy thd_balanced   # equal tokens and work a rank, any documents
     python examples/train_cp.py --comm ring              # K/V passed around the ranks: the least memory
     python examples/train_cp.py --model hf-llama         # transformers' LlamaForCausalLM (needs transformers)
+    python examples/train_cp.py --verify                 # first cpcompile.verify: the first batch both ways
 
 Every rank feeds its shard of each batch; torch.compile with the cpcompile backend rewrites each attention call
 into a CP region. Sequences the layout cannot split are padded (labels ignored) and the demo says so. At the
@@ -92,6 +93,61 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace):
         return refused
 
 
+def _packed_forward(model, batch: dict):
+    from cpcompile.testing.varlen_model import VarlenTinyLlama
+
+    if isinstance(model, VarlenTinyLlama):  # the one-process run: varlen_attn has no CPU kernel, SDPA per document
+        model.use_per_document_sdpa()
+    return model(batch["input_ids"], batch["position_ids"], batch["cu_seqlens"])
+
+
+def _tiny_forward(model, batch: dict):
+    return model(batch["input_ids"], batch["position_ids"])
+
+
+def _hf_forward(model, batch: dict):
+    return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+
+
+def _verify_rank(rank: int, world: int, args: argparse.Namespace) -> bool:
+    """cpcompile.verify on the first batch: the model sharded through the compiled model vs whole on one process."""
+    import torch
+
+    import cpcompile
+    from cpcompile.integrations.rows import pack_rows
+    from cpcompile.testing.model import TinyConfig, TinyLlama, token_loss_sum
+    from cpcompile.testing.varlen_model import VarlenTinyLlama
+
+    device = f"cuda:{rank}" if args.device == "cuda" else "cpu"
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+    cfg = TinyConfig(layers=args.layers)
+    torch.manual_seed(0)
+    if args.packed:
+        full = pack_rows(**_packed_batches(args, cfg)[0], strategy=args.strategy, cp=world,
+                         max_documents=args.max_documents)  # fmt: skip
+        model = VarlenTinyLlama(cfg, causal=True, max_len=full.max_seqlen)
+        batch = {"input_ids": full.tokens[0], "position_ids": full.positions[0], "labels": full.labels[0],
+                 "cu_seqlens": full.cu_seqlens}  # fmt: skip
+        forward, seq_dim, count = _packed_forward, 0, full.num_tokens
+    else:
+        if args.model == "hf-llama":
+            from cpcompile.testing.hf_llama import hf_llama
+
+            model, forward = hf_llama(cfg), _hf_forward
+        else:
+            model, forward = TinyLlama(cfg), _tiny_forward
+        batch, seq_dim = _dense_batches(args, cfg, world)[0], 1
+        count = int((batch["labels"] != -100).sum())
+    report = cpcompile.verify(
+        model.to(device), {k: v.to(device) for k, v in batch.items()},
+        backend=cpcompile.backend(strategy=args.strategy, comm=args.comm, inner=args.inner), forward=forward,
+        loss_fn=lambda logits, b: token_loss_sum(logits.reshape(-1, logits.shape[-1])[None], b["labels"].reshape(1, -1))
+        / count, seq_dim=seq_dim,
+    )  # fmt: skip
+    return report.passed
+
+
 def _layout_line(args: argparse.Namespace, cfg) -> str | None:
     """What the layout pads or packs, said before training (None when a dense batch needs nothing)."""
     from cpcompile.integrations.rows import pack_rows
@@ -148,6 +204,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (row)")
     p.add_argument("--batch", type=int, default=2, help="sequences (rows) per batch")
     p.add_argument("--layers", type=int, default=2, help="transformer layers")
+    p.add_argument("--verify", action="store_true", help="first run cpcompile.verify on the first batch (logits, "
+                   "loss and every gradient, CP against one process) and stop on a mismatch")  # fmt: skip
     p.add_argument("--max-documents", type=int, default=64,
                    help="--packed: the most documents a batch holds (fixes the cu_seqlens length)")  # fmt: skip
     args = p.parse_args()
@@ -181,6 +239,13 @@ def main() -> int:
     layout = _layout_line(args, cfg)
     if layout:
         print(layout)
+    if args.verify:
+        print("cpcompile.verify on the first batch: sharded through the compiled model vs whole on one process")
+        from cpcompile.testing.distributed import run_ranks
+
+        if not all(run_ranks(_verify_rank, args.ranks, args, backend=backend, timeout=1800)):
+            print("VERIFY FAILED: not training")
+            return 1
     print(f"starting {args.ranks} ranks; each traces the model, cpcompile rewrites its attention, {args.inner} "
           "compiles it ...", flush=True)  # fmt: skip
     args.started = time.time()

@@ -16,7 +16,8 @@ implementations instead: the attention call itself carries what the mask would (
   the causal, bidirectional and sliding-window patterns, and HF's 4-D mask for any other pattern (chunked
   attention, image-token overlays, custom mask functions), which a single process runs as sdpa does and CP
   refuses with one clear error (an explicit mask cannot be sharded).
-Refused with one CPCompileError: position biases.
+Refused with one CPCompileError: position biases (under torch.compile through refusal.py, so that the backend
+raises it rather than Dynamo wrapping it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from ..attention_op import attention
 from ..eager_guard import cp_call_in_progress, eager_attention_error
 from ..errors import CPCompileError
+from ..refusal import refused
 
 NAME = "cpcompile"
 """The `attn_implementation` name."""
@@ -40,13 +42,15 @@ def _module_name(module: torch.nn.Module) -> str:
 
 
 def hf_window(sliding_window: int | None, is_causal: bool, key_length: int | None) -> tuple[int, int]:
-    """HF's `sliding_window` as a (left, right) window: causal sees the token and the w - 1 before it (HF's mask
-    `kv > q - w`); bidirectional every token within distance w (HF's sdpa mask `|q - kv| <= w`). `key_length`:
-    drop a window that cannot bind at this many keys (HF's flash path does); None: keep it."""
+    """The `sliding_window` HF's attention call gets as a (left, right) window, as HF's flash path maps it
+    (`(w - 1, w - 1)`, causal cutting the right): causal sees the token and the w - 1 before it (HF's mask
+    `kv > q - w`); bidirectional every token within distance w - 1 (ModernBERT passes its config's window + 1,
+    and HF's sdpa mask is `|q - kv| <= config.sliding_window`). `key_length`: drop a window that cannot bind
+    at this many keys (HF's flash path does); None: keep it."""
     if sliding_window is None or (key_length is not None and key_length <= sliding_window):
         return (-1, -1)  # the window cannot bind (HF's flash path skips it the same way)
     w = int(sliding_window)
-    return (w - 1, 0) if is_causal else (w, w)
+    return (w - 1, 0) if is_causal else (w - 1, w - 1)
 
 
 def _refuse(module: torch.nn.Module, rule: str, fix: str) -> CPCompileError:
@@ -72,12 +76,17 @@ def cpcompile_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """HF's attention-interface signature: q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D) -> ((B, Lq, Hq, D), None)."""
+    refusal = None
     if kwargs.get("position_bias") is not None:
-        raise _refuse(
+        refusal = _refuse(
             module,
             "the model adds a position bias to the scores (a per-pair tensor, not shardable)",
             "train it without CP",
         )
+    if refusal is not None and not torch.compiler.is_compiling():
+        raise refusal
+    if refusal is not None:  # raised by the backend (refusal.py): Dynamo would wrap a raise here as "Unsupported"
+        return refused(query, str(refusal)).transpose(1, 2).contiguous(), None
     is_causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
     if not torch.compiler.is_compiling():
         return _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux, **kwargs)

@@ -14,6 +14,7 @@ import torch.fx
 from ..errors import CPCompileError
 from ..log import log_plans
 from ..mesh import CPGroup, resolve_group
+from ..refusal import raise_refusals
 from .agree import agree, summarize
 from .guard_tokens import refuse_token_mixing
 from .match import AttentionSite, find_attention_sites
@@ -32,7 +33,9 @@ class PassState:
 
 
 def find(gm: torch.fx.GraphModule, state: PassState) -> None:
-    """Every SDPA and varlen_attn call in the graph, normalised (passes/match.py)."""
+    """Every SDPA and varlen_attn call in the graph, normalised (passes/match.py); first, a refusal an
+    integration made while Dynamo traced (refusal.py)."""
+    raise_refusals(gm)
     state.sites = find_attention_sites(gm)
 
 

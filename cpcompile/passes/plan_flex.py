@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 
+import torch.fx
+
 from ..comm.registry import COMMS, get_comm
 from ..errors import site_error
 from ..layouts import LAYOUTS, get_layout
 from ..layouts.flex import rank_major_chunks
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
-from ..sharding.flex import marker_args, marker_node, mask_graph
+from ..sharding.flex import marker_args, marker_block_size, marker_node, mask_graph
 from .auto import AUTO
 from .checks import constant, is_static
 from .match import AttentionSite
@@ -74,7 +76,9 @@ def plan_flex_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> Fle
             f"pad the global sequence to a multiple of {layout.required_multiple(group.size)} tokens",
         )
     masked = _check_mask(site, layout.name, group.size)
-    block_size = tuple(int(x) for x in flex.block_size)
+    _check_mod_buffers(site, group.size)
+    marker = marker_node(mask_graph(node.graph.owning_module, flex.mask_mod))
+    block_size = marker_block_size(marker) if marker is not None else tuple(int(x) for x in flex.block_size)
     if masked:
         _check_blocks(site, config.comm, layout, group.size, block_size)
     options = dict(flex.kernel_options)
@@ -131,6 +135,13 @@ def _check_mask(site: AttentionSite, strategy: str, cp: int) -> bool:
             _SHARD_FIX,
         )
     sharded, sharded_cp, seq_len = marker_args(marker)
+    if seq_len == site.q_shape[2] and cp > 1:
+        raise site_error(
+            node,
+            f"its BlockMask was built for {seq_len} tokens, this rank's LOCAL length, and then sharded, so its blocks "
+            f"describe {seq_len} tokens of a sequence of {seq_len * cp}",
+            _SHARD_FIX,
+        )
     if (sharded, sharded_cp, seq_len) != (strategy, cp, site.q_shape[2] * cp):
         raise site_error(
             node,
@@ -156,6 +167,42 @@ def _check_mask(site: AttentionSite, strategy: str, cp: int) -> bool:
     return True
 
 
+POSITIONS = {"score_mod": 3, "mask_mod": 2}
+"""Where a mod's (q_idx, kv_idx) placeholders start: score_mod(score, b, h, q, kv, *buffers), mask_mod(b, h, q, kv,
+*buffers)."""
+
+
+def _check_mod_buffers(site: AttentionSite, cp: int) -> None:
+    """A mod buffer indexed by position must be GLOBAL: the region calls the mods with global positions, so a
+    tensor of this rank's tokens (document ids cut by shard_batch and kept in a module buffer, which the token
+    guard does not place as it does graph inputs) would be read out of range, or at another token's entry."""
+    node, flex = site.node, site.flex
+    local = site.q_shape[2]
+    for kind, mod, buffers in (("score_mod", flex.score_mod, flex.score_buffers),
+                               ("mask_mod", flex.mask_mod, flex.mask_buffers)):  # fmt: skip
+        if not buffers or not isinstance(mod, torch.fx.Node) or mod.op != "get_attr":
+            continue
+        placeholders = [n for n in mask_graph(node.graph.owning_module, mod).graph.nodes if n.op == "placeholder"]
+        start = POSITIONS[kind]
+        from_positions = set(placeholders[start : start + 2])
+        for n in placeholders[0].graph.nodes:
+            if n.op != "placeholder" and any(a in from_positions for a in n.all_input_nodes):
+                from_positions.add(n)
+        for outer, inner in zip(buffers, placeholders[len(placeholders) - len(buffers) :]):
+            val = _example(outer) if isinstance(outer, torch.fx.Node) else None
+            if val is None or local not in val.shape or local * cp in val.shape:
+                continue
+            if any(from_positions & set(user.all_input_nodes) for user in inner.users):
+                raise site_error(
+                    node,
+                    f"its {kind} indexes the score_mod/mask_mod buffer '{outer.name}' (shape {tuple(val.shape)}) by "
+                    f"position, and the buffer holds this rank's {local} tokens; the mods see GLOBAL positions "
+                    f"(0..{local * cp - 1}), so it would be read out of range or at another token's entry",
+                    "keep the GLOBAL tensor (e.g. the whole batch's document ids, not shard_batch's share) in the "
+                    "buffer, the same on every rank",
+                )
+
+
 def _check_blocks(site: AttentionSite, comm: str, layout, cp: int, block_size: tuple[int, int]) -> None:
     """Chunks of a buffer that is not in global order must be whole blocks (a block then maps to a block)."""
     chunk = site.q_shape[2] // layout.chunks_per_rank
@@ -173,6 +220,10 @@ def _check_blocks(site: AttentionSite, comm: str, layout, cp: int, block_size: t
             )
 
 
+def _example(node):
+    return node.meta.get("example_value", node.meta.get("val")) if hasattr(node, "meta") else None
+
+
 def _example_shape(node) -> tuple | None:
-    val = node.meta.get("example_value", node.meta.get("val")) if hasattr(node, "meta") else None
+    val = _example(node)
     return tuple(val.shape) if val is not None else None

@@ -6,11 +6,13 @@ token metadata (position ids, padding mask) checked once per graph."""
 
 from __future__ import annotations
 
+import re
+
 import torch.fx
 
 from ..layouts import THD_LAYOUTS
 from ..regions.dtensor import dtensor_region
-from ..regions.guards import agree_condition, check_dense_tokens, check_packed_metadata
+from ..regions.guards import agree_condition, check_dense_tokens, check_packed_metadata, check_plan_positions
 from .dtensor import region_example_value
 from .plans import CPPlan, VarlenPlan
 
@@ -74,6 +76,29 @@ def _check_packed(regions: list[tuple[torch.fx.Node, VarlenPlan]]) -> None:
         checked.meta = dict(cu.meta)
         for region, _ in users:
             region.replace_input_with(cu, checked)
+        if layout.carries_plan:
+            _bind_plan(first, checked, plan)
+
+
+POSITION_NAME = re.compile(r"position", re.IGNORECASE)
+"""Graph inputs that are the model's position ids: Dynamo names placeholders after the arguments (HF's
+position_ids, torchtitan's positions)."""
+
+
+def _bind_plan(first: torch.fx.Node, cu: torch.fx.Node, plan: VarlenPlan) -> None:
+    """One check_plan_positions call (regions/guards.py) per position-ids input of the graph: the tokens must be
+    the ones the plan in cu_seqlens sharded. Like _check_tokens' checks it has no users."""
+    local = plan.site.q_shape[0]
+    for node in first.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("example_value")
+        if not (POSITION_NAME.search(node.name) and isinstance(val, torch.Tensor)) or val.is_floating_point():
+            continue
+        if val.numel() != local or val.shape[-1] != local:
+            continue
+        kwargs = dict(layout=plan.layout, group_name=plan.group.name, rank=plan.group.rank, world=plan.group.size)
+        with first.graph.inserting_before(first):
+            check = first.graph.call_function(check_plan_positions, (node, cu), kwargs)
+        check.meta = {"stack_trace": first.meta.get("stack_trace"), "cpcompile_check": True}
 
 
 def _check_tokens(regions: list[tuple[torch.fx.Node, CPPlan]]) -> None:

@@ -91,6 +91,30 @@ def check_packed_metadata(
     return torch.where(valid, cu_seqlens, torch.zeros_like(cu_seqlens))
 
 
+PLAN_MISMATCH = (
+    "cpcompile: position_ids do not match the thd_balanced plan in cu_seqlens on some CP rank: the tokens were "
+    "sharded with another plan (another batch's?). Pass the cu_seqlens shard_batch returned with these tokens"
+)
+
+
+def check_plan_positions(
+    positions: torch.Tensor, cu_seqlens: torch.Tensor, *, layout: str, group_name: str, rank: int, world: int
+) -> None:
+    """Binds a plan (thd_balanced's cu_seqlens) to the tokens it sharded: the model's position ids must be the
+    positions, inside their documents or in the packed buffer, of the tokens the plan gives this rank. Data
+    sharded with another plan (the previous batch's, another row's) has other positions there, which fails every
+    rank's device assert (one 1-int64 all-gather, no host sync). Inserted by passes/rewrite next to the packed
+    check when the graph takes position ids."""
+    lay = get_packed_layout(layout)
+    pos = positions.reshape(-1).long()
+    index = lay.shard_index(cu_seqlens, pos.numel() * world, world, rank).long()
+    offsets = lay.offsets(cu_seqlens, world).long()
+    doc = (torch.searchsorted(offsets, index, right=True) - 1).clamp(0, offsets.numel() - 1)
+    ok = (pos == index - offsets[doc]).all() | (pos == index).all()
+    gathered = all_gather_dim0(ok.long().reshape(1, 1), group_name)
+    torch._assert_async((gathered == 1).all(), PLAN_MISMATCH)
+
+
 BAD_POSITIONS = (
     "cpcompile: position_ids are not every token's GLOBAL position on some CP rank (packed documents, or "
     "sharded another way): pass arange(global length) sharded like the tokens (cpcompile.shard_batch), or for "

@@ -25,7 +25,9 @@ from ..mesh import resolve_group
 
 
 @torch.library.custom_op("cpcompile::flex_sharded_mask", mutates_args=())
-def flex_sharded_mask(q_idx: torch.Tensor, strategy: str, cp: int, seq_len: int) -> torch.Tensor:
+def flex_sharded_mask(
+    q_idx: torch.Tensor, strategy: str, cp: int, seq_len: int, q_block: int, kv_block: int
+) -> torch.Tensor:
     """The marker in a sharded BlockMask's mask_mod: never runs, only the compiled graph carries it."""
     raise CPCompileError(
         f"a BlockMask from cpcompile.shard_block_mask (strategy={strategy!r}, cp={cp}, {seq_len} tokens) was "
@@ -36,7 +38,7 @@ def flex_sharded_mask(q_idx: torch.Tensor, strategy: str, cp: int, seq_len: int)
 
 
 @flex_sharded_mask.register_fake
-def _(q_idx, strategy, cp, seq_len):
+def _(q_idx, strategy, cp, seq_len, q_block, kv_block):
     return torch.empty_like(q_idx)
 
 
@@ -84,13 +86,22 @@ def shard_block_mask(block_mask, *, strategy: str, mesh=None, group=None):
         )
     sharded = copy.copy(block_mask)
     sharded.seq_lengths = (q_len // cp, kv_len // cp)
-    sharded.mask_mod = _marked(block_mask.mask_mod, strategy, cp, q_len)
+    q_block, kv_block = (int(b) for b in block_mask.BLOCK_SIZE)
+    sharded.mask_mod = _marked(block_mask.mask_mod, strategy, cp, q_len, q_block, kv_block)
+    sharded.BLOCK_SIZE = (NO_LENGTH_CHECK, NO_LENGTH_CHECK)
     return sharded
 
 
-def _marked(mask_mod, strategy: str, cp: int, seq_len: int):
+NO_LENGTH_CHECK = 1 << 30
+"""flex_attention's block size for "no mask" (torch's _LARGE_SPARSE_BLOCK_SIZE), for which it skips its check of
+the mask's lengths against q and k. A sharded mask carries it so that a mask built for the LOCAL length reaches
+the planner, which refuses it by name (its marker's length is not cp x the local one), instead of failing inside
+Dynamo as an "Unsupported" ValueError; its real block size travels in the marker."""
+
+
+def _marked(mask_mod, strategy: str, cp: int, seq_len: int, q_block: int, kv_block: int):
     def sharded_mask_mod(b, h, q_idx, kv_idx):
-        return mask_mod(b, h, flex_sharded_mask(q_idx, strategy, cp, seq_len), kv_idx)
+        return mask_mod(b, h, flex_sharded_mask(q_idx, strategy, cp, seq_len, q_block, kv_block), kv_idx)
 
     sharded_mask_mod.cpcompile_sharded = (strategy, cp, seq_len)
     return sharded_mask_mod
@@ -105,6 +116,11 @@ def marker_node(mask_graph: torch.fx.GraphModule) -> torch.fx.Node | None:
 def marker_args(node: torch.fx.Node) -> tuple[str, int, int]:
     """(strategy, cp, global length) the mask was sharded for."""
     return tuple(node.args[1:4])
+
+
+def marker_block_size(node: torch.fx.Node) -> tuple[int, int]:
+    """The sharded mask's real (q, kv) block size (its BlockMask carries NO_LENGTH_CHECK's)."""
+    return tuple(int(b) for b in node.args[4:6])
 
 
 def mask_graph(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.GraphModule:

@@ -48,6 +48,16 @@ def test_local_block_mask_is_refused():
         assert "Fix: build the BlockMask once for the GLOBAL sequence" in msg
 
 
+def test_local_block_mask_given_to_shard_block_mask_is_refused_by_the_planner():
+    """A mask built for the local length and sharded had Dynamo fail on flex's own length check (an Unsupported
+    wrapping its ValueError); the planner refuses it by name."""
+    with fake_group(0, 2):
+        local = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=16), strategy="flat")
+        msg = _raises("BlockMask was built for 16 tokens, this rank's LOCAL length", attention(None), *_qkv(), local,
+                      strategy="flat")  # fmt: skip
+        assert "Fix: build the BlockMask once for the GLOBAL sequence" in msg
+
+
 def test_mask_sharded_for_another_layout_is_refused():
     with fake_group(0, 2):
         mask = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=32), strategy="flat")
@@ -116,6 +126,29 @@ def test_a_sequence_sharded_mod_buffer_is_refused():
         mask = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=32), strategy="flat")
         docs_local = torch.zeros(1, 16)
         _raises("score_mod/mask_mod buffer", attn, *_qkv(), docs_local, mask, strategy="flat")
+
+
+def test_sharded_document_ids_in_a_module_buffer_are_refused():
+    """Module buffers are model state, which the token guard does not place: the planner refuses one that holds
+    this rank's tokens and is indexed by position (it was an IndexError at run time)."""
+
+    class DocumentBias(torch.nn.Module):
+        def __init__(self, docs_local):
+            super().__init__()
+            self.register_buffer("docs", docs_local)
+
+        def forward(self, q, k, v, mask):
+            return flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s + (self.docs[qi] == self.docs[ki]),
+                                  block_mask=mask, enable_gqa=True)  # fmt: skip
+
+    with fake_group(0, 2):
+        mask = cpcompile.shard_block_mask(block_mask("window", 1, 4, seq=32), strategy="flat")
+        docs = torch.arange(32) // 10
+        msg = _raises(r"buffer 'l_self_buffers_docs_' \(shape \(16,\)\) by position", DocumentBias(docs[:16]),
+                      *_qkv(), mask, strategy="flat")  # fmt: skip
+        assert "Fix: keep the GLOBAL tensor" in msg
+        out = _compile(DocumentBias(docs), *_qkv(), mask, strategy="flat")  # the global ids: compiles and runs
+        assert out.shape == (1, 4, 16, 8)
 
 
 def test_regather_is_refused_for_flex():

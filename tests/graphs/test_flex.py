@@ -26,13 +26,13 @@ class TestFlexSnapshots(expecttest.TestCase):
             code,
             """\
 class GraphModule(torch.nn.Module):
-    def forward(self, L_q_: "f32[1, 4, 16, 8]", L_k_: "f32[1, 2, 16, 8]", L_v_: "f32[1, 2, 16, 8]", L_block_mask_kv_indices: "i32[1, 1, 8, 8]", L_block_mask_kv_num_blocks: "i32[1, 1, 8]", L_block_mask_mask_mod_closure_1_cell_contents_closure_0_cell_contents: "i64[64]", L_block_mask_full_kv_num_blocks: "i32[1, 1, 8]", L_block_mask_full_kv_indices: "i32[1, 1, 8, 8]", L_block_mask_q_num_blocks: "i32[1, 1, 8]", L_block_mask_q_indices: "i32[1, 1, 8, 8]", L_block_mask_full_q_num_blocks: "i32[1, 1, 8]", L_block_mask_full_q_indices: "i32[1, 1, 8, 8]"):
+    def forward(self, L_q_: "f32[1, 4, 16, 8]", L_k_: "f32[1, 2, 16, 8]", L_v_: "f32[1, 2, 16, 8]", L_block_mask_kv_num_blocks: "i32[1, 1, 8]", L_block_mask_mask_mod_closure_2_cell_contents_closure_0_cell_contents: "i64[64]", L_block_mask_kv_indices: "i32[1, 1, 8, 8]", L_block_mask_full_kv_num_blocks: "i32[1, 1, 8]", L_block_mask_full_kv_indices: "i32[1, 1, 8, 8]", L_block_mask_q_num_blocks: "i32[1, 1, 8]", L_block_mask_q_indices: "i32[1, 1, 8, 8]", L_block_mask_full_q_num_blocks: "i32[1, 1, 8]", L_block_mask_full_q_indices: "i32[1, 1, 8, 8]"):
         l_q_ = L_q_
         l_k_ = L_k_
         l_v_ = L_v_
-        l_block_mask_kv_indices = L_block_mask_kv_indices
         l_block_mask_kv_num_blocks = L_block_mask_kv_num_blocks
-        l_block_mask_mask_mod_closure_1_cell_contents_closure_0_cell_contents = L_block_mask_mask_mod_closure_1_cell_contents_closure_0_cell_contents
+        l_block_mask_mask_mod_closure_2_cell_contents_closure_0_cell_contents = L_block_mask_mask_mod_closure_2_cell_contents_closure_0_cell_contents
+        l_block_mask_kv_indices = L_block_mask_kv_indices
         l_block_mask_full_kv_num_blocks = L_block_mask_full_kv_num_blocks
         l_block_mask_full_kv_indices = L_block_mask_full_kv_indices
         l_block_mask_q_num_blocks = L_block_mask_q_num_blocks
@@ -41,16 +41,16 @@ class GraphModule(torch.nn.Module):
         l_block_mask_full_q_indices = L_block_mask_full_q_indices
         score_mod_0 = self.score_mod_0
         mask_fn_0 = self.mask_fn_0
-        all_gather_flex_attention = cpcompile_regions_flex_all_gather_flex_attention(l_q_, l_k_, l_v_, score_mod_0, mask_fn_0, (l_block_mask_kv_num_blocks, l_block_mask_kv_indices, l_block_mask_full_kv_num_blocks, l_block_mask_full_kv_indices, l_block_mask_q_num_blocks, l_block_mask_q_indices, l_block_mask_full_q_num_blocks, l_block_mask_full_q_indices), (None, None, None, None), (), (l_block_mask_mask_mod_closure_1_cell_contents_closure_0_cell_contents,), layout = 'zigzag', scale = 0.35355339059327373, group_name = '0', rank = 1, world = 4, kernel_options = {'BACKEND': 'AUTO', 'PRESCALE_QK': False, 'ROWS_GUARANTEED_SAFE': False, 'BLOCKS_ARE_CONTIGUOUS': False, 'WRITE_DQ': True, 'OUTPUT_LOGSUMEXP': False, 'OUTPUT_MAX': False}, block_size = (8, 8), masked = True)
+        all_gather_flex_attention = cpcompile_regions_flex_all_gather_flex_attention(l_q_, l_k_, l_v_, score_mod_0, mask_fn_0, (l_block_mask_kv_num_blocks, l_block_mask_kv_indices, l_block_mask_full_kv_num_blocks, l_block_mask_full_kv_indices, l_block_mask_q_num_blocks, l_block_mask_q_indices, l_block_mask_full_q_num_blocks, l_block_mask_full_q_indices), (None, None, None, None), (), (l_block_mask_mask_mod_closure_2_cell_contents_closure_0_cell_contents,), layout = 'zigzag', scale = 0.35355339059327373, group_name = '0', rank = 1, world = 4, kernel_options = {'BACKEND': 'AUTO', 'PRESCALE_QK': False, 'ROWS_GUARANTEED_SAFE': False, 'BLOCKS_ARE_CONTIGUOUS': False, 'WRITE_DQ': True, 'OUTPUT_LOGSUMEXP': False, 'OUTPUT_MAX': False}, block_size = (8, 8), masked = True)
         out: "f32[1, 4, 16, 8]" = all_gather_flex_attention[0]
         return (out,)
     class score_mod_0(torch.nn.Module):
         def forward(self, child: "f32[]", child_1: "i32[]", child_2: "i32[]", child_3: "i32[]", child_4: "i32[]"):
             return child
     class mask_fn_0(torch.nn.Module):
-        def forward(self, child: "i32[]", child_1: "i32[]", child_2: "i32[]", child_3: "i32[]", l_block_mask_mask_mod_closure_1_cell_contents_closure_0_cell_contents: "i64[64]"):
-            getitem: "i64[]" = l_block_mask_mask_mod_closure_1_cell_contents_closure_0_cell_contents[child_2]
-            getitem_1: "i64[]" = l_block_mask_mask_mod_closure_1_cell_contents_closure_0_cell_contents[child_3]
+        def forward(self, child: "i32[]", child_1: "i32[]", child_2: "i32[]", child_3: "i32[]", l_block_mask_mask_mod_closure_2_cell_contents_closure_0_cell_contents: "i64[64]"):
+            getitem: "i64[]" = l_block_mask_mask_mod_closure_2_cell_contents_closure_0_cell_contents[child_2]
+            getitem_1: "i64[]" = l_block_mask_mask_mod_closure_2_cell_contents_closure_0_cell_contents[child_3]
             eq: "b8[]" = getitem == getitem_1
             ge: "b8[]" = child_2 >= child_3
             and_: "b8[]" = eq & ge
