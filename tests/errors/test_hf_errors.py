@@ -3,8 +3,6 @@ fake CP group). The run-time token checks (padding, packed positions) are in tes
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
@@ -106,25 +104,6 @@ def test_hf_eager_sinks_are_gpt_oss_eager_attention():
     additive = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
     ref, _ = eager_attention_forward(module, q, kv, kv, additive, scaling=0.25)
     torch.testing.assert_close(got, ref)
-
-
-def test_gpt_oss_sinks_under_fullgraph_are_one_cpcompile_error():
-    """Raised while Dynamo traced, the refusal was Dynamo's "Unsupported: Observed exception"; the backend raises it."""
-    import transformers as T
-
-    cfg = T.GptOssConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1, layer_types=["full_attention"],
-    )  # fmt: skip
-    cfg._attn_implementation = "cpcompile"
-    model = T.GptOssForCausalLM(cfg)
-    with fake_group(0, 2):
-        be = cpcompile.backend(strategy="zigzag", inner="eager")
-        torch._dynamo.reset()
-        with pytest.raises(Exception) as excinfo:
-            torch.compile(model, backend=be, fullgraph=True)(**_local(), use_cache=False)
-    assert not isinstance(excinfo.value, torch._dynamo.exc.Unsupported)
-    assert re.search(r"GptOssAttention \(layer 0\).*attention sinks \(s_aux\)", _cp_error(excinfo))
 
 
 def test_softcap_without_a_softcap_kernel_is_one_error():
