@@ -41,7 +41,7 @@ def _summed_grads(model) -> list[torch.Tensor]:
 
 def _single(layer, dtype, x, dout, cu, longest):
     m = copy.deepcopy(layer).to(dtype)
-    xx = x.to(dtype).requires_grad_()
+    xx = x.detach().to(dtype).clone().requires_grad_()  # a leaf of its own (x may already be in `dtype`)
     extra = () if cu is None else (cu.to("cuda"), longest)
     out = m(xx, *extra)
     out.backward(dout.to(dtype))
@@ -72,8 +72,11 @@ def _layer_rank(rank, world, cases):
             extra = () if model_cu is None else (model_cu, longest)
             out = torch.compile(model, backend=be, fullgraph=True)(local, *extra)
             out.backward(local_dout)
-        except cpcompile.CPCompileError as e:
-            rows.append((comm, layout, None, f"refused: {str(e).splitlines()[0][:80]}"))
+        except Exception as e:  # a refusal (Dynamo wraps the backend's CPCompileError) or a crash
+            refused = isinstance(e, cpcompile.CPCompileError) or "CPCompileError: " in str(e)
+            rows.append(
+                (comm, layout, None if refused else False, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            )
             continue
         got = [unshard_out(layout, out.detach(), cu), unshard_out(layout, local.grad, cu), *_summed_grads(model)]
         names = ["out", "dx"] + [f"d{n}" for n, _ in model.named_parameters()]

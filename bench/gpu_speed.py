@@ -94,8 +94,13 @@ def layer_speeds(
                     try:
                         _rank_run(layer, layout, comm, x, cu, rank)
                         rows[(comm, layout)] = [False, "ran, but the registry says this comm refuses this layout"]
-                    except cpcompile.CPCompileError as e:
-                        rows[(comm, layout)] = [True, f"refused as documented: {str(e).splitlines()[0][:90]}..."]
+                    except Exception as e:  # noqa: BLE001  (Dynamo wraps the backend's CPCompileError)
+                        ok = isinstance(e, cpcompile.CPCompileError) or isinstance(
+                            e.__cause__, cpcompile.CPCompileError
+                        )
+                        ok = ok or "CPCompileError: " in str(e)
+                        rows[(comm, layout)] = [ok, f"{'refused as documented' if ok else 'crashed'}: "
+                                                    f"{str(e).splitlines()[0][:90]}..."]  # fmt: skip
                     continue
                 if time.perf_counter() > deadline - 45:  # leave the timing its time
                     rows.setdefault((comm, layout), [False, "not compiled within the check's deadline"])

@@ -128,11 +128,25 @@ def write(func, args, kwargs, outs, tag) -> Verdict:
     return Verdict(v.outs * max(len(outs), 1))
 
 
+def _unit_step(args, kwargs) -> bool:
+    """Positions step by one; an arange with another step (RoPE's frequencies: arange(0, D, 2)) is not positions,
+    even when it happens to be as long as the local sequence."""
+    step = args[2] if len(args) > 2 else kwargs.get("step", 1)
+    return step == 1
+
+
 def factory(func, args, kwargs, outs, tag) -> Verdict:
     """New tensors are replicated; an arange as long as the local sequence makes local positions."""
     name = func.__name__.split(".")[0]
     length = LOCAL_LENGTH.get(0)
-    if name == "arange" and length and outs and outs[0].dim() == 1 and outs[0].shape[0] == length:
+    if (
+        name == "arange"
+        and length
+        and outs
+        and outs[0].dim() == 1
+        and outs[0].shape[0] == length
+        and _unit_step(args, kwargs)
+    ):
         return Verdict((Local(f"torch.arange of the local length {length}"),))
     return Verdict((None,) * len(outs))
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import cpcompile
 from cpcompile.backend import INDUCTOR_OVERLAP_PATCHES
+from cpcompile.inductor_cache import CodeKey
 from tests.support.errors import cp_error
 from tests.support.fake_pg import fake_group
 
@@ -30,7 +31,10 @@ def recorded(monkeypatch):
     seen = []
 
     def fake_compile_fx(gm, example_inputs, config_patches=None, **kwargs):
-        seen.append(dict(config_patches or {}))
+        patches = dict(config_patches or {})
+        # every graph with CP regions keys Inductor's caches on cpcompile's code (inductor_cache.py)
+        assert isinstance(patches.pop("post_grad_custom_post_pass", None), CodeKey)
+        seen.append(patches)
         return gm.forward
 
     monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)

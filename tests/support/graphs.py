@@ -36,7 +36,7 @@ def sent_bytes(gm, world: int, rank: int | None = None) -> int:
             if x.dtype == torch.int64 and x.numel() == 2:  # the cu_seqlens check (regions/guards.py)
                 continue
             total += (world - 1) * size
-        elif "all_to_all" in str(node.target) and node.args[2] is not None:
+        elif "all_to_all" in str(node.target) and node.args[2] is not None and len(set(node.args[2])) > 1:
             splits = list(node.args[2])
             row = size // max(1, x.shape[0])
             total += row * (sum(splits) - splits[rank])
