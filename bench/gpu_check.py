@@ -82,6 +82,7 @@ class Background:
             f"[gpu_check] {self.name}: {time.perf_counter() - self.start:.0f} s, rc={self.proc.returncode}", flush=True
         )
         sys.stderr.write(stderr[-4000:])
+        print(stdout[-20000:], flush=True)  # pytest's whole failure reports go to the check's stdout
         if self.out_path is None:
             return _pytest_rows(stdout, self.proc.returncode, stderr)
         try:
