@@ -53,14 +53,14 @@ def cuda_present(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
-def test_auto_picks_flex_for_softcap_on_cuda_only(cuda_present):
+def test_flex_softcap_takes_no_cuda_site_until_its_gpu_check_passes(cuda_present):
+    """kernels/flex_softcap.CUDA_VALIDATED is off (its GPU check failed): softcapped CUDA sites are one clear
+    refusal, never a kernel that failed on the GPU."""
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
-    assert supported_kernels(cuda, bf16, 64, features=("softcap",)) == ["flex_softcap"]
-    assert supported_kernels(cuda, bf16, 64, features=("window", "softcap")) == ["flex_softcap"]
-    assert "flex_softcap" not in supported_kernels(cuda, bf16, 64, features=("window",))  # FA2 takes windows
-    assert "flex_softcap" not in supported_kernels(cuda, bf16, 64)  # a last resort: never over cuDNN/FA2
+    assert supported_kernels(cuda, bf16, 64, features=("softcap",)) == []
+    assert "flex_softcap" not in supported_kernels(cuda, torch.float32, 64)
     assert supported_kernels(torch.device("cpu"), torch.float32, 64, features=("softcap",)) == ["cpu_ref"]
-    assert supported_kernels(cuda, bf16, 48, features=("softcap",)) == []  # head dims flex does not take
-    assert resolve_kernel("auto", cuda, bf16, 64, features=("softcap",)) == "flex_softcap"
+    with pytest.raises(CPCompileError, match="failed its GPU check"):
+        resolve_kernel("flex_softcap", cuda, bf16, 64, features=("softcap",))
     with pytest.raises(CPCompileError, match="kernel 'flash' cannot run here: it takes no softcapped scores"):
         resolve_kernel("flash", cuda, bf16, 64, features=("softcap",))
