@@ -9,6 +9,7 @@ from torch.utils.checkpoint import checkpoint
 import cpcompile
 from tests.support.fake_pg import aot_graphs, count_ops, fake_group, rewritten_graph
 from tests.support.flex import attention, block_mask, cpu_flex_backward
+from tests.support.graphs import on_snapshot_torch
 
 
 def _qkv(requires_grad=False, local=16):
@@ -18,6 +19,7 @@ def _qkv(requires_grad=False, local=16):
 
 
 class TestFlexSnapshots(expecttest.TestCase):
+    @on_snapshot_torch
     def test_zigzag_document_rewrite(self):
         with fake_group(rank=1, world=4):
             mask = cpcompile.shard_block_mask(block_mask("document", 1, 4), strategy="zigzag")

@@ -9,6 +9,7 @@ from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
 from cpcompile.testing.varlen_model import GQA
 from tests.support.fake_pg import aot_graphs, count_ops, fake_group, rewritten_graph
+from tests.support.graphs import on_snapshot_torch
 
 
 def causal_with_lse(q, k, v, cu):
@@ -72,6 +73,7 @@ class GraphModule(torch.nn.Module):
 """,
         )
 
+    @on_snapshot_torch
     def test_thd_aot_forward_computes_blocks_on_device(self):
         """Block ranges come from cu_seqlens by tensor ops (no .item(), no host sync): one gather, one block that
         reads the gathered buffer itself (thd needs no key copy)."""
@@ -149,6 +151,7 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
         self.assertEqual(count_ops(fwd + bwd, r"\.item\(|_local_scalar_dense"), 0)
 
+    @on_snapshot_torch
     def test_thd_zigzag_aot_backward_folds_the_key_buffer(self):
         """thd_zigzag copies the gathered K/V into its key buffer (one index_select) and folds the buffer's
         gradient back by a gather over each token's copies (no scatter-add), in fp32, before the one reduce-scatter."""

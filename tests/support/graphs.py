@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 _c10d = torch.ops._c10d_functional
@@ -53,3 +54,13 @@ def _kernel_calls(code: str) -> list[str]:
     """Names of the generated C++ kernels a compiled graph's `call` launches, in order."""
     body = code[code.index("def call(") :]
     return re.findall(r"^\s+(cpp_fused_\w+)\(", body, flags=re.M)
+
+
+SNAPSHOT_TORCH = "2.13"
+"""The torch whose graphs the snapshots hold: AOT's op order around collectives and flex's BlockMask tuple differ
+between versions, so those snapshots run on it only (the same regions run on every version in the parity
+tests)."""
+on_snapshot_torch = pytest.mark.skipif(
+    not torch.__version__.startswith(SNAPSHOT_TORCH),
+    reason=f"a snapshot of torch {SNAPSHOT_TORCH}'s graph; this is torch {torch.__version__}",
+)
