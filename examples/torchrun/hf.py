@@ -2,10 +2,14 @@
 
     torchrun --standalone --nproc-per-node=2 examples/torchrun/hf.py                      # CPU: gloo; GPUs: NCCL
     torchrun --standalone --nproc-per-node=8 examples/torchrun/hf.py --model meta-llama/Llama-3.2-1B --seq 32768
+    torchrun --standalone --nproc-per-node=2 examples/torchrun/hf.py --packing     # documents packed as HF packs them
 
 Without --model a small LlamaForCausalLM is built from a config (random weights, nothing downloaded); with it
 the named model's config and weights are loaded. attn_implementation="cpcompile" is registered by
-`import cpcompile`. The HF Trainer: cpcompile/integrations/hf_trainer.py.
+`import cpcompile`. --packing: each row is several documents concatenated with position_ids restarting at every
+document (HF's "padding-free" packing, DataCollatorWithFlattening's output); shard_batch(hf_packing=True) reads
+the documents from them and the model attends within documents only (strategy thd_balanced: any lengths).
+The HF Trainer: cpcompile/integrations/hf_trainer.py.
 """
 
 import argparse
@@ -20,12 +24,17 @@ import cpcompile
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", help="a Hub name or path (default: a small random LlamaForCausalLM)")
-p.add_argument("--strategy", default="zigzag", choices=["flat", "zigzag"])
+p.add_argument("--strategy", default=None, choices=["flat", "zigzag", "thd_balanced"],
+               help="default: zigzag; thd_balanced with --packing")  # fmt: skip
+p.add_argument("--packing", action="store_true", help="rows of packed documents (position_ids restart per document)")
 p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto"])
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--batch", type=int, default=1)
 p.add_argument("--seq", type=int, default=1024, help="GLOBAL tokens per row (a multiple of 2 x ranks for zigzag)")
 args = p.parse_args()
+args.strategy = args.strategy or ("thd_balanced" if args.packing else "zigzag")
+if args.packing != (args.strategy == "thd_balanced"):
+    p.error("--packing goes with --strategy thd_balanced (packed documents), and only with it")
 
 cuda = torch.cuda.is_available()
 dist.init_process_group("nccl" if cuda else "gloo")
@@ -54,10 +63,16 @@ losses = []
 for step in range(args.steps):
     start = torch.randint(0, vocab, (args.batch, 1), generator=data)
     ids = (start + torch.arange(args.seq)) % vocab  # rows that count up: something to learn
-    # hf_loss: the GLOBAL labels shifted into shift_labels before sharding, and num_items_in_batch, the global
-    # count of targets, so each rank's .loss is its share of the global mean loss
-    local = cpcompile.shard_batch({"input_ids": ids, "labels": ids}, strategy=args.strategy, mesh=mesh,
-                                  hf_loss="causal_lm")  # fmt: skip
+    batch = {"input_ids": ids, "labels": ids}
+    if args.packing:  # documents of random lengths back to back, positions restarting at each (HF's packing)
+        cuts = torch.randint(1, args.seq, (max(1, args.seq // 64),), generator=data).unique().tolist()
+        bounds = [0, *cuts, args.seq]
+        pos = torch.cat([torch.arange(b - a) for a, b in zip(bounds, bounds[1:]) if b > a])
+        batch["position_ids"] = pos.expand(args.batch, -1)
+    # hf_loss: the GLOBAL labels shifted into shift_labels before sharding (per document with --packing), and
+    # num_items_in_batch, the global count of targets, so each rank's .loss is its share of the global mean loss
+    local = cpcompile.shard_batch(batch, strategy=args.strategy, mesh=mesh, hf_loss="causal_lm",
+                                  hf_packing=args.packing)  # fmt: skip
     local = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in local.items()}
 
     loss = compiled(**local, use_cache=False).loss
