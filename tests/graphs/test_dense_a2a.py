@@ -11,7 +11,7 @@ from expecttest import assert_expected_inline
 
 import cpcompile
 from tests.support.fake_pg import capture_graphs, fake_group, normalize_gm
-from tests.support.graphs import VIEW_OPS, _collectives, _kernel_calls
+from tests.support.graphs import VIEW_OPS, _collectives, _kernel_calls, on_snapshot_torch
 
 WORLD, RANK = 4, 1
 _c10d = torch.ops._c10d_functional
@@ -159,6 +159,7 @@ def test_executor_reads_exchanged_buffers_in_place(fake_pg, strategy):
             assert _view_source(t).target == _c10d.all_to_all_single.default, (call, t)
 
 
+@on_snapshot_torch  # the kernel count is torch 2.13 Inductor's (2.14 calls its output cat kernel once a chunk)
 def test_inductor_fuses_every_copy(fake_pg):
     """Zigzag causal under Inductor: the only kernels are one pack per all-to-all input (the copy the
     collective needs anyway, q/k/v in one buffer, GQA replication fused in) and one kernel that writes the
