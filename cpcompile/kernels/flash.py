@@ -26,9 +26,19 @@ def _window_kwargs(window: tuple[int, int]) -> dict:
     return {"window_size_left": window[0], "window_size_right": window[1]}
 
 
+CUDA_WINDOWS_VALIDATED = False
+"""Off until tests/gpu/test_windows.py passes on a GPU: its first run (H200, torch 2.11, 2026-12-01) failed the
+windowed region parity at 2 and 4 ranks (the windowed FA2 block itself matched masked SDPA; the cause is not yet
+read), so windowed dense sites on CUDA are refused rather than risked."""
+
+
 class FlashKernel:
     name = "flash"
-    supports_window = True
+    supports_window = CUDA_WINDOWS_VALIDATED
+    no_window_reason = (
+        "the windowed CP regions failed their GPU parity check (tests/gpu/test_windows.py on the H200), so "
+        "sliding windows on CUDA are refused until it passes (packed documents' windows, varlen_attn, run)"
+    )
     supports_softcap = False
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
