@@ -142,6 +142,8 @@ def _fresh(value):
         return torch.empty_strided(concrete(value.shape), concrete(value.stride()), dtype=value.dtype, device=META)
     if isinstance(value, (list, tuple)):
         return type(value)(_fresh(v) for v in value)
+    if isinstance(value, torch.SymInt):  # a dynamic size placeholder: at the size it was traced with
+        return int(value.node.hint)
     return value
 
 
