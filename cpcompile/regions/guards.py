@@ -100,8 +100,9 @@ PLAN_MISMATCH = (
 def check_plan_positions(
     positions: torch.Tensor, cu_seqlens: torch.Tensor, *, layout: str, group_name: str, rank: int, world: int
 ) -> None:
-    """Binds a plan (thd_balanced's cu_seqlens) to the tokens it sharded: the model's position ids must be the
-    positions, inside their documents or in the packed buffer, of the tokens the plan gives this rank. Data
+    """Binds a plan (thd_balanced's cu_seqlens) to the tokens it sharded: the model's position ids must count up by
+    one through every document piece the plan gives this rank (from 0, from the document's offset in the packed
+    buffer, or from where a padded row's padding ends). Data
     sharded with another plan (the previous batch's, another row's) has other positions there, which fails every
     rank's device assert (one 1-int64 all-gather, no host sync). Inserted by passes/rewrite next to the packed
     check when the graph takes position ids."""
@@ -110,7 +111,12 @@ def check_plan_positions(
     index = lay.shard_index(cu_seqlens, pos.numel() * world, world, rank).long()
     offsets = lay.offsets(cu_seqlens, world).long()
     doc = (torch.searchsorted(offsets, index, right=True) - 1).clamp(0, offsets.numel() - 1)
-    ok = (pos == index - offsets[doc]).all() | (pos == index).all()
+    # positions count up by one through every document piece the plan gives this rank, from any start: inside
+    # their documents (start 0), in the packed buffer (start = the document's offset), or HF's padded rows
+    # (arange over the row, padding included: a document starts where its row's padding ends)
+    start = pos - (index - offsets[doc])
+    same_doc = doc[1:] == doc[:-1]
+    ok = ((start[1:] == start[:-1]) | ~same_doc).all()
     gathered = all_gather_dim0(ok.long().reshape(1, 1), group_name)
     torch._assert_async((gathered == 1).all(), PLAN_MISMATCH)
 
