@@ -6,7 +6,6 @@ the compute time of one CP rank on a fake process group, and fwd+bwd parity on g
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 
 import torch
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cpcompile
+from cpcompile.testing.varlen_model import GQA
 
 PACKED = ("thd", "thd_zigzag", "thd_balanced")
 
@@ -31,13 +31,10 @@ SMALL = LayerShape(hidden=256, hq=8, hkv=2, head_dim=64)
 
 
 def varlen(q, k, v, cu, longest):
-    """Causal varlen_attn as a model calls it, across torch versions (2.11: is_causal, GQA by head counts)."""
+    """Causal varlen_attn as a model calls it (GQA switch only where torch has one: cpcompile.testing's GQA)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    params = inspect.signature(varlen_attn).parameters
-    kw = {"enable_gqa": True} if "enable_gqa" in params else {}
-    kw.update({"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True})
-    return varlen_attn(q, k, v, cu, cu, longest, longest, **kw)
+    return varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0), **GQA)
 
 
 class AttentionLayer(nn.Module):
