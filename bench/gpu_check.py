@@ -67,8 +67,8 @@ def _pytest_rows(stdout: str, rc: int, stderr: str) -> list[tuple[str, bool, str
 class Background:
     """A section run as its own process beside the others (each holds the GPU lightly: ranks sharing it)."""
 
-    def __init__(self, name: str, cmd: list[str], out_path: str | None = None) -> None:
-        self.name, self.out_path, self.start = name, out_path, time.perf_counter()
+    def __init__(self, name: str, cmd: list[str], out_path: str | None = None, report_dir: str | None = None) -> None:
+        self.name, self.out_path, self.report_dir, self.start = name, out_path, report_dir, time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def rows(self, deadline: float) -> list[tuple[str, bool, str]]:
@@ -82,7 +82,11 @@ class Background:
             f"[gpu_check] {self.name}: {time.perf_counter() - self.start:.0f} s, rc={self.proc.returncode}", flush=True
         )
         sys.stderr.write(stderr[-4000:])
-        print(stdout[-20000:], flush=True)  # pytest's whole failure reports go to the check's stdout
+        print(stdout[-20000:], flush=True)  # pytest's failure reports go to the check's stdout
+        if self.report_dir:  # and whole, beside the log
+            safe = re.sub(r"\W+", "_", self.name)
+            with open(os.path.join(self.report_dir, f"gpu_check_{safe}.out"), "w") as f:
+                f.write(stdout + "\n--- stderr ---\n" + stderr)
         if self.out_path is None:
             return _pytest_rows(stdout, self.proc.returncode, stderr)
         try:
@@ -102,9 +106,12 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     deadline = start + args.deadline
     pytest = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-n", "4", "tests/gpu"]
-    workers = [] if args.skip_tests else [Background("tests/gpu", pytest)]
+    report_dir = os.path.dirname(args.out) or "."
+    os.makedirs(report_dir, exist_ok=True)
+    workers = [] if args.skip_tests else [Background("tests/gpu", pytest, report_dir=report_dir)]
     parity_json = os.path.join(tempfile.mkdtemp(), "parity.json")
-    workers.append(Background("parity", [sys.executable, "-m", "bench.gpu_parity", parity_json], parity_json))
+    parity = [sys.executable, "-m", "bench.gpu_parity", parity_json]
+    workers.append(Background("parity", parity, parity_json, report_dir=report_dir))
     background_rows: list[tuple[str, bool, str]] = []
 
     def wait_for_workers() -> None:  # the speed rows time alone on the GPU
