@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cpcompile
-from cpcompile.testing.varlen_model import GQA
+from cpcompile.testing.varlen_model import GQA, attend_per_document
 
 PACKED = ("thd", "thd_zigzag", "thd_balanced")
 
@@ -38,7 +38,8 @@ def varlen(q, k, v, cu, longest):
 
 
 class AttentionLayer(nn.Module):
-    """x (B, S, hidden) -> attention -> (B, S, hidden); packed: x (T, hidden) with the GLOBAL cu_seqlens."""
+    """x (B, S, hidden) -> attention -> (B, S, hidden); packed: x (T, hidden) with the GLOBAL cu_seqlens.
+    `per_document`: packed attention as SDPA document by document (the fp64 reference: varlen_attn has no fp64)."""
 
     def __init__(self, shape: LayerShape) -> None:
         super().__init__()
@@ -48,6 +49,7 @@ class AttentionLayer(nn.Module):
         self.wk = nn.Linear(h, shape.hkv * d, bias=False)
         self.wv = nn.Linear(h, shape.hkv * d, bias=False)
         self.wo = nn.Linear(shape.hq * d, h, bias=False)
+        self.per_document = False
 
     def forward(self, x: torch.Tensor, cu: torch.Tensor | None = None, longest: int = 0) -> torch.Tensor:
         sh = self.shape
@@ -56,7 +58,8 @@ class AttentionLayer(nn.Module):
             q, k, v = (
                 w(x).view(t, n, sh.head_dim) for w, n in ((self.wq, sh.hq), (self.wk, sh.hkv), (self.wv, sh.hkv))
             )
-            return self.wo(varlen(q, k, v, cu, longest).reshape(t, sh.hq * sh.head_dim))
+            a = attend_per_document(q, k, v, cu, True) if self.per_document else varlen(q, k, v, cu, longest)
+            return self.wo(a.reshape(t, sh.hq * sh.head_dim))
         b, s, _ = x.shape
         q, k, v = (
             w(x).view(b, s, n, sh.head_dim).transpose(1, 2)
@@ -66,9 +69,9 @@ class AttentionLayer(nn.Module):
         return self.wo(a.transpose(1, 2).reshape(b, s, sh.hq * sh.head_dim))
 
 
-def build(shape: LayerShape, dtype: torch.dtype, seed: int = 0) -> AttentionLayer:
+def build(shape: LayerShape, dtype: torch.dtype, seed: int = 0, device: str = "cuda") -> AttentionLayer:
     torch.manual_seed(seed)
-    layer = AttentionLayer(shape).to("cuda", dtype)
+    layer = AttentionLayer(shape).to(device, dtype)
     with torch.no_grad():
         for p in layer.parameters():
             p.normal_(0, 1 / math.sqrt(p.shape[1]))

@@ -12,6 +12,7 @@ GPU's by (1 + sqrt(3)) < 4; a wrong block, mask or merge is off by the values th
 from __future__ import annotations
 
 import copy
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ from bench.gpu_layer import PACKED, SMALL, build, cu_of, documents, layer_inputs
 from cpcompile.testing.distributed import run_ranks, share_one_gpu
 
 WORLD, SEQ = 2, 512
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the script itself, debugged without a GPU
 
 
 def _verdict(name: str, got: torch.Tensor, ref64: torch.Tensor, ref16: torch.Tensor) -> tuple[bool, str, float]:
@@ -41,50 +43,60 @@ def _summed_grads(model) -> list[torch.Tensor]:
 
 def _single(layer, dtype, x, dout, cu, longest):
     m = copy.deepcopy(layer).to(dtype)
+    m.per_document = dtype == torch.float64 or DEVICE == "cpu"  # varlen_attn: CUDA fp16/bf16 only
     xx = x.detach().to(dtype).clone().requires_grad_()  # a leaf of its own (x may already be in `dtype`)
-    extra = () if cu is None else (cu.to("cuda"), longest)
+    extra = () if cu is None else (cu.to(DEVICE), longest)
     out = m(xx, *extra)
     out.backward(dout.to(dtype))
     return [out.detach(), xx.grad, *(p.grad for p in m.parameters())]
 
 
 def _layer_rank(rank, world, cases):
-    share_one_gpu()
+    if DEVICE == "cuda":
+        share_one_gpu()
     rows = []
     for comm, layout in cases:
-        torch._dynamo.reset()
-        layer = build(SMALL, torch.float64, seed=1)
-        g = torch.Generator(device="cuda").manual_seed(5)
-        packed = layout in PACKED
-        shape = (SEQ, SMALL.hidden) if packed else (1, SEQ, SMALL.hidden)
-        x = torch.randn(shape, device="cuda", dtype=torch.float64, generator=g)
-        dout = torch.randn(shape, device="cuda", dtype=torch.float64, generator=g)
-        cu = cu_of(documents(SEQ, seed=4, unit=2 * world)) if packed else None
-        longest = int((cu[1:] - cu[:-1]).max()) if packed else 0
-        ref64 = _single(layer, torch.float64, x, dout, cu, longest)
-        ref16 = _single(layer, torch.bfloat16, x, dout, cu, longest)
-        model = copy.deepcopy(layer).to(torch.bfloat16)
-        be = cpcompile.backend(strategy=layout, comm=comm, kernel="auto", inner="aot_eager")
         try:
-            local, model_cu, _ = layer_inputs(layout, x.to(torch.bfloat16), cu)
-            local_dout, _, _ = layer_inputs(layout, dout.to(torch.bfloat16), cu)
-            local = local.detach().requires_grad_()
-            extra = () if model_cu is None else (model_cu, longest)
-            out = torch.compile(model, backend=be, fullgraph=True)(local, *extra)
-            out.backward(local_dout)
-        except Exception as e:  # a refusal (Dynamo wraps the backend's CPCompileError) or a crash
-            refused = isinstance(e, cpcompile.CPCompileError) or "CPCompileError: " in str(e)
-            rows.append(
-                (comm, layout, None if refused else False, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
-            )
-            continue
-        got = [unshard_out(layout, out.detach(), cu), unshard_out(layout, local.grad, cu), *_summed_grads(model)]
-        names = ["out", "dx"] + [f"d{n}" for n, _ in model.named_parameters()]
-        results = [_verdict(n, a.to("cuda"), b, c) for n, a, b, c in zip(names, got, ref64, ref16)]
-        worst = max(results, key=lambda r: r[2])
-        ok = all(r[0] for r in results)
-        rows.append((comm, layout, ok, f"kernel {be.plans[0].kernel}; worst {worst[1]} (error/allowed)"))
+            rows.append((comm, layout, *_layer_case(comm, layout, world)))
+        except Exception as e:  # noqa: BLE001  (a crash of the check itself: this row fails, the others run)
+            traceback.print_exc()
+            rows.append((comm, layout, False, f"crashed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"))
     return rows
+
+
+def _layer_case(comm: str, layout: str, world: int) -> tuple[bool | None, str]:
+    """(True/False: parity held or not, None: refused with one CPCompileError; a detail)."""
+    torch._dynamo.reset()
+    layer = build(SMALL, torch.float64, seed=1, device=DEVICE)
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    packed = layout in PACKED
+    shape = (SEQ, SMALL.hidden) if packed else (1, SEQ, SMALL.hidden)
+    x = torch.randn(shape, device=DEVICE, dtype=torch.float64, generator=g)
+    dout = torch.randn(shape, device=DEVICE, dtype=torch.float64, generator=g)
+    cu = cu_of(documents(SEQ, seed=4, unit=2 * world)) if packed else None
+    longest = int((cu[1:] - cu[:-1]).max()) if packed else 0
+    ref64 = _single(layer, torch.float64, x, dout, cu, longest)
+    ref16 = _single(layer, torch.bfloat16, x, dout, cu, longest)
+    model = copy.deepcopy(layer).to(torch.bfloat16)
+    be = cpcompile.backend(strategy=layout, comm=comm, kernel="auto", inner="aot_eager")
+    # the compiled rank; a refusal is reported, not raised
+    try:
+        local, model_cu, _ = layer_inputs(layout, x.to(torch.bfloat16), cu)
+        local_dout, _, _ = layer_inputs(layout, dout.to(torch.bfloat16), cu)
+        local = local.detach().requires_grad_()
+        extra = () if model_cu is None else (model_cu, longest)
+        out = torch.compile(model, backend=be, fullgraph=True)(local, *extra)
+        out.backward(local_dout)
+    except Exception as e:  # a refusal (Dynamo wraps the backend's CPCompileError) or a crash
+        refused = isinstance(e, cpcompile.CPCompileError) or "CPCompileError: " in str(e)
+        if not refused:
+            traceback.print_exc()
+        return None if refused else False, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    got = [unshard_out(layout, out.detach(), cu), unshard_out(layout, local.grad, cu), *_summed_grads(model)]
+    names = ["out", "dx"] + [f"d{n}" for n, _ in model.named_parameters()]
+    results = [_verdict(n, a.to(DEVICE), b, c) for n, a, b, c in zip(names, got, ref64, ref16)]
+    worst = max(results, key=lambda r: r[2])
+    return all(r[0] for r in results), f"kernel {be.plans[0].kernel}; worst {worst[1]} (error/allowed)"
 
 
 def layer_parity(cases: list[tuple[str, str]]) -> list[tuple[str, bool, str]]:
@@ -151,6 +163,7 @@ def main(argv=None) -> int:
         try:
             rows.extend(fn())
         except Exception as e:  # one failed row, the others still run
+            traceback.print_exc()
             rows.append((name, False, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
     with open(path, "w") as f:
         json.dump(rows, f)

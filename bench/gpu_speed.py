@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -108,6 +109,7 @@ def layer_speeds(
                 try:
                     steps[(comm, layout)] = (*_rank_run(layer, layout, comm, x, cu, rank), kind)
                 except Exception as e:  # noqa: BLE001  (a crash is this row's failure)
+                    traceback.print_exc()
                     rows[(comm, layout)] = [False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"]
             if not waited:
                 before_timing()

@@ -4,7 +4,8 @@ About 1.7x slower than cuDNN on Hopper at the Llama3-8B shape, but it takes head
 the kernel behind varlen (cu_seqlens, bottom-right causal). q/k/v need a unit last dim; its backward makes
 dout and out contiguous (BSHD) itself. Windowed blocks (kernels/base.py) run on aten's dense
 `_flash_attention_forward/_backward` (no cu_seqlens: (B, S, H, D) views), whose window_size_left/right are
-flash-attn's, on the same bottom-right diagonal as the blocks' windows. No softcap: aten's FA2 has none.
+flash-attn's, on the same bottom-right diagonal as the blocks' windows (FA2 reads a side of -1 or >= Sk as Sk,
+which layouts/window.fa2_exact keeps from meaning anything else). No softcap: aten's FA2 has none.
 """
 
 from __future__ import annotations
@@ -26,19 +27,9 @@ def _window_kwargs(window: tuple[int, int]) -> dict:
     return {"window_size_left": window[0], "window_size_right": window[1]}
 
 
-CUDA_WINDOWS_VALIDATED = False
-"""Off until tests/gpu/test_windows.py passes on a GPU: its first run (H200, torch 2.11, 2026-12-01) failed the
-windowed region parity at 2 and 4 ranks (the windowed FA2 block itself matched masked SDPA; the cause is not yet
-read), so windowed dense sites on CUDA are refused rather than risked."""
-
-
 class FlashKernel:
     name = "flash"
-    supports_window = CUDA_WINDOWS_VALIDATED
-    no_window_reason = (
-        "the windowed CP regions failed their GPU parity check (tests/gpu/test_windows.py on the H200), so "
-        "sliding windows on CUDA are refused until it passes (packed documents' windows, varlen_attn, run)"
-    )
+    supports_window = True
     supports_softcap = False
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:

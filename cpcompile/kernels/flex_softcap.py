@@ -95,15 +95,6 @@ def _run(q, k, v, causal, scale, window, softcap):
     return out, aux.lse
 
 
-CUDA_VALIDATED = False
-"""Off until tests/gpu/test_softcap.py passes on a GPU: its first GPU run (H200, torch 2.11, 2026-12-01) failed the
-single-block check against fp64 math and the Gemma 2 parity, so the provider must not run any CUDA site."""
-CUDA_NOT_VALIDATED = (
-    "FlexAttention (softcap) failed its GPU check (tests/gpu/test_softcap.py on the H200) and is not used on CUDA "
-    "until it passes; softcapped scores run on CPU (cpu_ref)"
-)
-
-
 class FlexSoftcapKernel:
     name = "flex_softcap"
     supports_window = True
@@ -112,8 +103,6 @@ class FlexSoftcapKernel:
     """kernel="auto" offers it only where no other provider runs the site: softcapped scores on CUDA."""
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
-        if device.type == "cuda" and not CUDA_VALIDATED:
-            return CUDA_NOT_VALIDATED
         if dtype == torch.float32 and device.type == "cuda":  # flex takes fp32 too (cuDNN and FA2 do not)
             return None if torch.cuda.is_available() else "CUDA is not available in this process"
         return cuda_half_reason(device, dtype, "FlexAttention (softcap)")

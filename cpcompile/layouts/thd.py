@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.base import NO_WINDOW
+from .search import sorted_search
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,7 @@ class ThdZigzagLayout(PackedLayout):
         cu = cu_seqlens.long()
         start, mid, _, chunk = self._local_docs(cu, cp)
         j = torch.arange(total // cp, device=cu.device)
-        doc = (torch.searchsorted(cu // cp, j, right=True) - 1).clamp(0, chunk.numel() - 1)
+        doc = (sorted_search(cu // cp, j, right=True) - 1).clamp(0, chunk.numel() - 1)
         off, c, s = j - start[doc], chunk[doc], cu[:-1][doc]
         return torch.where(off < c, s + rank * c + off, s + (2 * cp - 1 - rank) * c + (off - c))
 
@@ -242,7 +243,7 @@ class ThdZigzagLayout(PackedLayout):
         per_doc = sum(segments)  # chunks per document in the key buffer
         cu_chunks = cu // (2 * cp)  # document offsets in chunk units
         i = torch.arange(local_len // 2 * per_doc, device=cu.device)
-        doc = (torch.searchsorted(cu_chunks * per_doc, i, right=True) - 1).clamp(0, chunk.numel() - 1)
+        doc = (sorted_search(cu_chunks * per_doc, i, right=True) - 1).clamp(0, chunk.numel() - 1)
         c = chunk[doc].clamp(min=1)
         off = i - cu_chunks[doc] * per_doc  # offset in the document's key-buffer segments
         segment = torch.zeros_like(off)

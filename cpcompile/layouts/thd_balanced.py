@@ -44,6 +44,7 @@ from ..errors import CPCompileError
 from ..kernels.base import NO_WINDOW
 from ..log import log
 from .balance import BalanceError, balance
+from .search import sorted_search
 from .thd import PackedLayout, VarlenBlock, _bound
 
 EXTRA_PIECES = 4
@@ -132,7 +133,7 @@ class _Plan:
 
     def documents(self, starts: torch.Tensor) -> torch.Tensor:
         """The document holding each global position (unused slots: the last, empty, document)."""
-        return (torch.searchsorted(self.offsets, starts, right=True) - 1).clamp(0, self.offsets.numel() - 2)
+        return (sorted_search(self.offsets, starts, right=True) - 1).clamp(0, self.offsets.numel() - 2)
 
     def sequences(self, rank: int, causal: bool):
         """Per piece slot: (q start, q end, key start, key end, document start, second piece of its document)."""
@@ -153,7 +154,7 @@ class _Plan:
     def gathered_position(self, g: torch.Tensor, local_len: int) -> torch.Tensor:
         """Position in the rank-major all-gather buffer of each global position `g` (< T)."""
         starts, order = self.starts.flatten().sort(stable=True)
-        j = (torch.searchsorted(starts, g, right=True) - 1).clamp(min=0)
+        j = (sorted_search(starts, g, right=True) - 1).clamp(min=0)
         piece = order[j]
         owner = torch.div(piece, self.slots, rounding_mode="floor")
         return owner * local_len + self.local_start.flatten()[piece] + (g - starts[j])
@@ -232,7 +233,7 @@ class ThdBalancedLayout(PackedLayout):
         plan = _Plan(cu_seqlens, cp)
         q0, n = plan.local_start[rank], plan.lens[rank]
         j = torch.arange(total // cp, device=cu_seqlens.device)
-        piece = torch.searchsorted(q0 + n, j, right=True).clamp(max=plan.slots - 1)
+        piece = sorted_search(q0 + n, j, right=True).clamp(max=plan.slots - 1)
         return plan.starts[rank][piece] + (j - q0[piece])
 
     def key_buffer(self, cu_seqlens, local_len, cp, rank, causal):
@@ -240,7 +241,7 @@ class ThdBalancedLayout(PackedLayout):
         _, _, k0, k1, d0, second = plan.sequences(rank, causal)
         total, size = cp * local_len, key_budget(local_len, cp)
         i = torch.arange(size, device=cu_seqlens.device)
-        piece = torch.searchsorted(k1, i, right=True).clamp(max=plan.slots - 1)
+        piece = sorted_search(k1, i, right=True).clamp(max=plan.slots - 1)
         tail = i >= k1[-1]  # past the last range: never read
         g = (d0[piece] + i - k0[piece]).clamp(0, total - 1)
         index = torch.where(tail, 0, plan.gathered_position(g, local_len))

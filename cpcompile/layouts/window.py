@@ -10,6 +10,9 @@ piece the visible part is a diagonal band clipped to the rectangle:
   what the band is, else a block with a flash-attn window on the box's bottom-right diagonal. Inside the box the
   band always contains that diagonal (its first row sees its first key, its last row its last key), so both
   window sides are >= 0: every windowed kernel takes it (FA2's window_size_left/right, a mask on CPU).
+  FA2 reads a side of -1, or one >= Sk, as Sk: for the right side that means "unbounded" only while
+  Sq <= Sk + 1, so a taller box whose right side is unbounded (or >= Sk) is cut into row halves until each
+  part holds (`fa2_exact`; seen on the H200: zigzag boxes of 300 x 192 rows x keys lost their upper keys).
 Every row must see its own key, so the planner accepts only windows that contain the diagonal (left, right >= 0
 or unbounded): each row is then covered by at least one block. tests/unit/test_window_blocks.py checks that the
 blocks cover exactly the windowed mask, each pair once.
@@ -95,6 +98,27 @@ def pair_block(q: Piece, k: Piece, lo: int | None, hi: int | None) -> Block | No
     return Block(q.start + r0, sq, k.source, k.start + c0, sk, False, (left, right))
 
 
+def fa2_exact(b: Block) -> bool:
+    """Whether FlashAttention-2 reads b's window as written (kernels/flash.py; the CPU mask reads it exactly)."""
+    if b.window is None:
+        return True
+    right = b.window[1]
+    return b.q_len <= b.kv_len + 1 or 0 <= right < b.kv_len
+
+
+def pair_blocks(q: Piece, k: Piece, lo: int | None, hi: int | None) -> list[Block]:
+    """pair_block, with q cut into row halves until every windowed block is one FA2 reads exactly."""
+    b = pair_block(q, k, lo, hi)
+    if b is None:
+        return []
+    if fa2_exact(b):
+        return [b]
+    half = q.length // 2
+    top = Piece(q.source, q.start, half, q.glob)
+    bottom = Piece(q.source, q.start + half, q.length - half, q.glob + half)
+    return pair_blocks(top, k, lo, hi) + pair_blocks(bottom, k, lo, hi)
+
+
 def _merge_unmasked(blocks: list[Block]) -> list[Block]:
     """Unmasked blocks of the same q rows over adjacent keys of one buffer become one (order is irrelevant)."""
     out: list[Block] = []
@@ -112,10 +136,7 @@ def band_blocks(q_pieces: list[Piece], kv_pieces: list[Piece], lo: int | None, h
     out: list[Block] = []
     for q in q_pieces:
         whole = []
-        for k in kv_pieces:
-            b = pair_block(q, k, lo, hi)
-            if b is None:
-                continue
+        for b in (b for k in kv_pieces for b in pair_blocks(q, k, lo, hi)):
             unmasked_rows = not b.causal and b.window is None and (b.q_start, b.q_len) == (q.start, q.length)
             (whole if unmasked_rows else out).append(b)
         out += _merge_unmasked(whole)

@@ -12,6 +12,7 @@ import torch
 
 from ..comm.collectives import all_gather_dim0
 from ..layouts import get_layout
+from ..layouts.search import sorted_search
 from ..layouts.thd import get_packed_layout, offsets_ok
 
 
@@ -54,7 +55,9 @@ def bad_cu_message(total: int, max_doc: int | None, doc_multiple_per_cp: int, wo
 def _checksum(cu: torch.Tensor) -> torch.Tensor:
     """An int64 fingerprint of cu_seqlens (position-weighted, wrapping): equal on every rank iff, for practical
     purposes, cu is; cheap next to any attention."""
-    weights = torch.arange(1, cu.numel() + 1, device=cu.device, dtype=torch.int64) * 2654435761 + 97
+    # a multiplier that fits int32: Inductor's Triton code multiplies the arange index in int32 with the
+    # literal, and 2654435761 failed to compile there ("Scalar ... out of range for type int32", H200)
+    weights = torch.arange(1, cu.numel() + 1, device=cu.device, dtype=torch.int64) * 40503 + 97
     return (cu.long() * weights).sum() + cu.numel()
 
 
@@ -110,7 +113,7 @@ def check_plan_positions(
     pos = positions.reshape(-1).long()
     index = lay.shard_index(cu_seqlens, pos.numel() * world, world, rank).long()
     offsets = lay.offsets(cu_seqlens, world).long()
-    doc = (torch.searchsorted(offsets, index, right=True) - 1).clamp(0, offsets.numel() - 1)
+    doc = (sorted_search(offsets, index, right=True) - 1).clamp(0, offsets.numel() - 1)
     # positions count up by one through every document piece the plan gives this rank, from any start: inside
     # their documents (start 0), in the packed buffer (start = the document's offset), or HF's padded rows
     # (arange over the row, padding included: a document starts where its row's padding ends)
@@ -122,9 +125,9 @@ def check_plan_positions(
 
 
 BAD_POSITIONS = (
-    "cpcompile: position_ids are not every token's GLOBAL position on some CP rank (packed documents, or "
-    "sharded another way): pass arange(global length) sharded like the tokens (cpcompile.shard_batch), or for "
-    "HF packed documents cpcompile.shard_batch(..., strategy='thd_balanced', hf_packing=True)"
+    "cpcompile: position_ids are not every token's GLOBAL position on some CP rank: pass arange(global length) "
+    "sharded like the tokens (cpcompile.shard_batch); HF packed documents: shard_batch(..., "
+    "strategy='thd_balanced', hf_packing=True)"
 )
 PADDED = (
     "cpcompile: attention_mask has padding (zeros) on some CP rank, which CP cannot apply: drop an all-ones "

@@ -37,14 +37,17 @@ class VarlenAttention(nn.Module):
         q = rope(q.transpose(0, 1)[None], pos, self.cfg.rope_base)[0].transpose(0, 1)
         k = rope(k.transpose(0, 1)[None], pos, self.cfg.rope_base)[0].transpose(0, 1)
         if self.per_document_sdpa:
-            out = _per_document_sdpa(q, k, v, cu_seqlens, self.causal)
+            out = attend_per_document(q, k, v, cu_seqlens, self.causal)
         else:
             window = (-1, 0) if self.causal else (-1, -1)
             out = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, self.max_len, self.max_len, window_size=window, **GQA)
         return self.o(out.reshape(t, -1))
 
 
-def _per_document_sdpa(q, k, v, cu_seqlens, causal):
+def attend_per_document(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, causal: bool
+) -> torch.Tensor:
+    """varlen_attn's result from SDPA document by document: any device and dtype (varlen_attn: CUDA fp16/bf16)."""
     bounds = cu_seqlens.tolist()
     outs = [
         F.scaled_dot_product_attention(

@@ -35,7 +35,7 @@ def test_gpu_flex_softcap_block_matches_fp64_math(causal, window):
     extra = {} if window is None else {"window": window}
 
     def one_device(device, dtype):  # cpcompile.attention's own math (fp32 softmax, bf16 matmuls in bf16), autograd
-        leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
+        leaves = [t.detach().to(device, dtype).requires_grad_() for t in (q, k, v)]  # leaves of their own
         w = window or (-1, -1)
         out = cpcompile.attention(*leaves, is_causal=causal, scale=SCALE, window=w, softcap=CAP)
         out.backward(dout.to(device, dtype))

@@ -100,7 +100,7 @@ class GraphModule(torch.nn.Module):
         all_2: "b8[]" = torch.ops.aten.all.default(le)
         bitwise_and_2: "b8[]" = torch.ops.aten.bitwise_and.Tensor(bitwise_and_1, all_2)
         arange: "i64[3]" = torch.ops.aten.arange.start(1, 4, dtype = torch.int64, device = device(type='cpu'), pin_memory = False)
-        mul: "i64[3]" = torch.ops.aten.mul.Tensor(arange, 2654435761)
+        mul: "i64[3]" = torch.ops.aten.mul.Tensor(arange, 40503)
         add: "i64[3]" = torch.ops.aten.add.Tensor(mul, 97)
         mul_1: "i64[3]" = torch.ops.aten.mul.Tensor(_to_copy, add)
         sum_1: "i64[]" = torch.ops.aten.sum.default(mul_1)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpcompile.errors import CPCompileError
 from cpcompile.kernels import PROVIDERS, resolve_kernel, supported_kernels, unsupported_reason
 from cpcompile.precision import acc_dtype
 from tests.support.flex import cpu_flex_backward
@@ -53,12 +52,13 @@ def cuda_present(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
-def test_flex_softcap_takes_no_cuda_site_until_its_gpu_check_passes(cuda_present):
-    """kernels/flex_softcap.CUDA_VALIDATED is off (its GPU check failed): softcapped CUDA sites are one clear
-    refusal, never a kernel that failed on the GPU. (Only this provider is asked: the others probe a real device.)"""
+def test_flex_softcap_takes_softcapped_cuda_sites(cuda_present):
+    """flex_softcap runs softcapped CUDA sites (its GPU check, tests/gpu/test_softcap.py, passes on the H200),
+    fp16/bf16/fp32, head dims powers of two in [16, 256]; CPU sites stay on cpu_ref. (Only this provider is asked:
+    the others probe a real device.)"""
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
-    for dtype in (bf16, torch.float32):
-        assert "failed its GPU check" in unsupported_reason("flex_softcap", cuda, dtype, 64, features=("softcap",))
+    for dtype in (bf16, torch.float16, torch.float32):
+        assert unsupported_reason("flex_softcap", cuda, dtype, 64, features=("softcap",)) is None
+    assert "powers of two" in unsupported_reason("flex_softcap", cuda, bf16, 96, features=("softcap",))
     assert supported_kernels(torch.device("cpu"), torch.float32, 64, features=("softcap",)) == ["cpu_ref"]
-    with pytest.raises(CPCompileError, match="failed its GPU check"):
-        resolve_kernel("flex_softcap", cuda, bf16, 64, features=("softcap",))
+    assert resolve_kernel("flex_softcap", cuda, bf16, 64, features=("softcap",)) == "flex_softcap"

@@ -3,13 +3,21 @@ found on the H200, where the packed check then failed with "Message length must 
 
 from __future__ import annotations
 
-from cpcompile.regions.guards import COND_DIFFERS, DIFFERS, MAX_MESSAGE, bad_cu_message
+from cpcompile.layouts import THD_LAYOUTS
+from cpcompile.regions import guards
+from cpcompile.regions.guards import MAX_MESSAGE, bad_cu_message
 
 
 def test_assert_messages_fit():
+    """Every message constant of the guards module (the dense token check's BAD_POSITIONS was 293 characters: on
+    CUDA every graph with position ids then failed at the assert) and every built message, at extreme sizes."""
     longest = bad_cu_message(10**12, 10**12, 2, 10**6)
     assert "cu[-1]=1000000000000" in longest and "2*cp=2000000" in longest
-    for message in (DIFFERS, COND_DIFFERS, longest, bad_cu_message(8, None, 0, 2)):
+    constants = [v for k, v in vars(guards).items() if k.isupper() and isinstance(v, str)]
+    assert len(constants) >= 5 and guards.BAD_POSITIONS in constants
+    built = [longest, bad_cu_message(8, None, 0, 2)]
+    built += [lay.bad_metadata_message(10**12, 10**12, 10**6) for lay in THD_LAYOUTS.values()]
+    for message in constants + built:
         assert len(message) <= MAX_MESSAGE, (len(message), message)
 
 

@@ -16,19 +16,34 @@ from cpcompile.layouts.window import band
 WINDOWS = [(0, 0), (1, 0), (2, 0), (3, 1), (-1, 2), (4, -1), (5, 5), (0, -1), (-1, 0)]
 
 
-def _block_pairs(b, rows, keys) -> list[tuple[int, int]]:
-    """(global q, global key) pairs a block attends, by its own mask semantics (layouts.base.Block)."""
+def _fa2_reading(window: tuple[int, int], kv_len: int) -> tuple[int, int]:
+    """FlashAttention-2 reads a window side of -1, or one >= Sk, as Sk (its flash_api); the mask kernels read
+    -1 as unbounded and the rest as written. Blocks must mean the same to both (layouts/window.fa2_exact)."""
+    return tuple(kv_len if side < 0 or side >= kv_len else side for side in window)
+
+
+def _block_pairs(b, rows, keys, fa2: bool = False) -> list[tuple[int, int]]:
+    """(global q, global key) pairs a block attends, by its own mask semantics (layouts.base.Block), or as
+    FlashAttention-2 reads its window."""
     out = []
+    window = None if b.window is None else (_fa2_reading(b.window, b.kv_len) if fa2 else b.window)
     for i, j in itertools.product(range(b.q_len), range(b.kv_len)):
         if b.causal and j > i:
             continue
-        if b.window is not None:
-            left, right = b.window
+        if window is not None:
+            left, right = window
             rel = j - i - (b.kv_len - b.q_len)
             if (left >= 0 and rel < -left) or (right >= 0 and rel > right):
                 continue
         out.append((rows[b.q_start + i], keys[b.source][b.kv_start + j]))
     return out
+
+
+def _pairs(b, rows, keys) -> list[tuple[int, int]]:
+    """The block's pairs, after checking FA2 attends the same ones (seen on the H200 when it did not)."""
+    pairs = _block_pairs(b, rows, keys)
+    assert b.window is None or pairs == _block_pairs(b, rows, keys, fa2=True), f"FA2 reads {b} otherwise"
+    return pairs
 
 
 def _wanted(seq: int, causal: bool, window) -> Counter:
@@ -70,7 +85,7 @@ def test_all_gather_window_blocks_cover_the_mask_exactly_once(name, cp, chunk, c
                     c not in layout.rank_chunks(rank, cp)
                     for c in {keys[b.source][j] // chunk for j in range(b.kv_start, b.kv_start + b.kv_len)}
                 ), f"rank {rank} reads its own chunk from a gathered source: {b}"
-                seen.update(_block_pairs(b, rows, keys))
+                seen.update(_pairs(b, rows, keys))
         assert seen == _wanted(seq, causal, window), (name, cp, chunk, causal, window)
 
 
@@ -89,7 +104,7 @@ def test_exchange_window_blocks_cover_the_mask_exactly_once(name, cp, causal):
         for q_buf, blocks in enumerate(exchange_blocks(buffers, chunk, causal, window)):
             for b in blocks:
                 _check_window(b)
-                seen.update(_block_pairs(b, keys[q_buf], keys))
+                seen.update(_pairs(b, keys[q_buf], keys))
         assert seen == _wanted(seq, causal, window), (name, cp, causal, window)
 
 
@@ -133,7 +148,7 @@ def test_ring_window_steps_cover_the_mask_exactly_once(name, cp, chunk, causal):
                 held = {0: layout.shard_index(seq, cp, held_rank(rank, step, cp)).tolist()}
                 for b in blocks:
                     _check_window(b)
-                    seen.update(_block_pairs(b, rows, held))
+                    seen.update(_pairs(b, rows, held))
         assert seen == _wanted(seq, causal, window), (name, cp, chunk, causal, window)
 
 

@@ -73,8 +73,7 @@ def test_features_pick_the_kernels_that_take_them():
     with pytest.raises(cpcompile.CPCompileError, match="cudnn: .*takes no sliding windows|cudnn: .*CUDA"):
         resolve_kernel("auto", torch.device("meta"), torch.bfloat16, 16, features=("window",))
     assert not PROVIDERS["cudnn"].supports_window
-    # FA2 takes windows, but the windowed regions' GPU parity failed: refused on CUDA until it passes
-    assert not PROVIDERS["flash"].supports_window and "GPU parity" in PROVIDERS["flash"].no_window_reason
+    assert PROVIDERS["flash"].supports_window  # FA2's window_size (tests/gpu/test_windows.py on the H200)
     assert not any(PROVIDERS[p].supports_softcap for p in ("cudnn", "flash", "flash_attn", "te"))
 
 
