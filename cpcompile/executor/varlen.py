@@ -83,7 +83,12 @@ def attend_varlen_blocks(
         b, r = decode_varlen(blocks)[0], ranges[0]
         o, l = impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs())
         rows, _ = _masks(r, q.shape[0], ks[b.source].shape[0], (b.covers_rows, True))  # keys: unused here
-        lse = _as_returned(l, acc_t, None) if rows is None else torch.where(rows, l.to(acc_t), float("-inf"))
+        if rows is None:
+            lse = _as_returned(l, acc_t, None)
+        else:  # written into a contiguous buffer: kernels return views (cuDNN: (Hq, Tq) of its token-major
+            # stats), and the op's outputs must have its fake's strides (Inductor asserts them: ring on the H200)
+            lse = l.new_empty(l.shape, dtype=acc_t)
+            torch.where(rows, l.to(acc_t), l.new_full((), float("-inf"), dtype=acc_t), out=lse)
         return _as_returned(o, q.dtype, rows), lse
     acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)

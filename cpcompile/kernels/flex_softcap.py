@@ -19,6 +19,7 @@ CUDA sites, which cuDNN and FA2 do not take.
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import torch
@@ -53,7 +54,9 @@ def _block_mask(lq: int, lk: int, causal: bool, window: tuple[int, int] | None, 
     from torch.nn.attention.flex_attention import create_block_mask
 
     mod = _window_mod(lq, lk, causal, window)
-    return None if mod is None else create_block_mask(mod, None, None, lq, lk, device=device)
+    if mod is None:
+        return None
+    return create_block_mask(mod, None, None, lq, lk, device=device)
 
 
 @lru_cache(maxsize=1)
@@ -114,16 +117,41 @@ class FlexSoftcapKernel:
         return None
 
     def forward(self, q, k, v, causal, scale, window=None, softcap=0.0):
-        return _run(q, k, v, causal, scale, window, softcap)
+        return _on_clean_thread(_run, q, k, v, causal, scale, window, softcap)
 
     def backward(self, dout, q, k, v, out, lse, causal, scale, window=None, softcap=0.0):
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            out_b, lse_b = _run(*leaves, causal, scale, window, softcap)
-            acc = acc_dtype(q.dtype)
-            c = torch.exp(lse_b.detach().to(acc) - lse.to(acc))  # this block's weight in the final rows
-            d = dout.to(acc)
-            grad_out = (d * c.unsqueeze(-1)).to(out_b.dtype)
-            grad_lse = c * (d * (out_b.detach().to(acc) - out.to(acc))).sum(-1)
-            dq, dk, dv = torch.autograd.grad((out_b, lse_b), leaves, (grad_out, grad_lse.to(lse_b.dtype)))
-        return dq, dk, dv
+        return _on_clean_thread(_backward, dout, q, k, v, out, lse, causal, scale, window, softcap)
+
+
+def _on_clean_thread(fn, *args):
+    """fn(*args) on a thread of its own, on the caller's CUDA stream. Flex vmaps its score and mask mods, and
+    inside our regions (custom ops) on a compiled graph's first call torch 2.11 runs them under aot_autograd's
+    custom-op aliasing check, a dispatch mode under which vmap fails ("NYI: querying is_contiguous inside of
+    vmap"; seen on the H200 with Gemma 2). Dispatch modes and functorch state are thread-local."""
+    stream = torch.cuda.current_stream(args[0].device) if args[0].is_cuda else None
+
+    def call():
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return fn(*args)
+
+    return _worker().submit(call).result()
+
+
+@lru_cache(maxsize=1)
+def _worker() -> ThreadPoolExecutor:
+    """One thread for every flex call (the caller waits on it: calls stay in program order)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpcompile-flex")
+
+
+def _backward(dout, q, k, v, out, lse, causal, scale, window, softcap):
+    """dq, dk, dv of one block from the final (merged) out and lse, through flex's own backward."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out_b, lse_b = _run(*leaves, causal, scale, window, softcap)
+        acc = acc_dtype(q.dtype)
+        c = torch.exp(lse_b.detach().to(acc) - lse.to(acc))  # this block's weight in the final rows
+        d = dout.to(acc)
+        grad_out = (d * c.unsqueeze(-1)).to(out_b.dtype)
+        grad_lse = c * (d * (out_b.detach().to(acc) - out.to(acc))).sum(-1)
+        dq, dk, dv = torch.autograd.grad((out_b, lse_b), leaves, (grad_out, grad_lse.to(lse_b.dtype)))
+    return dq, dk, dv

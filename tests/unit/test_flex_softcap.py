@@ -62,3 +62,26 @@ def test_flex_softcap_takes_softcapped_cuda_sites(cuda_present):
     assert "powers of two" in unsupported_reason("flex_softcap", cuda, bf16, 96, features=("softcap",))
     assert supported_kernels(torch.device("cpu"), torch.float32, 64, features=("softcap",)) == ["cpu_ref"]
     assert resolve_kernel("flex_softcap", cuda, bf16, 64, features=("softcap",)) == "flex_softcap"
+
+
+@torch.library.custom_op("cpcompile_test::flex_block", mutates_args=())
+def _flex_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+    return list(PROVIDERS["flex_softcap"].forward(q, k, v, False, 0.125, window=(40, 0), softcap=5.0))
+
+
+@_flex_block.register_fake
+def _flex_block_fake(q, k, v):
+    return [torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)]
+
+
+def test_flex_softcap_runs_inside_a_compiled_graphs_custom_op():
+    """Our regions are custom ops; on a compiled graph's first call torch 2.11 runs them under aot_autograd's
+    custom-op aliasing check (a dispatch mode), under which flex's vmapped mask and score mods failed ("NYI:
+    querying is_contiguous inside of vmap", Gemma 2 on the H200). The forward there equals a direct call (flex
+    has no CPU backward; tests/gpu/test_softcap.py runs both on CUDA)."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 128, 64, generator=g)
+    k, v = (torch.randn(1, 2, 192, 64, generator=g) for _ in range(2))
+    compiled = torch.compile(lambda *a: _flex_block(a[0] * 1, *a[1:]), backend="aot_eager", fullgraph=True)
+    for got, want in zip(compiled(q, k, v), _flex_block(q, k, v)):
+        torch.testing.assert_close(got, want)

@@ -70,3 +70,38 @@ def test_split_by_keys_merges_by_lse(strategy):
     assert got[2].dtype == torch.float64  # two blocks write dq: an fp64 (fp32 for bf16) sum
     for g, w in zip(got, want):
         torch.testing.assert_close(g.to(w.dtype), w, rtol=1e-10, atol=1e-10)
+
+
+class _TransposedLse:
+    """cpu_varlen_ref returning its lse as a (Hq, Tq) view of token-major memory, as cuDNN THD does."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, *args, **kwargs):
+        out, lse = self.inner.forward(*args, **kwargs)
+        return out, lse.t().contiguous().t()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_outputs_are_contiguous_whatever_the_kernel_returns(monkeypatch, split):
+    """The op's fake gives contiguous out and lse, and Inductor asserts the real strides against it ("expected
+    stride 4096, got 1": ring over cuDNN THD on the H200, one block covering only some rows)."""
+    from cpcompile.kernels import VARLEN_PROVIDERS
+
+    monkeypatch.setitem(VARLEN_PROVIDERS, "transposed", _TransposedLse(VARLEN_PROVIDERS["cpu_varlen_ref"]))
+    q, keys, _, block = _case("thd", causal=True)
+    blocks = [dataclasses.replace(block, covers_rows=False)]
+    if split:
+        half = block.ranges.shape[1] // 2
+        blocks = [dataclasses.replace(blocks[0], ranges=r) for r in (block.ranges[:, :half], block.ranges[:, half:])]
+    ranges, spec = [b.ranges for b in blocks], encode_varlen(blocks)
+    k, v = keys[:, 0], keys[:, 1]
+    got = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "transposed")
+    want = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "cpu_varlen_ref")
+    for g, w in zip(got, want):
+        assert g.is_contiguous(), g.stride()
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
