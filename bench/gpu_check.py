@@ -120,8 +120,9 @@ def main(argv=None) -> int:
         workers.clear()
 
     rows: list[tuple[str, bool, str]] = []
+    records: list[dict] = []
     try:
-        rows.extend(layer_speeds(CASES, before_timing=wait_for_workers, deadline=deadline))
+        rows.extend(layer_speeds(CASES, before_timing=wait_for_workers, deadline=deadline, records=records))
     except Exception as e:  # a crash is one failed row; the other sections still report
         rows.append(("layer speed", False, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
         traceback.print_exc()
@@ -145,6 +146,9 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
+    meta = dict(commit=_commit(args.commit), torch=torch.__version__, device=torch.cuda.get_device_name(0))
+    with open(os.path.join(report_dir, "compiled_layer.json"), "w") as f:  # the speed rows as records
+        json.dump({"meta": meta, "records": records}, f, indent=1)
     print("\n".join(lines))
     return 0 if failed == 0 else 1
 

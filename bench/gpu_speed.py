@@ -69,10 +69,14 @@ def _cases_for(cases, rank):
 
 
 def layer_speeds(
-    cases: list[tuple[str, str]], before_timing=lambda: None, deadline: float = float("inf")
+    cases: list[tuple[str, str]],
+    before_timing=lambda: None,
+    deadline: float = float("inf"),
+    records: list[dict] | None = None,
 ) -> list[tuple[str, bool, str]]:
     """Compile every case for rank 0 (and thd, whose work is unbalanced, for the last rank too), call
-    `before_timing` (the check waits there for its other GPU work), then time each against the single-GPU layer."""
+    `before_timing` (the check waits there for its other GPU work), then time each against the single-GPU layer.
+    `records` (given): one dict a timed rank appended (bench/results/compiled_layer.json's rows)."""
     torch._dynamo.config.cache_size_limit = 256  # one module compiled with many backends
     torch._dynamo.config.accumulated_cache_size_limit = 1024
     rows: dict[tuple[str, str], list] = {}
@@ -117,6 +121,12 @@ def layer_speeds(
             for key, (step, kernel, kind) in steps.items():
                 ref_ms, rank_ms = time_many_ms([single[kind], step], iters=10, warmup=3)
                 eff = f"rank {rank}: {ref_ms / SPEED_CP / rank_ms:.3f} ({rank_ms:.2f} ms vs {ref_ms:.2f} / {SPEED_CP})"
+                if records is not None:
+                    records.append(
+                        dict(layout=key[1], comm=key[0], S=SPEED_SEQ, cp=SPEED_CP, rank=rank, kernel=kernel,
+                             efficiency=round(ref_ms / SPEED_CP / rank_ms, 4), rank_ms=round(rank_ms, 3),
+                             single_gpu_ms=round(ref_ms, 3), exposed_comm=None)
+                    )  # fmt: skip
                 if key in rows:
                     rows[key][1] += f", {eff}"
                 else:

@@ -100,26 +100,35 @@ PLAN_MISMATCH = (
 )
 
 
-def check_plan_positions(
-    positions: torch.Tensor, cu_seqlens: torch.Tensor, *, layout: str, group_name: str, rank: int, world: int
-) -> None:
-    """Binds a plan (thd_balanced's cu_seqlens) to the tokens it sharded: the model's position ids must count up by
-    one through every document piece the plan gives this rank (from 0, from the document's offset in the packed
-    buffer, or from where a padded row's padding ends). Data
-    sharded with another plan (the previous batch's, another row's) has other positions there, which fails every
-    rank's device assert (one 1-int64 all-gather, no host sync). Inserted by passes/rewrite next to the packed
-    check when the graph takes position ids."""
+def plan_positions_ok(
+    positions: torch.Tensor, cu_seqlens: torch.Tensor, *, layout: str, rank: int, world: int
+) -> torch.Tensor:
+    """Whether this rank's position ids are those of the tokens the plan (thd_balanced's cu_seqlens) gives it: in
+    every document piece they count up by one from the document's first position, which is 0 (positions inside
+    documents), the document's offset in the packed buffer (positions over the buffer), or the previous
+    document's length (HF's padded rows, positions 0..L-1 over the row: a row's real tokens start where its
+    padding document ends, or its padding where its real tokens end). A bool scalar, no host sync."""
     lay = get_packed_layout(layout)
     pos = positions.reshape(-1).long()
     index = lay.shard_index(cu_seqlens, pos.numel() * world, world, rank).long()
     offsets = lay.offsets(cu_seqlens, world).long()
     doc = (sorted_search(offsets, index, right=True) - 1).clamp(0, offsets.numel() - 1)
-    # positions count up by one through every document piece the plan gives this rank, from any start: inside
-    # their documents (start 0), in the packed buffer (start = the document's offset), or HF's padded rows
-    # (arange over the row, padding included: a document starts where its row's padding ends)
-    start = pos - (index - offsets[doc])
+    first = pos - (index - offsets[doc])  # the position this token's document would start at
     same_doc = doc[1:] == doc[:-1]
-    ok = ((start[1:] == start[:-1]) | ~same_doc).all()
+    counts_up = ((first[1:] == first[:-1]) | ~same_doc).all()
+    previous = offsets[doc] - offsets[(doc - 1).clamp(min=0)]
+    known_start = (first == 0) | (first == offsets[doc]) | ((doc > 0) & (first == previous))
+    return counts_up & known_start.all()
+
+
+def check_plan_positions(
+    positions: torch.Tensor, cu_seqlens: torch.Tensor, *, layout: str, group_name: str, rank: int, world: int
+) -> None:
+    """Binds a plan (thd_balanced's cu_seqlens) to the tokens it sharded through the model's position ids
+    (plan_positions_ok). Data sharded with another plan (the previous batch's, another row's) has other
+    positions there, which fails every rank's device assert (one 1-int64 all-gather, no host sync). Inserted by
+    passes/rewrite next to the packed check when the graph takes position ids."""
+    ok = plan_positions_ok(positions, cu_seqlens, layout=layout, rank=rank, world=world)
     gathered = all_gather_dim0(ok.long().reshape(1, 1), group_name)
     torch._assert_async((gathered == 1).all(), PLAN_MISMATCH)
 
