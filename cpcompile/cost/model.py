@@ -120,7 +120,8 @@ def _rank_heads(shape: SiteShape, splits_heads: bool) -> tuple[int, int]:
 def _rank_work(shape: SiteShape, layout: str, comm, rank: int, cu: torch.Tensor | None) -> tuple[int, CallWork]:
     """(blocks, their counts) of one rank."""
     if shape.kind == "sdpa":
-        blocks = comm.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens)
+        window = None if shape.window == NO_WINDOW else shape.window
+        blocks = comm.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens, window)
         return len(blocks), dense_work(blocks, shape.batch)
     blocks = comm.varlen_rank_blocks(
         layout, shape.causal, rank, shape.world, shape.tokens, cu, shape.max_doc, shape.window

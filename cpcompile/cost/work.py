@@ -116,17 +116,19 @@ def sequence_work(
 
 def dense_work(blocks: list, batch: int) -> CallWork:
     """The counts of a rank's dense blocks (layouts.Block) as the executor runs them: one call per group of
-    same-shaped blocks (executor.calls.plan_calls), every block a causal square or a full rectangle, x batch."""
+    same-shaped blocks (executor.calls.plan_calls), every block a causal square, a full rectangle or a windowed
+    band (its flash-attn window on the bottom-right diagonal), x batch."""
     from ..executor.blocks import decode_dense, encode_dense
     from ..executor.calls import plan_calls
 
     total = CallWork()
     tuples = decode_dense(encode_dense(blocks))
-    for call in plan_calls(tuples, batch):
+    windows = [b.window for b in blocks] if any(b.window is not None for b in blocks) else None
+    for call in plan_calls(tuples, batch, windows):
         n = len(call.members) * batch
         q = torch.full((n,), call.q_len)
         k = torch.full((n,), call.kv_len)
-        total = total + sequence_work(q, k, call.causal)
+        total = total + sequence_work(q, k, call.causal, call.window or NO_WINDOW)
     return total
 
 

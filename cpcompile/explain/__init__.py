@@ -23,6 +23,7 @@ import torch
 from ..backend import check_choices
 from ..cost import SiteShape, estimate
 from ..errors import CPCompileError, node_origin, node_source
+from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS
 from ..log import LOGGER_NAME
 from ..passes import PassState
@@ -46,7 +47,11 @@ def _site_estimate(plan: CPPlan, cu: torch.Tensor | None):
     site = plan.site
     if site.kind == "flex":
         return None
-    extra = {} if site.kind == "sdpa" else dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse)
+    extra = (
+        dict(window=plan.window or NO_WINDOW)
+        if site.kind == "sdpa"
+        else dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse)
+    )
     shape = SiteShape.of_site(site, plan.causal, plan.group.size, **extra)
     return estimate(shape, plan.layout, plan.comm, plan.kernel, cu)
 

@@ -9,6 +9,7 @@ from ..cost import SiteShape
 from ..errors import CPCompileError, site_error
 from ..integrations.hints import mask_fix
 from ..kernels import FEATURES
+from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS, get_layout
 from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
@@ -118,9 +119,8 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             "[16, 256]) and 'cpu_ref' (CPU) do",
             "use kernel='auto' (it picks them for softcapped sites), or name one of them",
         ) from None
-    # the cost model counts the layout's blocks without the window: under a window it ranks the comms by their
-    # unwindowed work (both take windows; the choice is never wrong, at worst not the fastest)
-    comm, kernel, choice = resolve(SiteShape.of_site(site, causal, group.size), layout.name, comms, kernels)
+    shape = SiteShape.of_site(site, causal, group.size, window=window or NO_WINDOW)  # costed with its window
+    comm, kernel, choice = resolve(shape, layout.name, comms, kernels)
     scale = float(constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
     return CPPlan(
         site=site,

@@ -109,3 +109,20 @@ def test_assumed_documents_fill_the_packed_length():
     assert assumed_documents(100, None).tolist() == [0, 100]
     e = estimate(_shape("varlen", 50, 2, max_doc=30), "thd", "all_gather", "cpu_varlen_ref")
     assert e.documents == "assumed: documents of 30 tokens"
+
+
+@pytest.mark.parametrize("comm", ["all_gather", "a2a", "ring"])
+@pytest.mark.parametrize("causal,window", [(True, (100, 0)), (True, (300, 0)), (False, (64, 200))])
+def test_windowed_dense_sites_are_costed_with_their_window(comm, causal, window):
+    """A windowed dense site's FLOPs over its ranks add up to one device's windowed attention (the blocks cover
+    the band once), not to the unwindowed square the model counted before."""
+    world, seq, heads, d = 4, 768, 8, 64
+    shape = SiteShape(
+        kind="sdpa", batch=1, tokens=seq // world, q_heads=heads, kv_heads=2, head_dim=d, v_head_dim=d,
+        elt=2, acc_elt=4, causal=causal, world=world, window=window,
+    )  # fmt: skip
+    rel = torch.arange(seq)[None, :] - torch.arange(seq)[:, None]
+    pairs = int(((rel >= -window[0]) & (rel <= (0 if causal else window[1]))).sum())
+    e = estimate(shape, "zigzag", comm, "cpu_flash")
+    total = e.flops[0] * world if comm == "a2a" else sum(e.flops)  # a2a: every rank Hq/cp heads, whole sequence
+    assert total == flops(pairs, heads, d, d), (total, flops(pairs, heads, d, d))
