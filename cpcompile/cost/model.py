@@ -148,9 +148,11 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
     fwd, bwd = entry.wire_bytes(
         shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
         shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.varlen_lse_on_demand,
+        max_doc=shape.max_doc if shape.kind == "varlen" else None,
     )  # fmt: skip
     exchanged = (fwd + bwd) * shape.world // (shape.world - 1)
-    overhead, _ = region_overhead_ms(comm, kernel if rate.proxy_for is None else rate.name, exchanged)
+    overhead, _ = region_overhead_ms(entry.overhead_as or comm, kernel if rate.proxy_for is None else rate.name,
+                                     exchanged)  # fmt: skip
     blocks, work_flops, times = [], [], []
     for rank in range(shape.world):
         n, work = _rank_work(shape, layout, entry, rank, cu_seqlens)
