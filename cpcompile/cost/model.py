@@ -22,6 +22,7 @@ import torch
 from ..comm.registry import get_comm
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
+from ..layouts.thd import get_packed_layout
 from ..precision import acc_dtype
 from .rates import kernel_rate, link_gbps, region_overhead_ms
 from .work import CallWork, dense_work, flops, varlen_work
@@ -137,11 +138,15 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
     entry = get_comm(comm)
     documents = ""
     if shape.kind == "varlen":
+        packed, total = get_packed_layout(layout), shape.tokens * shape.world
         if cu_seqlens is None:
-            cu_seqlens = assumed_documents(shape.tokens * shape.world, shape.max_doc)
+            cu_seqlens = assumed_documents(total, shape.max_doc)
             documents = f"assumed: documents of {int((cu_seqlens[1:] - cu_seqlens[:-1]).max())} tokens"
+            if packed.carries_plan:  # thd_balanced: the plan shard_batch would make of them
+                cu_seqlens = packed.prepare(cu_seqlens, total, shape.world)
         else:
-            documents = f"this batch's {cu_seqlens.numel() - 1} documents"
+            offsets = packed.offsets(cu_seqlens, shape.world) if packed.is_plan(cu_seqlens) else cu_seqlens
+            documents = f"this batch's {offsets.numel() - 1} documents"
         cu_seqlens = cu_seqlens.long().cpu()
     q_heads, kv_heads = _rank_heads(shape, entry.splits_heads)
     rate = kernel_rate(kernel, "varlen" if shape.kind == "varlen" else "dense")
