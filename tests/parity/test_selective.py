@@ -5,7 +5,7 @@ Each configuration is compiled ONCE and fed several batches of different documen
 the backend is called exactly once (a compile counter): the plan and the exchange's slots change every batch,
 the shapes never do. max_q = 6 < T/cp = 8 makes the slots smaller than a rank's tokens (C = 6); max_q = 64 gives
 C = T/cp with documents longer than a rank. Output and q/k/v gradients of every batch against one process
-(fp64 reference), fp64 and fp32. A batch whose plan needs more than C tokens from one peer fails on every rank.
+(fp64 reference), fp64 and fp32; MLA head dims and the lse at cp 2. A batch whose plan needs more than C tokens from one peer fails on every rank.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from torch.nn.attention.varlen import varlen_attn
+from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
 import cpcompile
 from cpcompile.layouts.thd_balanced import TAG
@@ -90,6 +90,46 @@ def _run(group, world, window, dtype, short) -> dict:
     return results
 
 
+def _doc_lse(q, k, cu, causal) -> torch.Tensor:
+    """(Hq, T) fp64 logsumexp of each token's scores over its document's keys (GQA: q head h reads kv head h // g)."""
+    g = q.shape[1] // k.shape[1]
+    scores = torch.einsum("thd,shd->hts", q, k.repeat_interleave(g, 1)) / q.shape[-1] ** 0.5
+    pos = torch.arange(q.shape[0])
+    doc = torch.searchsorted(cu.long(), pos, right=True)
+    keep = doc[:, None] == doc[None, :]
+    if causal:
+        keep &= pos[None, :] <= pos[:, None]
+    return scores.masked_fill(~keep, float("-inf")).logsumexp(-1)
+
+
+def _mla_and_lse(group, world) -> dict:
+    """v's head dim differs from q/k's (MLA: K and V side by side in the slots), and the graph reads the lse."""
+    lengths = [5, 1, 6, 3, 1]
+    cu = cu_of(lengths)
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(16, h, 8, generator=g, dtype=torch.float64) for h in (4, 2))
+    v, dout = (torch.randn(16, h, 4, generator=g, dtype=torch.float64) for h in (2, 4))
+    be = cpcompile.backend(strategy=STRATEGY, comm="selective", group=group, inner="aot_eager")
+
+    def fn(q, k, v, cu):
+        out, lse = varlen_attn(q, k, v, cu, cu, 6, 6, window_size=(-1, 0), return_aux=AuxRequest(lse=True), **GQA)
+        return out, lse
+
+    torch._dynamo.reset()
+    plan = cpcompile.plan_documents(cu, strategy=STRATEGY, group=group)
+    shard = lambda t: cpcompile.shard(t, strategy=STRATEGY, group=group, seq_dim=0, cu_seqlens=plan)  # noqa: E731
+    leaves = [shard(t).requires_grad_() for t in (q, k, v)]
+    out, lse = torch.compile(fn, backend=be, fullgraph=True)(*leaves, plan)
+    out.backward(shard(dout))
+    exact = doc_reference(q, k, v, dout, cu, True, torch.float64)
+    report = {n: (max_err(got, shard(ref)), FLOORS[torch.float64]) for n, got, ref in zip(
+        ("out", "dq", "dk", "dv"), [out.detach()] + [t.grad for t in leaves], exact)}  # fmt: skip
+    ref_lse = shard(_doc_lse(q, k, cu, True).T).T
+    eps = torch.finfo(torch.float32).eps  # varlen_attn's lse is fp32 whatever the inputs
+    report["lse"] = (max_err(lse, ref_lse), 4 * eps * ref_lse.abs().max().item())
+    return {("mla and lse",): report}
+
+
 def _too_small(group, world) -> dict:
     """A valid plan whose rank 1 needs 8 tokens from rank 0 (four 4-token documents, each cut in half) with
     max_q = 4 (C = 4): the region's check fails, on every rank, before the exchange."""
@@ -124,6 +164,7 @@ def _sweep(rank, world_all, world):
     if world == 2:
         results |= _run(group, world, (3, 0), torch.float64, short=True)
         results |= _run(group, world, (-1, 0), torch.float32, short=True)
+        results |= _mla_and_lse(group, world)
         results |= _too_small(group, world)
     return results
 
