@@ -123,12 +123,12 @@ COMMS: dict[str, Comm] = {
         ),
         varlen_refusals={
             name: (
-                f"comm='selective' exchanges the pieces of a per-batch plan, and strategy={name!r} has none "
-                "(its ranks' documents overlap on most ranks: little to leave out)",
-                "use strategy='thd_balanced' with comm='selective', or comm='all_gather'",
+                f"comm='selective' sends each rank the pieces of the documents it holds, and under strategy={name!r} "
+                "every rank holds a piece of every document: there is nothing to leave out",
+                "use strategy='thd_balanced' or 'thd' with comm='selective', or comm='all_gather'",
             )
             for name in THD_LAYOUTS
-            if name != "thd_balanced"
+            if name not in ("thd_balanced", "thd")
         },
     ),
 }

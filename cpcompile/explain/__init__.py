@@ -24,7 +24,7 @@ from ..backend import check_choices
 from ..cost import SiteShape, estimate
 from ..errors import CPCompileError, node_origin, node_source
 from ..layouts import THD_LAYOUTS
-from ..layouts.selective import capacity, select
+from ..layouts.selective import capacity, select, select_thd
 from ..log import LOGGER_NAME
 from ..passes import PassState
 from ..passes.agree import plan_summary
@@ -57,7 +57,8 @@ def selective_note(plan: CPPlan, cu: torch.Tensor) -> str:
     site, world = plan.site, plan.group.size
     local = site.q_shape[0]
     cap = capacity(local, plan.max_doc)
-    need = select(cu.cpu(), local, world, 0, plan.causal, cap).need
+    pick = select if THD_LAYOUTS[plan.layout].carries_plan else select_thd
+    need = pick(cu.cpu(), local, world, 0, plan.causal, cap).need
     token = site.k_shape[1] * (site.k_shape[-1] + site.v_shape[-1]) * site.dtype.itemsize
     read = ", ".join(format_bytes(int(n) * token) for n in need.sum(1))
     fits = "within" if int(need.max()) <= cap else "MORE than (the region's check fails this batch)"

@@ -51,6 +51,8 @@ class Selection:
     """((cp - 1) * C,): the local token in each send slot, peers in rank order (unused slots: any token)."""
     held_position: torch.Tensor
     """(T,): where each global position sits in the held buffer (positions this rank never reads: 0)."""
+    held_mask: torch.Tensor
+    """(T,) bool: the global positions the held buffer holds (the rank's own and those it reads)."""
     back: torch.Tensor
     """(cp - 1, L): per peer, the slot of the returned gradient that holds each local token's part, -1 none."""
     need: torch.Tensor
@@ -67,8 +69,17 @@ def local_positions(plan: Plan, local_len: int) -> torch.Tensor:
     return plan.starts.gather(1, piece) + (j - q0.gather(1, piece))
 
 
+def _read_matrix(positions, doc, limit) -> torch.Tensor:
+    """(reader, owner, L) bool from each token's document and each reader's highest key + 1 per document."""
+    cp = positions.shape[0]
+    read = positions.unsqueeze(0) < limit[:, doc.flatten()].view(cp, cp, -1)
+    others = ~torch.eye(cp, dtype=torch.bool, device=read.device)
+    return read & others.unsqueeze(-1)
+
+
 def reads(plan: Plan, positions: torch.Tensor, causal: bool) -> torch.Tensor:
-    """(reader, owner, L) bool: whether reader r's queries read owner p's local token (never its own)."""
+    """(reader, owner, L) bool under thd_balanced: whether reader r's queries read owner p's local token (never
+    its own): the keys of each document it holds a piece of, below its last token in it (causal) or all."""
     cp = plan.cp
     docs = plan.offsets.numel() - 1
     piece_doc = plan.documents(plan.starts)  # (cp, P)
@@ -76,17 +87,37 @@ def reads(plan: Plan, positions: torch.Tensor, causal: bool) -> torch.Tensor:
     reach = torch.where(plan.lens > 0, reach, 0)
     limit = torch.zeros(cp, docs, dtype=reach.dtype, device=reach.device)
     limit = limit.scatter_reduce(1, piece_doc, reach, "amax")  # per reader and document: keys read below this
-    doc = plan.documents(positions)  # (owner, L)
-    read = positions.unsqueeze(0) < limit[:, doc.flatten()].view(cp, cp, -1)
-    others = ~torch.eye(cp, dtype=torch.bool, device=read.device)
-    return read & others.unsqueeze(-1)
+    return _read_matrix(positions, plan.documents(positions), limit)
+
+
+def thd_reads(cu_seqlens: torch.Tensor, local_len: int, cp: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions (cp, L), reads (reader, owner, L)) under thd (rank r owns [rL, (r+1)L)): a reader reads the
+    documents crossing its first token (causal) and its last one (full attention): one document a peer, so every
+    need fits C = min(L, max_doc) (documents are checked against max_doc on device)."""
+    cu = cu_seqlens.long()
+    positions = torch.arange(cp * local_len, device=cu.device).view(cp, local_len)
+    lo = torch.arange(cp, device=cu.device).unsqueeze(-1) * local_len  # (reader, 1)
+    start, end = cu[:-1].unsqueeze(0), cu[1:].unsqueeze(0)
+    here = (start < lo + local_len) & (end > lo) & (end > start)  # (reader, document): a piece of it here
+    limit = torch.where(here, end.clamp(max=lo + local_len) if causal else end, 0)
+    doc = (torch.searchsorted(cu, positions, right=True) - 1).clamp(0, cu.numel() - 2)
+    return positions, _read_matrix(positions, doc, limit)
 
 
 def select(cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool, cap: int) -> Selection:
     """The exchange of rank `rank` for this batch's plan (`cu_seqlens`: thd_balanced's), C = `cap` slots a peer."""
     plan = Plan(cu_seqlens, cp)
     positions = local_positions(plan, local_len)
-    read = reads(plan, positions, causal)
+    return exchange(positions, reads(plan, positions, causal), local_len, cp, rank, cap)
+
+
+def select_thd(cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal: bool, cap: int) -> Selection:
+    """The exchange of rank `rank` under thd (plain GLOBAL offsets), C = `cap` slots a peer."""
+    return exchange(*thd_reads(cu_seqlens, local_len, cp, causal), local_len, cp, rank, cap)
+
+
+def exchange(positions: torch.Tensor, read: torch.Tensor, local_len: int, cp: int, rank: int, cap: int) -> Selection:
+    """Rank `rank`'s slots, held positions and way back, from every rank's global positions and what reads what."""
     need = read.sum(-1)
     slot = read.long().cumsum(-1) - 1  # (reader, owner, L): a read token's slot among what the owner sends
     peers = [p for p in range(cp) if p != rank]
@@ -107,4 +138,17 @@ def select(cu_seqlens: torch.Tensor, local_len: int, cp: int, rank: int, causal:
     block = torch.arange(cp - 1, device=slot.device).unsqueeze(-1) * cap
     back = torch.where(torch.cat((read[:rank, rank], read[rank + 1 :, rank])), block + torch.cat(
         (mine[:rank], mine[rank + 1 :])), -1)  # fmt: skip
-    return Selection(send_index, held_position, back, need, (need <= cap).all())
+    held_mask = torch.zeros(cp * local_len, dtype=torch.bool, device=held.device)
+    held_mask = held_mask.index_put((positions.flatten(),), (own | read[rank]).flatten())
+    return Selection(send_index, held_position, held_mask, back, need, (need <= cap).all())
+
+
+def global_key_buffer(sel: Selection, held: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """thd's key buffer over the held buffer: T tokens in GLOBAL order (the all-gather's own key buffer, so thd's
+    blocks read it unchanged), copied through `held_position`; positions the rank does not hold are in no range
+    (any token fills them). (index, fold) as PackedLayout.key_buffer, fold (1, held)."""
+    total = sel.held_position.numel()
+    g = torch.arange(total, device=sel.held_position.device)
+    target = torch.where(sel.held_mask, sel.held_position, held + g)  # all distinct
+    fold = torch.full((held + total,), -1, dtype=torch.int64, device=g.device).index_put((target,), g)
+    return sel.held_position, fold[:held].view(1, held)

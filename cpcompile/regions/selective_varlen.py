@@ -1,11 +1,12 @@
-"""The selective-exchange CP region for packed documents (varlen_attn under thd_balanced, comm="selective").
+"""The selective-exchange CP region for packed documents (varlen_attn under thd_balanced / thd, comm="selective").
 
-Like the all-gather region (regions/all_gather_varlen.py) a rank runs ONE varlen block over thd_balanced's key
-buffer, but the K/V it holds are its own tokens plus, from each peer, only the tokens its queries read (the
-other pieces of the documents it holds a piece of), in C static slots a peer: one all-to-all with splits
-[C, .., 0 (itself), .., C] (layouts/selective.py: the slots, C, the device check that they suffice). Backward
-sends back only those tokens' K/V gradients, in fp32, through the same all-to-all, and each rank adds what it
-gets to its own tokens' gradient (a gather per peer, fp32, rounded once).
+Like the all-gather region (regions/all_gather_varlen.py) a rank runs ONE varlen block over the layout's key
+buffer (thd_balanced's; thd's in global order, so its blocks are all_gather's), but the K/V it holds are its own
+tokens plus, from each peer, only the tokens its queries read (the other pieces of the documents it holds a
+piece of), in C static slots a peer: one all-to-all with splits [C, .., 0 (itself), .., C] (layouts/selective.py:
+the slots, C, the device check that they suffice). Backward sends back only those tokens' K/V gradients, in
+fp32, through the same all-to-all, and each rank adds what it gets to its own tokens' gradient (a gather per
+peer, fp32, rounded once).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..comm.collectives import exchange_slots
 from ..executor.blocks import encode_varlen
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..kernels.base import NO_WINDOW
-from ..layouts.selective import capacity, held_len, select
+from ..layouts.selective import capacity, global_key_buffer, held_len, select, select_thd
 from ..layouts.thd import get_packed_layout
 from .all_gather_varlen import attend_gathered, attend_gathered_backward
 
@@ -91,11 +92,15 @@ def selective_varlen_attention(
     torch_attn._varlen_attn."""
     lay, local = get_packed_layout(layout), q.shape[0]
     cap = capacity(local, max_doc)
-    sel = select(cu_seqlens, local, world, rank, causal, cap)
-    if cap < local:  # C = T/cp always fits: a peer holds no more
-        torch._assert_async(sel.fits, TOO_SMALL)
-    key_index, key_fold = lay.held_key_buffer(cu_seqlens, local, world, rank, causal, sel.held_position,
-                                              held_len(local, world, cap))  # fmt: skip
+    held = held_len(local, world, cap)
+    if lay.carries_plan:  # thd_balanced
+        sel = select(cu_seqlens, local, world, rank, causal, cap)
+        if cap < local:  # C = T/cp always fits: a peer holds no more
+            torch._assert_async(sel.fits, TOO_SMALL)
+        key_index, key_fold = lay.held_key_buffer(cu_seqlens, local, world, rank, causal, sel.held_position, held)
+    else:  # thd: one document a peer, which max_doc bounds (checked with the offsets): always fits
+        sel = select_thd(cu_seqlens, local, world, rank, causal, cap)
+        key_index, key_fold = global_key_buffer(sel, held)
     blocks = lay.blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
     spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
     args = (sel.send_index, key_index, key_fold, sel.back, spec, scale, kernel, group_name, _splits(world, rank, cap))

@@ -34,14 +34,11 @@ def _compile(fn, *args, strategy):
     return cp_error(info)
 
 
-@pytest.mark.parametrize("strategy", ["thd", "thd_zigzag"])
-def test_packed_layouts_without_a_plan_are_refused(no_comm, strategy):
+def test_thd_zigzag_is_refused(no_comm):
     with fake_group(0, 2):
-        err = _compile(
-            _varlen((-1, 0)), *_qkv(), CU if strategy == "thd" else torch.tensor([0, 8, 16]), strategy=strategy
-        )
-    assert f"comm='selective' exchanges the pieces of a per-batch plan, and strategy={strategy!r} has none" in str(err)
-    assert "Fix: use strategy='thd_balanced' with comm='selective', or comm='all_gather'" in str(err)
+        err = _compile(_varlen((-1, 0)), *_qkv(), torch.tensor([0, 8, 16], dtype=torch.int32), strategy="thd_zigzag")
+    assert "under strategy='thd_zigzag' every rank holds a piece of every document" in str(err)
+    assert "Fix: use strategy='thd_balanced' or 'thd' with comm='selective', or comm='all_gather'" in str(err)
 
 
 def test_two_sided_windows_are_refused(no_comm):

@@ -234,6 +234,8 @@ def test_thd_balanced_is_explained_with_the_batch_plan_and_selective_bytes():
     assert sel.estimate.sent_bwd == sel.estimate.sent_fwd and sel.flops == gather.flops
     report = cpcompile.explain(*args, comm="selective", **kw)
     assert "receives 3 x C=24 K/V token slots a rank" in report.notes[0] and "within C" in report.notes[0]
+    thd = cpcompile.explain(*args, comm="selective", strategy="thd", world=4, cu_seqlens=cu)
+    assert "read 0 B, 4.1 KB, 2.05 KB, 0 B" in thd.notes[0]  # thd: the documents crossing each rank's first token
     (auto,) = cpcompile.explain(*args, comm="auto", **kw).sites  # tiny shapes: the wire is no reason to switch
     assert auto.comm == "all_gather" and {e.comm for e in auto.choice.options} >= {"all_gather", "selective"}
     import pytest

@@ -78,7 +78,7 @@ def test_dense_wire_bytes_are_the_collectives(layout, comm, heads, dtype):
     "layout, comm, heads, lse",
     [("thd", "all_gather", (4, 2), False), ("thd_zigzag", "all_gather", (4, 4), True),
      ("thd", "a2a", (4, 2), False), ("thd", "a2a", (8, 8), True), ("thd", "ring", (4, 2), False),
-     ("thd_zigzag", "ring", (4, 4), True)],
+     ("thd_zigzag", "ring", (4, 4), True), ("thd", "selective", (4, 2), True)],
 )  # fmt: skip
 def test_packed_wire_bytes_are_the_collectives(layout, comm, heads, lse):
     graphs, dims = _packed(layout, comm, heads, torch.float32, lse)

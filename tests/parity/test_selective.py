@@ -1,4 +1,4 @@
-"""comm="selective" (thd_balanced, each rank receives only the K/V its documents read): parity fwd+bwd with
+"""comm="selective" (thd_balanced and thd, each rank receives only the K/V its documents read): parity fwd+bwd with
 per-document SDPA at cp 2, 3 and 4, in one pool of 4 ranks (cp < 4 runs on a subgroup of the first cp ranks).
 
 Each configuration is compiled ONCE and fed several batches of different documents under error_on_recompile, and
@@ -52,10 +52,10 @@ def _attn(window: tuple[int, int], max_len: int):
     return fn
 
 
-def _run(group, world, window, dtype, short) -> dict:
+def _run(group, world, window, dtype, short, strategy=STRATEGY) -> dict:
     """One compiled varlen_attn fed every batch of `_batches` (cu_seqlens padded to one length): per batch, per
     tensor (error, allowed); and the number of backend calls."""
-    be = cpcompile.backend(strategy=STRATEGY, comm="selective", group=group, inner="aot_eager")
+    be = cpcompile.backend(strategy=strategy, comm="selective", group=group, inner="aot_eager")
     compiles = []
 
     def counting(gm, example_inputs):
@@ -73,20 +73,22 @@ def _run(group, world, window, dtype, short) -> dict:
             q, k, v, dout = packed_case(i, sum(lengths), 4, 2, 8)
             keys = ("q", "k", "v", "dout")
             batch = cpcompile.shard_batch(
-                dict(zip(keys, (q, k, v, dout))), strategy=STRATEGY, group=group, seq_dim=0, seq_keys=keys,
+                dict(zip(keys, (q, k, v, dout))), strategy=strategy, group=group, seq_dim=0, seq_keys=keys,
                 cu_seqlens=cu,
             )  # fmt: skip
-            plan = batch["cu_seqlens"]
+            plan = batch.get("cu_seqlens", cu)  # thd_balanced: the plan; thd: the offsets as given
             leaves = [batch[n].detach().to(dtype).requires_grad_() for n in keys[:3]]
             out = fn(*leaves, plan)
             out.backward(batch["dout"].to(dtype))
             exact = doc_reference(q, k, v, dout, cu, causal, torch.float64, ref_window)
             report = {}
             for tensor, got, ref in zip(("out", "dq", "dk", "dv"), [out.detach()] + [t.grad for t in leaves], exact):
-                local_ref = cpcompile.shard(ref, strategy=STRATEGY, group=group, seq_dim=0, cu_seqlens=plan)
+                local_ref = cpcompile.shard(ref, strategy=strategy, group=group, seq_dim=0, cu_seqlens=plan)
                 report[tensor] = (max_err(got, local_ref), allowed)
-            results[(world, window, str(dtype), short, i)] = report
-    results[(world, window, str(dtype), short, "compiles")] = {"backend calls - 1": (len(compiles) - 1.0, 0.0)}
+            results[(strategy, world, window, str(dtype), short, i)] = report
+    results[(strategy, world, window, str(dtype), short, "compiles")] = {
+        "backend calls - 1": (len(compiles) - 1.0, 0.0)
+    }
     return results
 
 
@@ -161,6 +163,8 @@ def _sweep(rank, world_all, world):
     results |= _run(group, world, (-1, 0), torch.float64, short=True)
     results |= _run(group, world, (-1, -1), torch.float64, short=True)
     results |= _run(group, world, (-1, 0), torch.float64, short=False)
+    results |= _run(group, world, (-1, 0), torch.float64, short=True, strategy="thd")
+    results |= _run(group, world, (-1, -1), torch.float64, short=False, strategy="thd")
     if world == 2:
         results |= _run(group, world, (3, 0), torch.float64, short=True)
         results |= _run(group, world, (-1, 0), torch.float32, short=True)

@@ -9,7 +9,7 @@ import torch
 
 from cpcompile.cost import SiteShape, choose
 from cpcompile.layouts import get_packed_layout
-from cpcompile.layouts.selective import capacity, select
+from cpcompile.layouts.selective import capacity, global_key_buffer, held_len, select, select_thd
 from cpcompile.layouts.thd_balanced import make_plan
 
 LAYOUT = get_packed_layout("thd_balanced")
@@ -25,9 +25,9 @@ def _lengths(rng: random.Random, total: int, local: int) -> list[int]:
     return out
 
 
-def _brute(plan, offsets, cp, local, causal):
+def _brute(plan, offsets, cp, local, causal, layout=LAYOUT):
     """Per rank: its global positions, and the set of other ranks' positions its queries read."""
-    pos = [LAYOUT.shard_index(plan, cp * local, cp, r).tolist() for r in range(cp)]
+    pos = [layout.shard_index(plan, cp * local, cp, r).tolist() for r in range(cp)]
     doc = {g: max(i for i in range(len(offsets) - 1) if offsets[i] <= g < offsets[i + 1]) for g in range(cp * local)}
     reads = []
     for r in range(cp):
@@ -39,20 +39,28 @@ def _brute(plan, offsets, cp, local, causal):
     return pos, reads
 
 
+@pytest.mark.parametrize("strategy", ["thd_balanced", "thd"])
 @pytest.mark.parametrize("seed", range(12))
-def test_slots_deliver_exactly_what_each_rank_reads(seed):
+def test_slots_deliver_exactly_what_each_rank_reads(seed, strategy):
     """need = the brute force's counts; where every need fits C, the sent slots put each read token at its
-    held_position on the reader, and `back` finds each token's returned gradient slot on its owner."""
+    held_position on the reader, and `back` finds each token's returned gradient slot on its owner. Under thd
+    every need fits C = min(L, the longest document)."""
     rng = random.Random(seed)
     cp, local = rng.choice([2, 3, 4]), rng.choice([4, 8])
     lengths = _lengths(rng, cp * local, local)
     offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    plan = make_plan(torch.tensor(offsets), cp)
+    thd = strategy == "thd"
+    plan = torch.tensor(offsets) if thd else make_plan(torch.tensor(offsets), cp)
+    pick = select_thd if thd else select
     for causal in (True, False):
-        pos, reads = _brute(plan, offsets, cp, local, causal)
+        pos, reads = _brute(plan, offsets, cp, local, causal, get_packed_layout(strategy))
         owner = {g: r for r in range(cp) for g in pos[r]}
+        if thd:
+            assert all(
+                bool(select_thd(plan, local, cp, r, causal, capacity(local, max(lengths))).fits) for r in range(cp)
+            )
         for cap in (1, 3, local):
-            sels = [select(plan, local, cp, r, causal, cap) for r in range(cp)]
+            sels = [pick(plan, local, cp, r, causal, cap) for r in range(cp)]
             need = [[sum(owner[g] == p for g in reads[r]) for p in range(cp)] for r in range(cp)]
             assert all(s.need.tolist() == need for s in sels)
             assert all(bool(s.fits) == (max(map(max, need)) <= cap) for s in sels)
@@ -64,6 +72,15 @@ def test_slots_deliver_exactly_what_each_rank_reads(seed):
                     block = [x for x in range(cp) if x != p].index(r)
                     held += [pos[p][i] for i in sels[p].send_index.view(cp - 1, cap)[block].tolist()]
                 assert all(held[int(sels[r].held_position[g])] == g for g in reads[r] | set(pos[r]))
+                mask = {g for g in range(cp * local) if sels[r].held_mask[g]}
+                assert mask == reads[r] | set(pos[r])
+                if thd:  # the key buffer in global order, and its fold back onto the held buffer
+                    size = held_len(local, cp, cap)
+                    index, fold = global_key_buffer(sels[r], size)
+                    assert all(held[int(index[g])] == g for g in mask)
+                    assert {(int(fold[0, h]), h) for h in range(size) if fold[0, h] >= 0} == {
+                        (g, int(index[g])) for g in mask
+                    }
                 for i, p in enumerate(x for x in range(cp) if x != r):  # p returns the gradient of r's tokens
                     for j, g in enumerate(pos[r]):
                         slot = int(sels[r].back[i, j])
