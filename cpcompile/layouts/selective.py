@@ -1,9 +1,11 @@
-"""Selective exchange under thd_balanced: which K/V tokens each rank sends each peer, and where they land.
+"""Selective exchange (thd_balanced, thd): which K/V tokens each rank sends each peer, and where they land.
 
 Under thd_balanced most documents are whole on one rank; only the cut ones (at most 2(cp - 1)) have pieces on
 several ranks. A rank's queries read, besides its own tokens, only the other pieces of the documents it holds a
 piece of (causal: each document's prefix up to the rank's last token in it; full: the whole document). So rank
 r needs from peer p exactly those tokens: `need[r, p]` of them, a matrix that depends on the batch's plan.
+Under thd (contiguous chunks) a rank reads only the documents crossing its first token (causal) and its last
+one (full): one document from each peer (`thd_reads`).
 
 An all-to-all with those per-peer sizes needs them on the host (torch's functional all_to_all_single takes its
 splits as ints: a host sync, and a recompile whenever they change). Here every peer slot has a STATIC capacity C
@@ -12,7 +14,8 @@ order, which is global order), the rest of the slots unread padding. C is known 
 
     C = min(L, max_doc)     (L = T / cp tokens a rank; max_doc = varlen_attn's static max_q/max_k; L without it)
 
-L always holds (a peer has only L tokens). max_doc holds while a peer shares with this rank the pieces of at
+L always holds (a peer has only L tokens); under thd so does max_doc (one document a peer). Under thd_balanced
+max_doc holds while a peer shares with this rank the pieces of at
 most one document, or several whose remote parts add up to at most max_doc; the solver's plans keep it on the
 bench's mixes (the largest need was 0.73 max_doc, docs/architecture.md), and the region asserts it on device
 for every batch (`fits`, the same value on every rank, before the exchange). A rank receives (cp - 1) * C
@@ -20,8 +23,8 @@ tokens instead of the all-gather's (cp - 1) * L: fewer bytes when max_doc < L, t
 
 Everything is device ops of static shape on the plan (searchsorted, cumsum, scatter_reduce): no host sync, no
 recompile when documents change. The held buffer a rank attends over is [its own L tokens | the (cp - 1) * C
-received slots, peers in rank order]; the layout's key buffer (thd_balanced's, `Plan.key_buffer`) is copied
-from it through `held_position`.
+received slots, peers in rank order]; the layout's key buffer (thd_balanced's, `Plan.key_buffer`; thd's in
+global order, `global_key_buffer`) is copied from it through `held_position`.
 """
 
 from __future__ import annotations
