@@ -36,6 +36,7 @@ from bench.gpu_speed import SPEED_CP, SPEED_SEQ, layer_speeds
 CASES = [("all_gather", s) for s in ("zigzag", "thd", "thd_zigzag", "thd_balanced")]
 CASES += [("a2a", s) for s in ("zigzag", "thd", "thd_zigzag", "thd_balanced")]
 CASES += [("ring", s) for s in ("zigzag", "thd", "thd_zigzag", "thd_balanced")]
+CASES += [("selective", s) for s in ("thd", "thd_balanced")]
 
 
 def _commit(given: str | None) -> str:

@@ -59,3 +59,10 @@ def exchange_first(x: torch.Tensor, group_name: str) -> torch.Tensor:
     Differentiable; gradients are not summed (each element has exactly one owner), so they travel in x's dtype.
     """
     return _ExchangeFirst.apply(x.contiguous(), group_name)
+
+
+def exchange_slots(x: torch.Tensor, splits: list[int], group_name: str) -> torch.Tensor:
+    """Plain all-to-all along dim 0 with the same static `splits` sent and received: rows
+    [sum(splits[:j]), sum(splits[:j+1])) go to rank j, and the result holds rank j's rows there. Symmetric, so
+    the way back (the gradient's) is the same call; the regions own their autograd."""
+    return _run(lambda t: _waited(funcol.all_to_all_single(t, splits, splits, group_name)), x.contiguous())

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from ..layouts.ring import RING_PACKED_LAYOUTS
-from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex, ring, ring_varlen
+from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex, ring, ring_varlen, selective_varlen
 
 
 @dataclass(frozen=True)
@@ -21,14 +21,15 @@ class Comm:
     """How a comm runs attention, for SDPA sites (`region`) and varlen_attn sites (`varlen_region`)."""
 
     name: str
-    region: Callable
-    """The dense region: (q, k, v, *, layout, causal, scale, kernel, group_name, rank, world) -> out."""
-    rank_blocks: Callable
+    region: Callable | None
+    """The dense region: (q, k, v, *, layout, causal, scale, kernel, group_name, rank, world) -> out (None: the
+    comm takes packed documents only, and the dense planner refuses it)."""
+    rank_blocks: Callable | None
     """(layout, causal, rank, world, local_len) -> the dense blocks a rank runs (logs, explain)."""
     wire_bytes: Callable
-    """(tokens, batch, q_heads, kv_heads, head_dim, v_head_dim, world, elt, acc_elt, lse) -> (bytes one rank sends
-    per forward, per backward), for the cost model (cost/model.py): every comm has it, since kernel="auto" costs
-    the kernel options under a named comm too."""
+    """(tokens, batch, q_heads, kv_heads, head_dim, v_head_dim, world, elt, acc_elt, lse, max_doc=None) -> (bytes
+    one rank sends per forward, per backward), for the cost model (cost/model.py): every comm has it, since
+    kernel="auto" costs the kernel options under a named comm too."""
     auto_option: bool = True
     """Whether comm="auto" considers it. The ring's advantage is overlap and memory, which the cost model (no
     overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named."""
@@ -49,6 +50,10 @@ class Comm:
     """Whether the varlen region takes sliding windows (left >= 0) at all; False: only causal and full."""
     regathers: bool = False
     """Whether the regions take `regather` (keep only the local K/V for backward, gather them again there)."""
+    overhead_as: str | None = None
+    """The comm whose measured region overhead (cost/rates.json) stands in for this one's (None: its own)."""
+    dense_refusal: tuple[str, str] | None = None
+    """(rule, fix) for SDPA and flex sites when the comm has no dense region."""
     flex_region: Callable | None = None
     """The flex_attention region (q, k, v, score_mod, mask_mod, tables, extras, score_buffers, mask_buffers, *,
     layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
@@ -101,6 +106,29 @@ COMMS: dict[str, Comm] = {
             )
             for name in THD_LAYOUTS
             if name not in RING_PACKED_LAYOUTS
+        },
+    ),
+    "selective": Comm(
+        name="selective",
+        region=None,
+        rank_blocks=None,
+        varlen_region=selective_varlen.selective_varlen_attention,
+        wire_bytes=selective_varlen.wire_bytes,
+        varlen_rank_blocks=all_gather_varlen.rank_blocks,
+        overhead_as="all_gather",  # the same key-buffer copy and fold, plus one index_select of the sent K/V
+        dense_refusal=(
+            "comm='selective' sends each rank the K/V of the packed documents its queries read (thd_balanced); "
+            "one dense sequence is read whole by every rank",
+            "use comm='all_gather', 'a2a' or 'ring' for scaled_dot_product_attention / flex_attention",
+        ),
+        varlen_refusals={
+            name: (
+                f"comm='selective' sends each rank the pieces of the documents it holds, and under strategy={name!r} "
+                "every rank holds a piece of every document: there is nothing to leave out",
+                "use strategy='thd_balanced' or 'thd' with comm='selective', or comm='all_gather'",
+            )
+            for name in THD_LAYOUTS
+            if name not in ("thd_balanced", "thd")
         },
     ),
 }

@@ -22,6 +22,7 @@ import torch
 from ..comm.registry import get_comm
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
+from ..layouts.thd import get_packed_layout
 from ..precision import acc_dtype
 from .rates import kernel_rate, link_gbps, region_overhead_ms
 from .work import CallWork, dense_work, flops, varlen_work
@@ -138,20 +139,26 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
     entry = get_comm(comm)
     documents = ""
     if shape.kind == "varlen":
+        packed, total = get_packed_layout(layout), shape.tokens * shape.world
         if cu_seqlens is None:
-            cu_seqlens = assumed_documents(shape.tokens * shape.world, shape.max_doc)
+            cu_seqlens = assumed_documents(total, shape.max_doc)
             documents = f"assumed: documents of {int((cu_seqlens[1:] - cu_seqlens[:-1]).max())} tokens"
+            if packed.carries_plan:  # thd_balanced: the plan shard_batch would make of them
+                cu_seqlens = packed.prepare(cu_seqlens, total, shape.world)
         else:
-            documents = f"this batch's {cu_seqlens.numel() - 1} documents"
+            offsets = packed.offsets(cu_seqlens, shape.world) if packed.is_plan(cu_seqlens) else cu_seqlens
+            documents = f"this batch's {offsets.numel() - 1} documents"
         cu_seqlens = cu_seqlens.long().cpu()
     q_heads, kv_heads = _rank_heads(shape, entry.splits_heads)
     rate = kernel_rate(kernel, "varlen" if shape.kind == "varlen" else "dense")
     fwd, bwd = entry.wire_bytes(
         shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
         shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.varlen_lse_on_demand,
+        max_doc=shape.max_doc if shape.kind == "varlen" else None,
     )  # fmt: skip
     exchanged = (fwd + bwd) * shape.world // (shape.world - 1)
-    overhead, _ = region_overhead_ms(comm, kernel if rate.proxy_for is None else rate.name, exchanged)
+    overhead, _ = region_overhead_ms(entry.overhead_as or comm, kernel if rate.proxy_for is None else rate.name,
+                                     exchanged)  # fmt: skip
     blocks, work_flops, times = [], [], []
     for rank in range(shape.world):
         n, work = _rank_work(shape, layout, entry, rank, cu_seqlens)

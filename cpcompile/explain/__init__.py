@@ -25,6 +25,7 @@ from ..cost import SiteShape, estimate
 from ..errors import CPCompileError, node_origin, node_source
 from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS
+from ..layouts.selective import capacity, select, select_thd
 from ..log import LOGGER_NAME
 from ..passes import PassState
 from ..passes.agree import plan_summary
@@ -34,9 +35,9 @@ from ..passes.plan import plan_site
 from ..passes.plans import CPConfig, CPPlan
 from ..passes.rewrite import rewrite_graph
 from ..sharding.conventions import with_hf_labels, with_position_ids
-from .inputs import local_inputs, packed_offsets, stand_in_group
+from .inputs import local_inputs, model_offsets, packed_offsets, stand_in_group
 from .recommend import recommend
-from .report import Recommendation, Refusal, Report, SiteReport
+from .report import Recommendation, Refusal, Report, SiteReport, format_bytes
 from .trace import capture_graphs
 
 __all__ = ["Recommendation", "Refusal", "Report", "SiteReport", "explain"]
@@ -54,6 +55,23 @@ def _site_estimate(plan: CPPlan, cu: torch.Tensor | None):
     )
     shape = SiteShape.of_site(site, plan.causal, plan.group.size, **extra)
     return estimate(shape, plan.layout, plan.comm, plan.kernel, cu)
+
+
+def selective_note(plan: CPPlan, cu: torch.Tensor) -> str:
+    """What comm="selective" moves for the example batch: the static slots, and what each rank's queries read."""
+    site, world = plan.site, plan.group.size
+    local = site.q_shape[0]
+    cap = capacity(local, plan.max_doc)
+    pick = select if THD_LAYOUTS[plan.layout].carries_plan else select_thd
+    need = pick(cu.cpu(), local, world, 0, plan.causal, cap).need
+    token = site.k_shape[1] * (site.k_shape[-1] + site.v_shape[-1]) * site.dtype.itemsize
+    read = ", ".join(format_bytes(int(n) * token) for n in need.sum(1))
+    fits = "within" if int(need.max()) <= cap else "MORE than (the region's check fails this batch)"
+    slots, gather = format_bytes((world - 1) * cap * token), format_bytes((world - 1) * local * token)
+    return (
+        f"comm='selective' receives {world - 1} x C={cap} K/V token slots a rank ({slots}, the all-gather {gather}); "
+        f"this batch's ranks read {read} of their peers' K/V, at most {int(need.max())} tokens from one peer, {fits} C"
+    )
 
 
 def _site_report(graph: int, plan: CPPlan, cu: torch.Tensor | None) -> SiteReport:
@@ -96,6 +114,8 @@ def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, dev
             continue
         plans.append(per_rank[0])
         report.sites.append(_site_report(graph, per_rank[0], cu))
+        if per_rank[0].comm == "selective" and cu is not None:
+            report.notes.append(f"site {len(report.sites) - 1}: {selective_note(per_rank[0], cu)}")
     if refused:
         report.notes.append(
             f"graph {graph}: the token guard did not run (it checks the rewritten graph): fix the refusals first"
@@ -164,10 +184,11 @@ def explain(
             dim = (0 if strategy in THD_LAYOUTS else 1) if seq_dim is None else seq_dim
             example_kwargs = with_position_ids(dict(example_kwargs), dim, None)  # when the batch has none
             example_kwargs = with_hf_labels(example_kwargs, dim, hf_loss, ignore_index)
-        cu = packed_offsets(strategy, cu_seqlens, example_kwargs)
+        given = packed_offsets(strategy, cu_seqlens, example_kwargs)
+        cu = model_offsets(strategy, given, world)  # thd_balanced: this batch's plan
         args, kwargs = local_inputs(
             example_args, example_kwargs, strategy=strategy, rank=0, world=world, seq_dim=seq_dim,
-            cu_seqlens=cu, seq_keys=seq_keys, passthrough_keys=passthrough_keys,
+            cu_seqlens=given, seq_keys=seq_keys, passthrough_keys=passthrough_keys, model_cu=cu,
         )  # fmt: skip
     except CPCompileError as e:
         report.refusals.append(Refusal("example inputs", str(e)))
@@ -190,7 +211,8 @@ def explain(
     if {"sdpa", "varlen"} <= kinds:
         report.notes.append("the model has SDPA and varlen_attn sites; the recommendation covers the SDPA ones")
     chosen = [s for s in sites if s.kind == costed]
-    report.recommendation = recommend(chosen, configs[0], cu) if chosen else None
+    offsets = cu if cu is None or cu is given else THD_LAYOUTS[strategy].offsets(cu, world)
+    report.recommendation = recommend(chosen, configs[0], offsets) if chosen else None
     if not graphs:
         report.notes.append("Dynamo captured no graph of this call (nothing was compiled, so nothing is rewritten)")
     elif not sites:

@@ -16,7 +16,7 @@ from ..layouts import THD_LAYOUTS
 from ..mesh import CPGroup
 from ..sharding.batch import METADATA_KEYS, SEQUENCE_KEYS
 from ..sharding.dense import shard_chunks
-from ..sharding.packed import check_documents
+from ..sharding.packed import check_documents, model_cu_seqlens
 
 GROUP_NAME = "cpcompile-explain"
 """The stand-in CP group's name: explain() plans for it and never creates a process group."""
@@ -35,12 +35,6 @@ def packed_offsets(strategy: str, cu_seqlens, kwargs: dict) -> torch.Tensor | No
                 f"Fix: use strategy in {sorted(THD_LAYOUTS)} for varlen_attn models, or drop cu_seqlens=."
             )
         return None
-    if THD_LAYOUTS[strategy].carries_plan:
-        raise CPCompileError(
-            f"explain(strategy={strategy!r}) does not cut batches whose cu_seqlens carry a per-batch plan yet. "
-            "Fix: explain the model with strategy='thd' (the same sites and refusals) and compare the layouts in "
-            "its recommendation."
-        )
     cu = cu_seqlens if cu_seqlens is not None else kwargs.get("cu_seqlens")
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.is_floating_point():
         raise CPCompileError(
@@ -48,6 +42,16 @@ def packed_offsets(strategy: str, cu_seqlens, kwargs: dict) -> torch.Tensor | No
             "cu_seqlens=<the 1-D integer tensor you give the model> (the same tensor object)."
         )
     return cu
+
+
+def model_offsets(strategy: str, cu: torch.Tensor | None, world: int) -> torch.Tensor | None:
+    """What the model takes as cu_seqlens for the example batch: the offsets, or thd_balanced's plan of them for
+    `world` ranks (made, or checked as given, as shard_batch does)."""
+    if cu is None or not THD_LAYOUTS[strategy].carries_plan:
+        return cu
+    layout = THD_LAYOUTS[strategy]
+    total = int((layout.offsets(cu, world) if layout.is_plan(cu) else cu)[-1])
+    return model_cu_seqlens(cu, total, strategy, world)
 
 
 def _is_offsets(x: torch.Tensor, cu: torch.Tensor | None) -> bool:
@@ -69,8 +73,11 @@ def local_inputs(
     cu_seqlens: torch.Tensor | None,
     seq_keys=(),
     passthrough_keys=(),
+    model_cu: torch.Tensor | None = None,
 ) -> tuple[tuple, dict]:
-    """Rank `rank`'s (args, kwargs) of the global example batch, or the sharding helpers' CPCompileError."""
+    """Rank `rank`'s (args, kwargs) of the global example batch, or the sharding helpers' CPCompileError.
+    `model_cu` (thd_balanced: the plan, `model_offsets`) replaces `cu_seqlens` wherever the batch holds it."""
+    model_cu = cu_seqlens if model_cu is None else model_cu
     packed = strategy in THD_LAYOUTS
     dim = (0 if packed else 1) if seq_dim is None else seq_dim
     if not isinstance(dim, int) or dim < 0:
@@ -89,19 +96,23 @@ def local_inputs(
         if not packed:
             return shard_chunks(x, strategy, dim, stand_in_group(rank, world))
         total = x.shape[dim]
-        check_documents(cu_seqlens, total, strategy, world)
-        index = THD_LAYOUTS[strategy].shard_index(cu_seqlens.to(x.device), total, world, rank)
+        if model_cu is cu_seqlens:  # (a plan was checked when it was made)
+            check_documents(cu_seqlens, total, strategy, world)
+        index = THD_LAYOUTS[strategy].shard_index(model_cu.to(x.device), total, world, rank)
         return x.index_select(dim, index)
 
     def whole(x) -> bool:
         return not isinstance(x, torch.Tensor) or x.dim() == 0 or _is_offsets(x, cu_seqlens)
 
-    out_args = tuple(a if whole(a) else cut(a, f"positional argument {i}") for i, a in enumerate(args))
+    def given(x):
+        return model_cu if isinstance(x, torch.Tensor) and _is_offsets(x, cu_seqlens) else x
+
+    out_args = tuple(given(a) if whole(a) else cut(a, f"positional argument {i}") for i, a in enumerate(args))
     seq, meta = SEQUENCE_KEYS | set(seq_keys), METADATA_KEYS | set(passthrough_keys)
     out_kwargs = {}
     for key, value in kwargs.items():
         if whole(value) or key in meta:
-            out_kwargs[key] = value
+            out_kwargs[key] = given(value)
         elif key in seq:
             out_kwargs[key] = cut(value, f"keyword {key!r}")
         else:

@@ -101,7 +101,7 @@ def _per_rank(values, fmt=str) -> str:
     return shown[0] if len(set(shown)) == 1 else "/".join(shown)
 
 
-def _bytes(n: float) -> str:
+def format_bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= size:
             return f"{n / size:.3g} {unit}"
@@ -153,7 +153,8 @@ def render(report: Report, details: bool = False) -> str:
         for i, s in enumerate(report.sites):
             e = s.estimate
             shapes = [" / ".join(_shape(x) for x in (s.q_shape, s.k_shape, s.v_shape))] if details else []
-            sent = ([f"{_bytes(e.sent_fwd)} / {_bytes(e.sent_bwd)}"] if e is not None else ["-"]) if details else []
+            sent = [f"{format_bytes(e.sent_fwd)} / {format_bytes(e.sent_bwd)}" if e is not None else "-"]
+            sent = sent if details else []
             if e is None:
                 costs = ["-"] * (5 if details else 4)
             else:

@@ -116,7 +116,7 @@ def make_plan(cu: torch.Tensor, cp: int) -> torch.Tensor:
     return cu.new_tensor(offsets + starts + lens + [-(TAG + cp)])
 
 
-class _Plan:
+class Plan:
     """The plan decoded on device (static slices of the tensor), and rank `rank`'s pieces derived from it."""
 
     def __init__(self, cu: torch.Tensor, cp: int):
@@ -151,6 +151,22 @@ class _Plan:
         k0 = keys.cumsum(0) - keys
         return qs, qe, k0, k0 + keys, d0, second & causal
 
+    def key_buffer(self, rank: int, causal: bool, local_len: int, position, held: int):
+        """(index, fold) of rank `rank`'s key buffer (PackedLayout.key_buffer) over a source buffer of `held`
+        tokens in which global position g sits at `position(g)`: the all-gather buffer (held = T), or the
+        selective exchange's own + received tokens (layouts/selective.py)."""
+        _, _, k0, k1, d0, second = self.sequences(rank, causal)
+        total, size = self.cp * local_len, key_budget(local_len, self.cp)
+        i = torch.arange(size, device=k1.device)
+        piece = sorted_search(k1, i, right=True).clamp(max=self.slots - 1)
+        tail = i >= k1[-1]  # past the last range: never read
+        g = (d0[piece] + i - k0[piece]).clamp(0, total - 1)
+        index = torch.where(tail, 0, position(g))
+        copies = 2 if causal else 1  # a document's front and back piece both read its first keys
+        target = torch.where(tail, copies * held + i, second.long()[piece] * held + index)  # all distinct
+        fold = torch.full((copies * held + size,), -1, dtype=torch.int64, device=i.device)
+        return index, fold.index_put_((target,), i)[: copies * held].view(copies, held)
+
     def gathered_position(self, g: torch.Tensor, local_len: int) -> torch.Tensor:
         """Position in the rank-major all-gather buffer of each global position `g` (< T)."""
         starts, order = self.starts.flatten().sort(stable=True)
@@ -165,7 +181,7 @@ class ThdBalancedLayout(PackedLayout):
 
     name = "thd_balanced"
     carries_plan = True
-    comms = ("all_gather", "a2a")  # a ring region needs its own per-step blocks for the plan: not written yet
+    comms = ("all_gather", "a2a", "selective")  # a ring region needs its own per-step blocks for the plan: not yet
 
     def cu_problem(self, length, cp: int) -> tuple[str, str] | None:
         if not isinstance(length, int):
@@ -184,7 +200,7 @@ class ThdBalancedLayout(PackedLayout):
         return None
 
     def offsets(self, cu_seqlens, cp):
-        return _Plan(cu_seqlens, cp).offsets
+        return Plan(cu_seqlens, cp).offsets
 
     def is_plan(self, cu_seqlens):
         return is_plan(cu_seqlens)
@@ -208,7 +224,7 @@ class ThdBalancedLayout(PackedLayout):
         return cu_seqlens
 
     def metadata_ok(self, cu_seqlens, total, cp, max_doc):
-        plan = _Plan(cu_seqlens, cp)
+        plan = Plan(cu_seqlens, cp)
         cu, starts, lens, local = plan.offsets, plan.starts, plan.lens, total // cp
         ok = super().metadata_ok(cu, total, cp, max_doc) & (plan.tag == -(TAG + cp))
         ok &= (lens >= 0).all() & (lens.sum(1) == local).all() & ((lens > 0) | (starts == total)).all()
@@ -230,28 +246,24 @@ class ThdBalancedLayout(PackedLayout):
         )
 
     def shard_index(self, cu_seqlens, total, cp, rank):
-        plan = _Plan(cu_seqlens, cp)
+        plan = Plan(cu_seqlens, cp)
         q0, n = plan.local_start[rank], plan.lens[rank]
         j = torch.arange(total // cp, device=cu_seqlens.device)
         piece = sorted_search(q0 + n, j, right=True).clamp(max=plan.slots - 1)
         return plan.starts[rank][piece] + (j - q0[piece])
 
     def key_buffer(self, cu_seqlens, local_len, cp, rank, causal):
-        plan = _Plan(cu_seqlens, cp)
-        _, _, k0, k1, d0, second = plan.sequences(rank, causal)
-        total, size = cp * local_len, key_budget(local_len, cp)
-        i = torch.arange(size, device=cu_seqlens.device)
-        piece = sorted_search(k1, i, right=True).clamp(max=plan.slots - 1)
-        tail = i >= k1[-1]  # past the last range: never read
-        g = (d0[piece] + i - k0[piece]).clamp(0, total - 1)
-        index = torch.where(tail, 0, plan.gathered_position(g, local_len))
-        copies = 2 if causal else 1  # a document's front and back piece both read its first keys
-        target = torch.where(tail, copies * total + i, second.long()[piece] * total + index)  # all distinct
-        fold = torch.full((copies * total + size,), -1, dtype=torch.int64, device=i.device)
-        return index, fold.index_put_((target,), i)[: copies * total].view(copies, total)
+        plan = Plan(cu_seqlens, cp)
+        return plan.key_buffer(rank, causal, local_len, lambda g: plan.gathered_position(g, local_len), cp * local_len)
+
+    def held_key_buffer(self, cu_seqlens, local_len, cp, rank, causal, held_position, held):
+        """`key_buffer` over the selective exchange's held buffer of `held` tokens (layouts/selective.py), where
+        global position g sits at `held_position[g]`."""
+        plan = Plan(cu_seqlens, cp)
+        return plan.key_buffer(rank, causal, local_len, lambda g: held_position[g], held)
 
     def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None, window=NO_WINDOW):
-        qs, qe, k0, k1, _, _ = _Plan(cu_seqlens, cp).sequences(rank, causal)
+        qs, qe, k0, k1, _, _ = Plan(cu_seqlens, cp).sequences(rank, causal)
         bounds = (_bound(local_len, max_doc), _bound(cp * local_len, max_doc))
         # pieces tile the local buffer and every row sees itself; every key up to the last range's end lies in a
         # range with rows, the tail after it is unused (see VarlenBlock.covers_keys)

@@ -88,6 +88,8 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
     features = (("window",) if window is not None else ()) + (("softcap",) if softcap else ())
 
     def comm_problem(comm: str) -> tuple[str, str] | None:
+        if get_comm(comm).region is None:
+            return get_comm(comm).dense_refusal
         if features and comm not in FEATURE_COMMS:
             return (
                 f"its {' and '.join(FEATURES[f] for f in features)} have no blocks under comm={comm!r} "

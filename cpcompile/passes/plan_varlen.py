@@ -204,17 +204,10 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     max_doc = max(bounds) if len(bounds) == 2 and all(type(b) is int and b > 0 for b in bounds) else None
     lse = _reads_lse(node)
     shape = SiteShape.of_site(site, causal, group.size, window=window, max_doc=max_doc, return_lse=lse)
-    if layout.carries_plan:  # its blocks come from each batch's plan, which the planner does not see
-        if config.comm == AUTO:
-            raise site_error(
-                node,
-                f"comm='auto' chooses by the cost model, which does not cost strategy={layout.name!r} (its blocks "
-                "come from each batch's plan)",
-                f"name the comm for strategy={layout.name!r}: comm in {list(layout.comms or COMMS)}",
-            )
+    if layout.carries_plan and config.comm != AUTO:  # its blocks come from each batch's plan
         comm, kernel, choice = comms[0], kernels[0], None  # kernel="auto": the first provider, today's order
-    else:
-        comm, kernel, choice = resolve(shape, layout.name, comms, kernels)
+    else:  # a plan layout is costed with the plan of the assumed documents (cost/model.py)
+        comm, kernel, choice = resolve(shape, layout.name, comms, kernels[:1] if layout.carries_plan else kernels)
     return VarlenPlan(
         site=site,
         layout=layout.name,

@@ -44,8 +44,9 @@ def rank_blocks(
 ) -> list:
     """The varlen blocks every rank runs after the exchange: cp=1's, over all world * local_len tokens (for its
     Hq/cp heads), from the GLOBAL offsets (thd_balanced's buffer is put in global order first)."""
-    del layout, rank
-    return whole_sequence_blocks(cu_seqlens, world * local_len, causal, tuple(window), max_doc)
+    del rank
+    offsets = get_packed_layout(layout).offsets(cu_seqlens, world)  # thd_balanced's plan starts with them
+    return whole_sequence_blocks(offsets, world * local_len, causal, tuple(window), max_doc)
 
 
 def a2a_varlen_attention(

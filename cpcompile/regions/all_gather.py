@@ -178,10 +178,11 @@ def wire_bytes(
     elt: int,
     acc_elt: int,
     lse: bool = False,
+    max_doc: int | None = None,
 ) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward (dense and packed regions alike): its K/V of `tokens`
     local tokens to the world - 1 others (the all-gather), then the other ranks' shares of the gathered K/V
     gradient in the accumulation dtype (`acc_elt` bytes; the reduce-scatter). The lse never travels."""
-    del q_heads, lse
+    del q_heads, lse, max_doc
     kv = (world - 1) * tokens * batch * kv_heads * (head_dim + v_head_dim)
     return kv * elt, kv * acc_elt

@@ -127,12 +127,13 @@ def wire_bytes(
     elt: int,
     acc_elt: int,
     lse: bool = False,
+    max_doc: int | None = None,
 ) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward (dense and packed rings alike): forward, its held K/V
     of `tokens` tokens once per step but the last (world - 1 shifts); backward, the K/V again (world - 1 shifts)
     and the travelling fp32 K/V gradient once per step (world shifts: it comes home after a full circle). The
     lse never travels."""
-    del q_heads, lse
+    del q_heads, lse, max_doc
     kv = tokens * batch * kv_heads * (head_dim + v_head_dim)
     return (world - 1) * kv * elt, (world - 1) * kv * elt + world * kv * acc_elt
 

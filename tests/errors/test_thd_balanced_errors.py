@@ -58,7 +58,7 @@ def test_a_comm_the_layout_does_not_know_is_refused(monkeypatch, no_comm):
     with fake_group(0, 2):
         err = _compile(make_plan(CU, 2), comm="other")
     assert "strategy='thd_balanced' has no 'other' region yet" in str(err)
-    assert "Fix: use comm in ['all_gather', 'a2a']" in str(err)
+    assert "Fix: use comm in ['all_gather', 'a2a', 'selective']" in str(err)
 
 
 def test_plan_for_another_cp_is_refused_by_shard():

@@ -217,10 +217,27 @@ def test_flex_sites_are_planned_not_costed():
     assert "does not cost flex_attention" in report.refusals[0].message and "comm='a2a'" in report.refusals[0].fix
 
 
-def test_plan_carrying_layouts_are_not_explained_or_auto():
-    cu = torch.tensor([0, 64], dtype=torch.int32)
-    report = cpcompile.explain(Attend(), torch.randn(64, 32), strategy="thd_balanced", world=2, cu_seqlens=cu)
-    assert [r.where for r in report.refusals] == ["example inputs"] and "strategy='thd'" in report.refusals[0].fix
+def test_thd_balanced_is_explained_with_the_batch_plan_and_selective_bytes():
+    """The example batch is cut with its plan (as shard_batch does); comm="selective" shows its static slots
+    (C = min(T/cp, max_q) = 24 of 32 tokens a rank) on the wire and what this batch's ranks read."""
+    torch.manual_seed(0)
+    model = VarlenTinyLlama(TinyConfig(layers=1), max_len=24)
+    cu = torch.tensor([0, 16, 40, 56, 72, 96, 120, 128], dtype=torch.int32)
+    ids = torch.randint(0, 128, (128,))
+    args = (model, ids, document_position_ids(cu), cu)
+    kw = dict(strategy="thd_balanced", world=4, cu_seqlens=cu)
+    (sel,) = cpcompile.explain(*args, comm="selective", **kw).sites
+    (gather,) = cpcompile.explain(*args, comm="all_gather", **kw).sites
+    per_token = 2 * 16 * 2 * 4  # kv heads x (D + Dv) x fp32
+    assert (sel.comm, sel.q_shape, sel.estimate.documents) == ("selective", (32, 4, 16), "this batch's 7 documents")
+    assert (sel.estimate.sent_fwd, gather.estimate.sent_fwd) == (3 * 24 * per_token, 3 * 32 * per_token)
+    assert sel.estimate.sent_bwd == sel.estimate.sent_fwd and sel.flops == gather.flops
+    report = cpcompile.explain(*args, comm="selective", **kw)
+    assert "receives 3 x C=24 K/V token slots a rank" in report.notes[0] and "within C" in report.notes[0]
+    thd = cpcompile.explain(*args, comm="selective", strategy="thd", world=4, cu_seqlens=cu)
+    assert "read 0 B, 4.1 KB, 2.05 KB, 0 B" in thd.notes[0]  # thd: the documents crossing each rank's first token
+    (auto,) = cpcompile.explain(*args, comm="auto", **kw).sites  # tiny shapes: the wire is no reason to switch
+    assert auto.comm == "all_gather" and {e.comm for e in auto.choice.options} >= {"all_gather", "selective"}
     import pytest
 
     with pytest.raises(cpcompile.CPCompileError, match="regather=True with comm='auto'"):

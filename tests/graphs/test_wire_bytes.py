@@ -78,8 +78,28 @@ def test_dense_wire_bytes_are_the_collectives(layout, comm, heads, dtype):
     "layout, comm, heads, lse",
     [("thd", "all_gather", (4, 2), False), ("thd_zigzag", "all_gather", (4, 4), True),
      ("thd", "a2a", (4, 2), False), ("thd", "a2a", (8, 8), True), ("thd", "ring", (4, 2), False),
-     ("thd_zigzag", "ring", (4, 4), True)],
+     ("thd_zigzag", "ring", (4, 4), True), ("thd", "selective", (4, 2), True)],
 )  # fmt: skip
 def test_packed_wire_bytes_are_the_collectives(layout, comm, heads, lse):
     graphs, dims = _packed(layout, comm, heads, torch.float32, lse)
     assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == _expected(comm, dims, lse=lse)
+
+
+@pytest.mark.parametrize("max_len", [6, 32])
+def test_selective_wire_bytes_are_the_collectives(max_len):
+    """comm="selective" sends its static slots, C = min(T/cp, max_q) tokens a peer (6 or all 8 here)."""
+    from cpcompile.layouts.thd_balanced import make_plan
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, h, 8, generator=g, requires_grad=True) for h in (4, 2, 2))
+    plan = make_plan(torch.tensor([0, 5, 11, 17, 23, 28, 32], dtype=torch.int32), WORLD)
+
+    def fn(q, k, v, cu):
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, window_size=(-1, 0), **GQA)
+
+    with fake_group(RANK, WORLD):
+        be = cpcompile.backend(strategy="thd_balanced", comm="selective", inner="eager")
+        graphs = capture_graphs(fn, be, q, k, v, plan)
+    expected = get_comm("selective").wire_bytes(8, 1, 4, 2, 8, 8, WORLD, 4, 4, False, max_doc=max_len)
+    assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == expected
+    assert expected[0] == (WORLD - 1) * min(8, max_len) * 2 * 16 * 4
