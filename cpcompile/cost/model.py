@@ -155,6 +155,8 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
         shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
         shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.varlen_lse_on_demand,
         max_doc=shape.max_doc if shape.kind == "varlen" else None,
+        dense_mask=(layout, shape.causal, None if shape.window == NO_WINDOW else shape.window)
+        if shape.kind == "sdpa" else None,
     )  # fmt: skip
     exchanged = (fwd + bwd) * shape.world // (shape.world - 1)
     overhead, _ = region_overhead_ms(entry.overhead_as or comm, kernel if rate.proxy_for is None else rate.name,

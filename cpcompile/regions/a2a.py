@@ -59,12 +59,13 @@ def wire_bytes(
     acc_elt: int,
     lse: bool = False,
     max_doc: int | None = None,
+    dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None,
 ) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward (dense and packed regions alike): forward, its tokens'
     q heads of every other rank and the k/v heads those read (replicated kv heads count once per rank that
     reads them) in one all-to-all, the output of its heads back in another, and the packed region's fp32 lse
     when the graph reads it; backward, the same exchanges reversed (dout out, dq/dk/dv back), in `elt` bytes."""
-    del acc_elt, max_doc
+    del acc_elt, max_doc, dense_mask  # its traffic does not depend on the mask
     split = HeadSplit(q_heads, kv_heads, world)
     width = split.q_per_rank * head_dim + split.kv_per_rank * (head_dim + v_head_dim)
     qkv = (world - 1) * tokens * batch * width * elt

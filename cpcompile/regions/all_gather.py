@@ -179,10 +179,11 @@ def wire_bytes(
     acc_elt: int,
     lse: bool = False,
     max_doc: int | None = None,
+    dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None,
 ) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward (dense and packed regions alike): its K/V of `tokens`
     local tokens to the world - 1 others (the all-gather), then the other ranks' shares of the gathered K/V
     gradient in the accumulation dtype (`acc_elt` bytes; the reduce-scatter). The lse never travels."""
-    del q_heads, lse, max_doc
+    del q_heads, lse, max_doc, dense_mask  # its traffic does not depend on the mask
     kv = (world - 1) * tokens * batch * kv_heads * (head_dim + v_head_dim)
     return kv * elt, kv * acc_elt

@@ -128,14 +128,22 @@ def wire_bytes(
     acc_elt: int,
     lse: bool = False,
     max_doc: int | None = None,
+    dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None,
 ) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward (dense and packed rings alike): forward, its held K/V
-    of `tokens` tokens once per step but the last (world - 1 shifts); backward, the K/V again (world - 1 shifts)
-    and the travelling fp32 K/V gradient once per step (world shifts: it comes home after a full circle). The
-    lse never travels."""
+    of `tokens` tokens once per visited step but the last; backward, the K/V again and the travelling fp32 K/V
+    gradient once per visited step (it comes home from the last one). Every step is visited (world - 1 K/V
+    shifts, world gradient shifts) unless `dense_mask` (layout, causal, window) has a window that keeps some
+    steps from every rank (layouts/ring.visited_steps): then only those. The lse never travels."""
     del q_heads, lse, max_doc
+    visited = world
+    if dense_mask is not None and dense_mask[2] is not None:
+        layout, causal, window = dense_mask
+        lay = get_layout(layout)
+        visited = len(visited_steps(lay, world, tokens // lay.chunks_per_rank, causal, window))
     kv = tokens * batch * kv_heads * (head_dim + v_head_dim)
-    return (world - 1) * kv * elt, (world - 1) * kv * elt + world * kv * acc_elt
+    grad_shifts = visited if visited > 1 else 0  # from each visited step to the next, and home
+    return (visited - 1) * kv * elt, (visited - 1) * kv * elt + grad_shifts * kv * acc_elt
 
 
 def rank_blocks(

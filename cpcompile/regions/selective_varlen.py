@@ -121,10 +121,11 @@ def wire_bytes(
     acc_elt: int,
     lse: bool = False,
     max_doc: int | None = None,
+    dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None,
 ) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward: C = min(L, max_doc) K/V token slots to each of the
     world - 1 others (the static capacity travels whatever the batch needs), then as many fp32 gradient slots
     back (`acc_elt`). The lse never travels."""
-    del q_heads, lse
+    del q_heads, lse, dense_mask  # its traffic does not depend on the mask
     kv = (world - 1) * capacity(tokens, max_doc) * batch * kv_heads * (head_dim + v_head_dim)
     return kv * elt, kv * acc_elt

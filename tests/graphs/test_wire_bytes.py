@@ -103,3 +103,27 @@ def test_selective_wire_bytes_are_the_collectives(max_len):
     expected = get_comm("selective").wire_bytes(8, 1, 4, 2, 8, 8, WORLD, 4, 4, False, max_doc=max_len)
     assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == expected
     assert expected[0] == (WORLD - 1) * min(8, max_len) * 2 * 16 * 4
+
+
+@pytest.mark.parametrize(
+    "layout, window, steps", [("flat", (3, 0), 2), ("zigzag", (3, 0), 3), ("zigzag", (20, 0), 4), ("flat", (40, 0), 4)]
+)
+def test_windowed_ring_wire_bytes_are_the_collectives(layout, window, steps):
+    """Under a window the ring visits only the steps some rank's window reaches (layouts/ring.visited_steps):
+    fewer K/V shifts and gradient shifts, as the cost model now says (it counted every step before)."""
+    from cpcompile.layouts import get_layout
+    from cpcompile.layouts.ring import visited_steps
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=g, requires_grad=True) for _ in range(3))
+
+    def fn(q, k, v):
+        return cpcompile.attention(q, k, v, is_causal=True, window=window)
+
+    with fake_group(RANK, WORLD):
+        graphs = capture_graphs(fn, cpcompile.backend(strategy=layout, comm="ring", inner="eager"), q, k, v)
+    lay = get_layout(layout)
+    visited = len(visited_steps(lay, WORLD, 16 // lay.chunks_per_rank, True, window))
+    expected = get_comm("ring").wire_bytes(16, 2, 4, 4, 8, 8, WORLD, 4, 4, dense_mask=(layout, True, window))
+    assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == expected
+    assert visited == steps  # 2 and 3 of 4: the window saves shifts; 4: it reaches every step
