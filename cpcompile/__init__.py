@@ -8,6 +8,7 @@ from .attention_op import attention
 from .backend import CPBackend, backend
 from .errors import CPCompileError
 from .explain import explain
+from .mixers import token_mixer
 from .sharding import (
     pad_cu_seqlens,
     pad_documents,
@@ -39,6 +40,7 @@ __all__ = [
     "shard",
     "shard_batch",
     "shard_block_mask",
+    "token_mixer",
     "unshard",
     "verify",
 ]

@@ -351,8 +351,11 @@ def refusal(flag: Flag) -> CPCompileError:
             "tokens alone its result would be silently wrong"
         )
         fix = (
-            f"{_SDPA_FIX}; other token mixing (scans, convolutions or pooling over tokens, sorting them) has no CP "
-            f"rewrite: keep it out of the CP-compiled model; {_MARK_FIX}"
+            f"{_SDPA_FIX}; a head- or channel-local token mixer (a short causal depthwise conv, a linear-attention, "
+            "gated-delta or SSM scan whose every head reads only its own head) runs head-parallel once declared: "
+            "cpcompile.token_mixer(module_or_fn, heads_dim=...) (its code must read head counts and the length "
+            "from its inputs); other token mixing (a mixer that mixes heads, pooling, sorting tokens, state passing "
+            f"between ranks) is not supported: keep it out of the CP-compiled model; {_MARK_FIX}"
         )
     return site_error(node, rule, fix, what="node", action="run")
 

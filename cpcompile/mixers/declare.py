@@ -1,0 +1,131 @@
+"""`cpcompile.token_mixer`: declare a head-local (or channel-local) token mixer, so CP runs it head-parallel.
+
+A token mixer combines tokens along the sequence (a short causal depthwise conv, a linear-attention or SSM scan),
+which the token guard refuses on a rank's own tokens. When every head (or channel) of its outputs depends only on
+the same head of its inputs and weights, it runs exactly on whole sequences for a subset of the heads: the pass
+(mixers/rewrite.py) wraps the call into an all-to-all region (mixers/region.py).
+
+The declared callable becomes ONE node of Dynamo's graph: `mixer_call(key, *weights, *args, **kwargs)`, kept
+whole by `torch._dynamo.allow_in_graph`, with the module's weights passed in as tensors (so aot_autograd traces
+them as inputs and their gradients flow). Outside a CP-compiled graph the call is the original forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import torch
+import torch.nn as nn
+
+T = TypeVar("T")
+
+
+@dataclass
+class MixerSpec:
+    """One declaration: what to call, where its tensors hold heads and tokens, how its weights split."""
+
+    key: int
+    name: str
+    heads_dim: int
+    seq_dim: int
+    weight_names: tuple[str, ...] = ()
+    weight_dims: Mapping[str, int | None] = field(default_factory=dict)
+    """name -> the dim a weight splits along with the heads (None: shared by every head, not split)."""
+    fn: Callable | None = None
+    module: nn.Module | None = None
+    forward: Callable | None = None
+    """The module's own forward (bound), run with the weights swapped in."""
+    inside: list[int] = field(default_factory=lambda: [0])
+
+    def call(self, weights, args, kwargs):
+        """The mixer itself on these weights and inputs (any head count, any length the code infers)."""
+        if self.module is None:
+            return self.fn(*args, **kwargs)
+        self.inside[0] += 1
+        try:
+            return torch.func.functional_call(self.module, dict(zip(self.weight_names, weights)), args, kwargs)
+        finally:
+            self.inside[0] -= 1
+
+
+MIXERS: dict[int, MixerSpec] = {}
+"""key -> declaration; the key is the first argument of every mixer_call node."""
+_KEYS = itertools.count()
+
+
+def mixer_call(key: int, *flat, **kwargs):
+    """The graph node of a declared mixer: weights first, then the call's positional arguments."""
+    spec = MIXERS[key]
+    n = len(spec.weight_names)
+    return spec.call(flat[:n], flat[n:], kwargs)
+
+
+torch._dynamo.allow_in_graph(mixer_call)
+
+
+def is_mixer_call(node) -> bool:
+    """Whether an FX node is a declared mixer's call (not yet rewritten)."""
+    return node.op == "call_function" and node.target is mixer_call
+
+
+def _wrap_module(module: nn.Module, spec: MixerSpec) -> None:
+    """Give `module` a forward that calls mixer_call with its own weights (bound to the instance, so a deep copy
+    passes the copy's weights; the declaration's module only lends its code and configuration)."""
+    forward = module.forward
+
+    def wrapped(self, *args, **kwargs):
+        if spec.inside[0]:  # functional_call re-entering: the module's own forward
+            return forward(*args, **kwargs)
+        state = dict(self.named_parameters()) | dict(self.named_buffers())
+        return mixer_call(spec.key, *(state[n] for n in spec.weight_names), *args, **kwargs)
+
+    spec.forward = forward
+    module.forward = types.MethodType(wrapped, module)
+
+
+def token_mixer(
+    obj: T,
+    *,
+    heads_dim: int,
+    seq_dim: int = 1,
+    weight_dims: Mapping[str, int | None] | None = None,
+) -> T:
+    """Declare `obj` (an nn.Module instance, changed in place, or a function: use the returned one) a head-local
+    token mixer and return it. Under CP its call runs head-parallel: its tensor arguments (this rank's tokens on
+    `seq_dim`, heads or channels on `heads_dim`) go through an all-to-all so each rank holds the whole sequence for
+    heads/cp of the heads, the mixer runs on that, and its tensor outputs (the same dims) come back.
+
+    The promise: every head (channel) of the outputs depends only on the same head of the inputs, and the code
+    reads its head count and length from its inputs' shapes (e.g. `groups=x.shape[1]`), not from constants.
+    A module's parameters and buffers split with the heads along dim 0 when that dim's size is a head count of
+    the inputs, else they are shared; `weight_dims` ({name: dim or None}) says otherwise per weight.
+    """
+    if heads_dim == seq_dim:
+        raise ValueError("token_mixer: heads_dim and seq_dim must differ")
+    key = next(_KEYS)
+    if isinstance(obj, nn.Module):
+        names = tuple(n for n, _ in (*obj.named_parameters(), *obj.named_buffers()))
+        unknown = set(weight_dims or ()) - set(names)
+        if unknown:
+            raise ValueError(f"token_mixer: {sorted(unknown)} are not parameters or buffers of {type(obj).__name__}")
+        spec = MixerSpec(key, type(obj).__name__, heads_dim, seq_dim, names, dict(weight_dims or {}), module=obj)
+        MIXERS[key] = spec
+        _wrap_module(obj, spec)
+        return obj
+    if not callable(obj) or inspect.isclass(obj):
+        raise TypeError(f"token_mixer takes an nn.Module instance or a function, not {obj!r}")
+    if weight_dims:
+        raise ValueError("token_mixer: weight_dims is for modules; a function's tensor arguments are all token inputs")
+    spec = MixerSpec(key, getattr(obj, "__name__", type(obj).__name__), heads_dim, seq_dim, fn=obj)
+    MIXERS[key] = spec
+
+    def declared(*args, **kwargs):
+        return mixer_call(key, *args, **kwargs)
+
+    declared.__name__ = spec.name
+    return declared  # type: ignore[return-value]
