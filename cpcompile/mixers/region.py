@@ -40,18 +40,16 @@ def mixer_region(
             w = w.narrow(d, rank * part, part)
         weights.append(w)
 
-    def heads(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        return to_heads(x, spec.heads_dim, spec.seq_dim, lay, group_name, world)
-
-    args = pytree.tree_map(heads, tuple(flat[n:]))
-    kwargs = pytree.tree_map(heads, dict(call_kwargs))
+    inputs, spec_in = pytree.tree_flatten((tuple(flat[n:]), dict(call_kwargs)))
+    tensors = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
+    moved = to_heads([inputs[i] for i in tensors], spec.heads_dim, spec.seq_dim, lay, group_name, world)
+    for i, t in zip(tensors, moved):
+        inputs[i] = t
+    args, kwargs = pytree.tree_unflatten(inputs, spec_in)
     out = spec.call(weights, args, kwargs)
-
-    def tokens(y):
-        if not isinstance(y, torch.Tensor):
-            return y
-        return to_tokens(y, spec.heads_dim, spec.seq_dim, lay, group_name, world)
-
-    return pytree.tree_map(tokens, out)
+    outputs, spec_out = pytree.tree_flatten(out)
+    tensors = [i for i, t in enumerate(outputs) if isinstance(t, torch.Tensor)]
+    back = to_tokens([outputs[i] for i in tensors], spec.heads_dim, spec.seq_dim, lay, group_name, world)
+    for i, t in zip(tensors, back):
+        outputs[i] = t
+    return pytree.tree_unflatten(outputs, spec_out)

@@ -59,9 +59,11 @@ import logging
 import torch
 import torch.fx
 from torch.distributed.tensor import DTensor
+from torch.utils import _pytree as pytree
 
 from ..errors import CPCompileError, site_error
 from ..mesh import cp_mesh_dim, resolve_group
+from ..mixers import TOKEN_REGION
 from .match import is_cp_attention, is_flex, is_sdpa, is_varlen
 from .token_flow import BODY_OPERANDS, Flag, Result, concrete, track
 
@@ -212,6 +214,17 @@ def _top_inputs(gm: torch.fx.GraphModule, args) -> set[str]:
     return found
 
 
+def _mixer_lengths(gm: torch.fx.GraphModule) -> set[int]:
+    """The local lengths of the token mixers' regions (cpcompile/mixers/): their outputs' seq dim."""
+    found = set()
+    for node in _walk(gm):
+        seq = node.meta.get(TOKEN_REGION)
+        if seq is not None:
+            out = next(t for t in pytree.tree_leaves(_value(node)) if isinstance(t, torch.Tensor))
+            found.add(int(out.shape[seq]))
+    return found
+
+
 def _preferred(dims: list[int]) -> list[int]:
     """Candidate dims, the likeliest first: dim 1 ((batch, seq, ...) inputs), then the rest in order."""
     return sorted(dims, key=lambda d: (d != 1, d))
@@ -267,8 +280,9 @@ def check_graph(
     if isinstance(inputs[0][1], int):  # DTensor inputs under a permuted layout: their placements say where
         result = _track(gm, {n.name: d for n, d in inputs}, None)
         return result.flags[0] if result.flags else None
-    if plans:
-        lengths = {p.site.q_shape[0] if p.site.kind == "varlen" else p.site.q_shape[2] for p in plans}
+    lengths = {p.site.q_shape[0] if p.site.kind == "varlen" else p.site.q_shape[2] for p in plans}
+    lengths |= _mixer_lengths(gm)
+    if lengths:
         if seen is not None:
             seen.update(lengths)
         results = []

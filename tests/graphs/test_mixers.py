@@ -67,6 +67,19 @@ class GraphModule(torch.nn.Module):
     assert (_all_to_alls(graphs["fw"]), _all_to_alls(graphs["bw"])) == (2, 2)  # tokens -> heads -> tokens
 
 
+def test_a_scan_s_four_inputs_travel_in_one_all_to_all():
+    """q, k, v (B, L, H, D) and the decay logits (B, L, H) are packed side by side per token: one all-to-all in,
+    one back, each way (zigzag: plus the reorder into global order and back)."""
+    torch._dynamo.reset()
+    scan = cpcompile.token_mixer(GatedRecurrence(4, 8), heads_dim=2)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 4, 8, generator=g, requires_grad=True) for _ in range(3))
+    a = torch.randn(1, 8, 4, generator=g, requires_grad=True)
+    with fake_group(1, 4):
+        graphs = capture_graphs(scan, cpcompile.backend(strategy="zigzag", inner="eager"), q, k, v, a)
+    assert (_all_to_alls(graphs["fw"]), _all_to_alls(graphs["bw"])) == (2, 2)
+
+
 def _compile_error(model, *inputs, world=4, strategy="zigzag") -> str:
     torch._dynamo.reset()
     with fake_group(0, world):
