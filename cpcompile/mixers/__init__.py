@@ -7,16 +7,19 @@ the sequence for heads and back.
 """
 
 from .declare import MIXERS, MixerSpec, is_mixer_call, mixer_call, token_mixer
+from .hf import HF_MIXERS, hf_token_mixers
 from .plan import MixerPlan, plan_mixer
 from .region import mixer_region
 from .rewrite import TOKEN_REGION, find_mixers, rewrite_mixers
 
 __all__ = [
+    "HF_MIXERS",
     "MIXERS",
     "TOKEN_REGION",
     "MixerPlan",
     "MixerSpec",
     "find_mixers",
+    "hf_token_mixers",
     "is_mixer_call",
     "mixer_call",
     "mixer_region",

@@ -35,7 +35,8 @@ class MixerSpec:
     seq_dim: int
     weight_names: tuple[str, ...] = ()
     weight_dims: Mapping[str, int | None] = field(default_factory=dict)
-    """name -> the dim a weight splits along with the heads (None: shared by every head, not split)."""
+    """name -> the dim a weight splits along with the heads (None: shared by every head, not split). A module's
+    weights are its parameters and buffers, a function's the arguments named here."""
     fn: Callable | None = None
     module: nn.Module | None = None
     forward: Callable | None = None
@@ -45,7 +46,7 @@ class MixerSpec:
     def call(self, weights, args, kwargs):
         """The mixer itself on these weights and inputs (any head count, any length the code infers)."""
         if self.module is None:
-            return self.fn(*args, **kwargs)
+            return self.fn(*args, **dict(zip(self.weight_names, weights)), **kwargs)
         self.inside[0] += 1
         try:
             return torch.func.functional_call(self.module, dict(zip(self.weight_names, weights)), args, kwargs)
@@ -58,8 +59,9 @@ MIXERS: dict[int, MixerSpec] = {}
 _KEYS = itertools.count()
 
 
-def mixer_call(key: int, *flat, **kwargs):
-    """The graph node of a declared mixer: weights first, then the call's positional arguments."""
+def mixer_call(key: int, /, *flat, **kwargs):
+    """The graph node of a declared mixer: weights first, then the call's positional arguments (`key` is
+    positional-only: a mixer may take an argument named key)."""
     spec = MIXERS[key]
     n = len(spec.weight_names)
     return spec.call(flat[:n], flat[n:], kwargs)
@@ -103,7 +105,9 @@ def token_mixer(
     The promise: every head (channel) of the outputs depends only on the same head of the inputs, and the code
     reads its head count and length from its inputs' shapes (e.g. `groups=x.shape[1]`), not from constants.
     A module's parameters and buffers split with the heads along dim 0 when that dim's size is a head count of
-    the inputs, else they are shared; `weight_dims` ({name: dim or None}) says otherwise per weight.
+    the inputs, else they are shared; `weight_dims` ({name: dim or None}) says otherwise per weight. A function's
+    tensor arguments are token inputs except those named in `weight_dims` (its weights, e.g. a conv's weight and
+    bias: {"weight": 0, "bias": 0}).
     """
     if heads_dim == seq_dim:
         raise ValueError("token_mixer: heads_dim and seq_dim must differ")
@@ -119,13 +123,32 @@ def token_mixer(
         return obj
     if not callable(obj) or inspect.isclass(obj):
         raise TypeError(f"token_mixer takes an nn.Module instance or a function, not {obj!r}")
-    if weight_dims:
-        raise ValueError("token_mixer: weight_dims is for modules; a function's tensor arguments are all token inputs")
-    spec = MixerSpec(key, getattr(obj, "__name__", type(obj).__name__), heads_dim, seq_dim, fn=obj)
+    names, defaults = _positional(obj)
+    weights = tuple(weight_dims or ())
+    missing = [w for w in weights if w not in names and w not in defaults]
+    if missing:
+        raise ValueError(f"token_mixer: {missing} are not arguments of {getattr(obj, '__name__', obj)!r}")
+    spec = MixerSpec(
+        key, getattr(obj, "__name__", type(obj).__name__), heads_dim, seq_dim, weights, dict(weight_dims or {}), fn=obj
+    )
     MIXERS[key] = spec
 
     def declared(*args, **kwargs):
-        return mixer_call(key, *args, **kwargs)
+        named = dict(zip(names, args))  # every named argument by keyword, so the weights can come out
+        named.update(kwargs)
+        pulled = [named.pop(w, defaults.get(w)) for w in weights]
+        return mixer_call(key, *pulled, *args[len(names) :], **named)
 
     declared.__name__ = spec.name
     return declared  # type: ignore[return-value]
+
+
+def _positional(fn: Callable) -> tuple[list[str], dict]:
+    """The names of fn's positional-or-keyword parameters, in order, and every parameter's default."""
+    params = inspect.signature(fn).parameters.values()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD,)
+    names = [p.name for p in params if p.kind in kinds]
+    if any(p.kind is inspect.Parameter.POSITIONAL_ONLY for p in params):
+        raise ValueError("token_mixer: functions with positional-only parameters are not supported; wrap them")
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    return names, defaults

@@ -95,6 +95,9 @@ def _token_shapes(node: torch.fx.Node, spec: MixerSpec, values, cp: int, what: s
 def _weight_dims(node, spec: MixerSpec, weights, heads: set[int], cp: int) -> tuple[int | None, ...]:
     dims = []
     for name, w in zip(spec.weight_names, weights):
+        if not isinstance(w, torch.Tensor):  # an absent optional weight (bias=None)
+            dims.append(None)
+            continue
         d = spec.weight_dims.get(name, 0 if w.dim() and int(w.shape[0]) in heads else None)
         if d is not None and int(w.shape[d]) % cp:
             raise _refuse(
@@ -121,7 +124,7 @@ def _meta(t: torch.Tensor, spec: MixerSpec, cp: int, token: bool, dim: int | Non
 
 def _dry_run(node, spec: MixerSpec, weights, weight_dims, args, kwargs, cp: int) -> None:
     """The mixer's code on the region's shapes (meta tensors): it must run and give the expected outputs."""
-    metas = [_meta(w, spec, cp, False, d) for w, d in zip(weights, weight_dims)]
+    metas = [_meta(w, spec, cp, False, d) if isinstance(w, torch.Tensor) else w for w, d in zip(weights, weight_dims)]
 
     def token(t):
         return _meta(t, spec, cp, True) if isinstance(t, torch.Tensor) else t

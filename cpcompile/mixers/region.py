@@ -35,7 +35,7 @@ def mixer_region(
     n = len(weight_dims)
     weights = []
     for w, d in zip(flat[:n], weight_dims):
-        if d is not None:
+        if d is not None and isinstance(w, torch.Tensor):
             part = w.shape[d] // world
             w = w.narrow(d, rank * part, part)
         weights.append(w)
