@@ -18,6 +18,8 @@ HF_MIXERS: dict[str, dict] = {
     "causal_conv1d_fn": dict(heads_dim=1, seq_dim=2, weight_dims={"weight": 0, "bias": 0}),
     # q/k (B, L, Hk, Dk), v (B, L, Hv, Dv), g/beta (B, L, Hv) -> ((B, L, Hv, Dv), state or None)
     "torch_chunk_gated_delta_rule": dict(heads_dim=2, seq_dim=1),
+    # Mamba2's SSD: x (B, L, H, P), dt (B, L, H), B/C (B, L, G, N) -> (B, L, H, P); A, D, dt_bias (H,)
+    "mamba2_chunk_scan": dict(heads_dim=2, seq_dim=1, weight_dims={"A": 0, "D": 0, "dt_bias": 0}),
 }
 """Module-level function name -> its declaration (token_mixer's keywords)."""
 

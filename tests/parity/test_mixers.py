@@ -20,28 +20,40 @@ from tests.support.hybrid import HybridModel
 SEQ, BATCH, VOCAB = 16, 2, 32
 TOL = 1e-9
 HF_TOL = 2e-6
-"""HF's gated delta rule and its decay run in fp32 inside an fp64 model (`.to(torch.float32)`, `A_log.float()`):
-fp32 rounding (seen: up to 2.3e-7 of a gradient's largest value at cp 2), not fp64's."""
+"""HF's scans and decays run in fp32 inside an fp64 model (`.to(torch.float32)`, `A_log.float()`, `.float()`):
+fp32 rounding (seen: up to 2.3e-7 of a gradient's largest value), not fp64's."""
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
-def _qwen3_next(key_heads: int):
-    """A tiny HF Qwen3-Next (a Gated DeltaNet layer, then a full-attention layer; MoE MLPs), its token mixers
-    declared by cpcompile.hf_token_mixers; (B, L) ids -> logits."""
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+def _hf(name: str, cp: int):
+    """A tiny HF hybrid, one linear/SSM layer then one attention layer, its token mixers declared by
+    cpcompile.hf_token_mixers; (B, L) ids [, position ids] -> logits. qwen3_next: a Gated DeltaNet layer
+    (k:v heads 1:2) and MoE MLPs; bamba: a Mamba2 layer (SSD, cp groups of B/C)."""
+    import transformers
 
-    cfg = Qwen3NextConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
-        shared_expert_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=8, linear_num_key_heads=key_heads, linear_num_value_heads=2 * key_heads, linear_key_head_dim=8,
-        linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
-        layer_types=["linear_attention", "full_attention"], attn_implementation="cpcompile", use_cache=False,
-    )  # fmt: skip
-    cfg._experts_implementation = "batched_mm"  # the default grouped_mm takes no fp64
-    model = Qwen3NextForCausalLM(cfg)
+    if name == "qwen3_next":
+        cfg = transformers.Qwen3NextConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
+            shared_expert_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=8, linear_num_key_heads=cp, linear_num_value_heads=2 * cp, linear_key_head_dim=8,
+            linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
+            layer_types=["linear_attention", "full_attention"],
+        )  # fmt: skip
+        cfg._experts_implementation = "batched_mm"  # the default grouped_mm takes no fp64
+        cls = transformers.Qwen3NextForCausalLM
+    else:
+        cfg = transformers.BambaConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=cp,
+            mamba_d_state=8, mamba_chunk_size=4, mamba_expand=2, num_logits_to_keep=None,
+        )  # fmt: skip
+        cls = transformers.BambaForCausalLM
+    cfg._attn_implementation = "cpcompile"
+    cfg.use_cache = False
+    model = cls(cfg)
     assert len(cpcompile.hf_token_mixers(model)) == 2
 
     class Logits(torch.nn.Module):
@@ -60,7 +72,7 @@ def _compare(rank, world, cp, strategy, comm, name="hybrid"):
     group = mesh.get_group("cp")
     torch._dynamo.reset()  # the pool's ranks compiled other lengths before: no automatic dynamic shapes
     torch.manual_seed(0)
-    model = (HybridModel(vocab=VOCAB) if name == "hybrid" else _qwen3_next(cp)).double()
+    model = (HybridModel(vocab=VOCAB) if name == "hybrid" else _hf(name, cp)).double()
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     labels = torch.randint(0, VOCAB, (BATCH, SEQ))
     cp_model = copy.deepcopy(model)
@@ -108,11 +120,12 @@ def test_hybrid_model_matches_one_process(ranks4, cp, strategy, comm):
         assert not bad, f"rank {rank}: {bad}"
 
 
-@pytest.mark.parametrize("cp", [2, 4])
-def test_hf_qwen3_next_matches_one_process(ranks4, cp):
-    """HF Qwen3-Next (torch fallbacks: causal_conv1d_fn and torch_chunk_gated_delta_rule, declared by
-    cpcompile.hf_token_mixers; GQA-style k/v heads 2:1 split over cp) under zigzag with its own attention."""
-    for rank, errors in enumerate(ranks4.run(_compare, cp, "zigzag", "all_gather", "qwen3_next", timeout=600)):
-        assert "model.model.layers.0.linear_attn.conv1d.weight" in errors, sorted(errors)
+@pytest.mark.parametrize("name,cp", [("qwen3_next", 2), ("qwen3_next", 4), ("bamba", 2)])
+def test_hf_hybrids_match_one_process(ranks4, name, cp):
+    """HF hybrids on their torch fallbacks (causal_conv1d_fn and torch_chunk_gated_delta_rule or
+    mamba2_chunk_scan, declared by cpcompile.hf_token_mixers) under zigzag with their own attention layer."""
+    for rank, errors in enumerate(ranks4.run(_compare, cp, "zigzag", "all_gather", name, timeout=600)):
+        layer = "linear_attn" if name == "qwen3_next" else "mamba"
+        assert f"model.model.layers.0.{layer}.conv1d.weight" in errors, sorted(errors)
         bad = {n: e for n, e in errors.items() if not e <= HF_TOL}
         assert not bad, f"rank {rank}: {bad}"
