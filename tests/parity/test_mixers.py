@@ -112,7 +112,7 @@ def ranks4():
     pool.close()
 
 
-@pytest.mark.parametrize("cp,strategy,comm", [(4, "zigzag", "all_gather"), (2, "zigzag", "a2a"), (2, "flat", "ring")])
+@pytest.mark.parametrize("cp,strategy,comm", [(4, "zigzag", "all_gather"), (2, "flat", "a2a")])
 def test_hybrid_model_matches_one_process(ranks4, cp, strategy, comm):
     for rank, errors in enumerate(ranks4.run(_compare, cp, strategy, comm, timeout=600)):
         assert len(errors) == 2 + len(list(HybridModel().parameters())), errors
@@ -120,7 +120,7 @@ def test_hybrid_model_matches_one_process(ranks4, cp, strategy, comm):
         assert not bad, f"rank {rank}: {bad}"
 
 
-@pytest.mark.parametrize("name,cp", [("qwen3_next", 2), ("qwen3_next", 4), ("bamba", 2)])
+@pytest.mark.parametrize("name,cp", [("qwen3_next", 4), ("bamba", 2)])
 def test_hf_hybrids_match_one_process(ranks4, name, cp):
     """HF hybrids on their torch fallbacks (causal_conv1d_fn and torch_chunk_gated_delta_rule or
     mamba2_chunk_scan, declared by cpcompile.hf_token_mixers) under zigzag with their own attention layer."""
