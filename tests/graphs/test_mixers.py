@@ -144,3 +144,18 @@ def test_without_cp_the_mixer_is_the_module():
     q, k, v = (torch.randn(2, 12, 4, 8) for _ in range(3))
     a = torch.randn(2, 12, 4)
     torch.testing.assert_close(declared(q, k, v, a), plain(q, k, v, a), rtol=0, atol=0)
+
+
+def test_explain_counts_the_mixers_and_reports_their_refusals():
+    """explain() rewrites mixers like the pass: a note per graph; a mixer that cannot split is a refusal."""
+    from tests.support.hybrid import HybridModel
+
+    torch._dynamo.reset()
+    ids = torch.randint(0, 32, (1, 16))
+    report = cpcompile.explain(HybridModel(), ids, strategy="zigzag", world=4)
+    assert not report.refusals, report.refusals
+    assert any(
+        "4 token mixer call(s) run head-parallel over a2a (CausalConv, GatedRecurrence)" in n for n in report.notes
+    ), report.notes
+    refused = cpcompile.explain(HybridModel(), ids, strategy="zigzag", world=8)  # 4 heads over 8 ranks
+    assert any("do not split over 8 CP ranks" in r.message for r in refused.refusals), refused.refusals
