@@ -31,7 +31,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _hf(name: str, cp: int):
     """A tiny HF hybrid, one linear/SSM layer then one attention layer, its token mixers declared by
     cpcompile.hf_token_mixers; (B, L) ids [, position ids] -> logits. qwen3_next: a Gated DeltaNet layer
-    (k:v heads 1:2) and MoE MLPs; bamba: a Mamba2 layer (SSD, cp groups of B/C)."""
+    (k:v heads 1:2) and MoE MLPs; bamba: a Mamba2 layer (SSD, cp groups of B/C); granitemoehybrid: Mamba2 and
+    MoE."""
     import transformers
 
     if name == "qwen3_next":
@@ -44,13 +45,22 @@ def _hf(name: str, cp: int):
         )  # fmt: skip
         cfg._experts_implementation = "batched_mm"  # the default grouped_mm takes no fp64
         cls = transformers.Qwen3NextForCausalLM
-    else:
+    elif name == "bamba":
         cfg = transformers.BambaConfig(
             vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=cp,
             mamba_d_state=8, mamba_chunk_size=4, mamba_expand=2, num_logits_to_keep=None,
         )  # fmt: skip
         cls = transformers.BambaForCausalLM
+    elif name == "granitemoehybrid":
+        cfg = transformers.GraniteMoeHybridConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=16,
+            layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_n_groups=cp, mamba_d_state=8,
+            mamba_d_head=16, mamba_chunk_size=4, position_embedding_type="rope",
+        )  # fmt: skip
+        cfg._experts_implementation = "batched_mm"
+        cls = transformers.GraniteMoeHybridForCausalLM
     cfg._attn_implementation = "cpcompile"
     cfg.use_cache = False
     model = cls(cfg)
@@ -120,12 +130,12 @@ def test_hybrid_model_matches_one_process(ranks4, cp, strategy, comm):
         assert not bad, f"rank {rank}: {bad}"
 
 
-@pytest.mark.parametrize("name,cp", [("qwen3_next", 4), ("bamba", 2)])
+@pytest.mark.parametrize("name,cp", [("qwen3_next", 4), ("bamba", 2), ("granitemoehybrid", 2)])
 def test_hf_hybrids_match_one_process(ranks4, name, cp):
     """HF hybrids on their torch fallbacks (causal_conv1d_fn and torch_chunk_gated_delta_rule or
     mamba2_chunk_scan, declared by cpcompile.hf_token_mixers) under zigzag with their own attention layer."""
     for rank, errors in enumerate(ranks4.run(_compare, cp, "zigzag", "all_gather", name, timeout=600)):
-        layer = "linear_attn" if name == "qwen3_next" else "mamba"
+        layer = {"qwen3_next": "linear_attn", "bamba": "mamba", "granitemoehybrid": "mamba"}[name]
         assert f"model.model.layers.0.{layer}.conv1d.weight" in errors, sorted(errors)
         bad = {n: e for n, e in errors.items() if not e <= HF_TOL}
         assert not bad, f"rank {rank}: {bad}"
