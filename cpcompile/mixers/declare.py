@@ -88,6 +88,7 @@ def _wrap_module(module: nn.Module, spec: MixerSpec) -> None:
 
     spec.forward = forward
     module.forward = types.MethodType(wrapped, module)
+    module._cpcompile_mixer = spec.key
 
 
 def token_mixer(
@@ -111,6 +112,8 @@ def token_mixer(
     """
     if heads_dim == seq_dim:
         raise ValueError("token_mixer: heads_dim and seq_dim must differ")
+    if isinstance(obj, nn.Module) and "_cpcompile_mixer" in obj.__dict__:
+        raise ValueError(f"token_mixer: this {type(obj).__name__} is declared already")
     key = next(_KEYS)
     if isinstance(obj, nn.Module):
         names = tuple(n for n, _ in (*obj.named_parameters(), *obj.named_buffers()))

@@ -159,3 +159,9 @@ def test_explain_counts_the_mixers_and_reports_their_refusals():
     ), report.notes
     refused = cpcompile.explain(HybridModel(), ids, strategy="zigzag", world=8)  # 4 heads over 8 ranks
     assert any("do not split over 8 CP ranks" in r.message for r in refused.refusals), refused.refusals
+
+
+def test_a_module_is_declared_once():
+    conv = cpcompile.token_mixer(CausalConv(8), heads_dim=2)
+    with pytest.raises(ValueError, match="declared already"):
+        cpcompile.token_mixer(conv, heads_dim=2)
