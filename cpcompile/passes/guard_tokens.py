@@ -40,6 +40,9 @@ the graph is accepted if one of them places every site's q/k/v on the sequence d
 is never dropped from the assignment to make a refusal go away (a token mask's cumsum into position ids must stay
 refused).
 
+A declared token mixer's region (cpcompile/mixers/) is a site too: its token inputs must arrive on its seq dim,
+its outputs hold the tokens there, and its local length counts like an attention site's.
+
 Graphs with no rewritten site (a model whose attention is nn.MultiheadAttention or HF eager has none): the local
 length is unknown, so each distinct size of the inputs' dims is tried as the sequence length; a size is taken as
 the sequence when some op makes two values sharded on it meet along it (every token against every token:

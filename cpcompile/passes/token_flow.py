@@ -11,7 +11,8 @@ FakeTensorMode: nothing needs a device or a value (the graph's factories are sen
 constants and real parameters moved there).
 
 cpcompile's region calls are not run: a stand-in returns a fresh output of the traced shape holding the tokens
-on the sequence dim (SDPA out dim 2; varlen out dim 0, lse dim 1). Higher-order ops with a body (checkpoint,
+on the sequence dim (SDPA out dim 2; varlen out dim 0, lse dim 1; a token mixer's region, node meta
+`cpcompile_token_region`: its declared seq dim). Higher-order ops with a body (checkpoint,
 wrap, invoke_subgraph) run their body with the same tracking, torch.cond both of its branches (the ranks
 agree on the predicate at run time: passes/agree.py); any other higher-order op with a token-holding operand is
 a Flag (it cannot be looked into). Code marked with cpcompile.mark_token_local runs without tracking and hands
