@@ -92,11 +92,11 @@ class AttentionBlock(nn.Module):
 class HybridModel(nn.Module):
     """embed -> mixer block -> attention block -> mixer block -> head: (B, L) ids -> (B, L, vocab) logits."""
 
-    def __init__(self, vocab: int = 32, dim: int = 32, heads: int = 4, head_dim: int = 8) -> None:
+    def __init__(self, vocab: int = 32, dim: int = 32, heads: int = 4, head_dim: int = 8, attn_heads: int = 4) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.blocks = nn.ModuleList(
-            [MixerBlock(dim, heads, head_dim), AttentionBlock(dim, heads), MixerBlock(dim, heads, head_dim)]
+            [MixerBlock(dim, heads, head_dim), AttentionBlock(dim, attn_heads), MixerBlock(dim, heads, head_dim)]
         )
         self.head = nn.Linear(dim, vocab)
 
