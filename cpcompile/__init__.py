@@ -8,6 +8,7 @@ from .attention_op import attention
 from .backend import CPBackend, backend
 from .errors import CPCompileError
 from .explain import explain
+from .mixers import hf_token_mixers, token_mixer
 from .sharding import (
     pad_cu_seqlens,
     pad_documents,
@@ -31,6 +32,7 @@ __all__ = [
     "attention",
     "backend",
     "explain",
+    "hf_token_mixers",
     "mark_token_local",
     "pad_cu_seqlens",
     "pad_documents",
@@ -39,6 +41,7 @@ __all__ = [
     "shard",
     "shard_batch",
     "shard_block_mask",
+    "token_mixer",
     "unshard",
     "verify",
 ]

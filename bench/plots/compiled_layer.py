@@ -3,6 +3,8 @@ attention layer on a fake process group against single-GPU time / cp) into docs/
 CPU machine (matplotlib), from the repository root:
 
     python -m bench.plots.compiled_layer [bench/results/compiled_layer.json] [docs/compiled_layer.png]
+
+It also prints the records as the markdown table docs/benchmarks.md quotes.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def main(src: str = "bench/results/compiled_layer.json", png: str = "docs/compil
     )
     fig.tight_layout()
     fig.savefig(png, dpi=120)
+    print("| layout | comm | kernel | rank | rank ms | single-GPU ms | efficiency |")
+    print("|---|---|---|---|---|---|---|")
+    for r in recs:
+        print(f"| {r['layout']} | {r['comm']} | {r['kernel']} | {r['rank']} | {r['rank_ms']:.2f} | "
+              f"{r['single_gpu_ms']:.2f} | {r['efficiency']:.3f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

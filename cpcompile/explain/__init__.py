@@ -27,6 +27,7 @@ from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS
 from ..layouts.selective import capacity, select, select_thd
 from ..log import LOGGER_NAME
+from ..mixers import rewrite_mixers
 from ..passes import PassState
 from ..passes.agree import plan_summary
 from ..passes.guard_tokens import refuse_token_mixing
@@ -123,6 +124,14 @@ def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, dev
         return sites
     if plans:
         rewrite_graph(gm, plans)
+    try:
+        mixers = rewrite_mixers(gm, configs[0].strategy, configs[0].cp_group)
+    except CPCompileError as e:
+        report.refusals.append(Refusal("token mixer", str(e)))
+        return sites
+    if mixers:
+        names = ", ".join(sorted({m.spec.name for m in mixers}))
+        report.notes.append(f"graph {graph}: {len(mixers)} token mixer call(s) run head-parallel over a2a ({names})")
     with _warnings() as said:
         try:
             refuse_token_mixing(gm, PassState(configs[0], sites, plans))

@@ -14,6 +14,7 @@ import torch.fx
 from ..errors import CPCompileError
 from ..log import log_plans
 from ..mesh import CPGroup, resolve_group
+from ..mixers import find_mixers, rewrite_mixers
 from ..refusal import raise_refusals
 from .agree import agree, summarize
 from .guard_tokens import refuse_token_mixing
@@ -67,13 +68,22 @@ def rewrite(gm: torch.fx.GraphModule, state: PassState) -> None:
     log_plans(gm, state.plans)
 
 
+def mixers(gm: torch.fx.GraphModule, state: PassState) -> None:
+    """Each declared token mixer (cpcompile.token_mixer) replaced by its head-parallel all-to-all region
+    (cpcompile/mixers/): planned, so refused with one CPCompileError, before any is rewritten."""
+    if not find_mixers(gm):
+        return
+    group = state.plans[0].group if state.plans else state.config.cp_group or _config_group(state.config)
+    rewrite_mixers(gm, state.config.strategy, group)
+
+
 def guard(gm: torch.fx.GraphModule, state: PassState) -> None:
     """Refuse any op left that mixes tokens along the CP-sharded dim, or a flex_attention node
     (passes/guard_tokens.py): one CPCompileError at compile time, never a silently wrong result."""
     refuse_token_mixing(gm, state)
 
 
-PASSES = (find, plan, agree_ranks, rewrite, guard)
+PASSES = (find, plan, agree_ranks, rewrite, mixers, guard)
 
 
 def run(gm: torch.fx.GraphModule, config: CPConfig) -> list[CPPlan]:

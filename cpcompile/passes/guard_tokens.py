@@ -40,6 +40,9 @@ the graph is accepted if one of them places every site's q/k/v on the sequence d
 is never dropped from the assignment to make a refusal go away (a token mask's cumsum into position ids must stay
 refused).
 
+A declared token mixer's region (cpcompile/mixers/) is a site too: its token inputs must arrive on its seq dim,
+its outputs hold the tokens there, and its local length counts like an attention site's.
+
 Graphs with no rewritten site (a model whose attention is nn.MultiheadAttention or HF eager has none): the local
 length is unknown, so each distinct size of the inputs' dims is tried as the sequence length; a size is taken as
 the sequence when some op makes two values sharded on it meet along it (every token against every token:
@@ -59,9 +62,11 @@ import logging
 import torch
 import torch.fx
 from torch.distributed.tensor import DTensor
+from torch.utils import _pytree as pytree
 
 from ..errors import CPCompileError, site_error
 from ..mesh import cp_mesh_dim, resolve_group
+from ..mixers import TOKEN_REGION
 from .match import is_cp_attention, is_flex, is_sdpa, is_varlen
 from .token_flow import BODY_OPERANDS, Flag, Result, concrete, track
 
@@ -212,6 +217,17 @@ def _top_inputs(gm: torch.fx.GraphModule, args) -> set[str]:
     return found
 
 
+def _mixer_lengths(gm: torch.fx.GraphModule) -> set[int]:
+    """The local lengths of the token mixers' regions (cpcompile/mixers/): their outputs' seq dim."""
+    found = set()
+    for node in _walk(gm):
+        seq = node.meta.get(TOKEN_REGION)
+        if seq is not None:
+            out = next(t for t in pytree.tree_leaves(_value(node)) if isinstance(t, torch.Tensor))
+            found.add(int(out.shape[seq]))
+    return found
+
+
 def _preferred(dims: list[int]) -> list[int]:
     """Candidate dims, the likeliest first: dim 1 ((batch, seq, ...) inputs), then the rest in order."""
     return sorted(dims, key=lambda d: (d != 1, d))
@@ -267,8 +283,9 @@ def check_graph(
     if isinstance(inputs[0][1], int):  # DTensor inputs under a permuted layout: their placements say where
         result = _track(gm, {n.name: d for n, d in inputs}, None)
         return result.flags[0] if result.flags else None
-    if plans:
-        lengths = {p.site.q_shape[0] if p.site.kind == "varlen" else p.site.q_shape[2] for p in plans}
+    lengths = {p.site.q_shape[0] if p.site.kind == "varlen" else p.site.q_shape[2] for p in plans}
+    lengths |= _mixer_lengths(gm)
+    if lengths:
         if seen is not None:
             seen.update(lengths)
         results = []
@@ -351,8 +368,11 @@ def refusal(flag: Flag) -> CPCompileError:
             "tokens alone its result would be silently wrong"
         )
         fix = (
-            f"{_SDPA_FIX}; other token mixing (scans, convolutions or pooling over tokens, sorting them) has no CP "
-            f"rewrite: keep it out of the CP-compiled model; {_MARK_FIX}"
+            f"{_SDPA_FIX}; a head- or channel-local token mixer (a short causal depthwise conv, a linear-attention, "
+            "gated-delta or SSM scan whose every head reads only its own head) runs head-parallel once declared: "
+            "cpcompile.token_mixer(module_or_fn, heads_dim=...) (its code must read head counts and the length "
+            "from its inputs); other token mixing (a mixer that mixes heads, pooling, sorting tokens, state passing "
+            f"between ranks) is not supported: keep it out of the CP-compiled model; {_MARK_FIX}"
         )
     return site_error(node, rule, fix, what="node", action="run")
 

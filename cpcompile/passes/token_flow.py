@@ -11,7 +11,8 @@ FakeTensorMode: nothing needs a device or a value (the graph's factories are sen
 constants and real parameters moved there).
 
 cpcompile's region calls are not run: a stand-in returns a fresh output of the traced shape holding the tokens
-on the sequence dim (SDPA out dim 2; varlen out dim 0, lse dim 1). Higher-order ops with a body (checkpoint,
+on the sequence dim (SDPA out dim 2; varlen out dim 0, lse dim 1; a token mixer's region, node meta
+`cpcompile_token_region`: its declared seq dim). Higher-order ops with a body (checkpoint,
 wrap, invoke_subgraph) run their body with the same tracking, torch.cond both of its branches (the ranks
 agree on the predicate at run time: passes/agree.py); any other higher-order op with a token-holding operand is
 a Flag (it cannot be looked into). Code marked with cpcompile.mark_token_local runs without tracking and hands
@@ -29,6 +30,7 @@ from torch.utils import _pytree as pytree
 from ..guard import rules as _rules
 from ..guard.dispatch import Tracker as _Dispatch
 from ..guard.tags import Part, Seq, Share, whole
+from ..mixers import TOKEN_REGION
 from ..regions.guards import agree_condition, check_packed_metadata
 from ..token_local import is_token_local_node, is_token_local_op
 
@@ -186,6 +188,8 @@ class Runner(torch.fx.Interpreter):
         plan = node.meta.get("cpcompile_plan")
         if plan is not None:
             return self._region(plan, node, args)
+        if (seq := node.meta.get(TOKEN_REGION)) is not None:
+            return self._token_region(node, args, kwargs, seq)
         if target in RUN_TIME_GUARDS:  # they communicate (a few ints) and hand back their checked input
             return args[0]
         if isinstance(target, torch._ops.HigherOrderOperator):
@@ -214,6 +218,21 @@ class Runner(torch.fx.Interpreter):
         else:
             for t, d in zip(out, (0, 1)):
                 self.tracker.place(t, whole(d, t.shape[d]))
+        return out
+
+    def _token_region(self, node: torch.fx.Node, args, kwargs, seq: int):
+        """A token mixer's head-parallel region (cpcompile/mixers/): its token inputs must arrive holding tokens
+        on `seq` (weights hold none); its outputs hold them there."""
+        for t in _tensors(args, kwargs):
+            tag = self.tracker.tag(t)
+            if isinstance(tag, Share):
+                self.tracker.flag("the token mixer region", "partial", detail=f"{tag.describe()} goes into it")
+            elif tag is not None and self.tracker.seq_dim(t) != seq % t.dim():
+                self.tracker.result.inconsistent.append(node)
+        out = _fresh(_traced(node))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.tracker.place(t, whole(seq % t.dim(), t.shape[seq]))
         return out
 
     def _higher_order(self, hop, node: torch.fx.Node, args):

@@ -1,0 +1,157 @@
+"""`cpcompile.token_mixer`: declare a head-local (or channel-local) token mixer, so CP runs it head-parallel.
+
+A token mixer combines tokens along the sequence (a short causal depthwise conv, a linear-attention or SSM scan),
+which the token guard refuses on a rank's own tokens. When every head (or channel) of its outputs depends only on
+the same head of its inputs and weights, it runs exactly on whole sequences for a subset of the heads: the pass
+(mixers/rewrite.py) wraps the call into an all-to-all region (mixers/region.py).
+
+The declared callable becomes ONE node of Dynamo's graph: `mixer_call(key, *weights, *args, **kwargs)`, kept
+whole by `torch._dynamo.allow_in_graph`, with the module's weights passed in as tensors (so aot_autograd traces
+them as inputs and their gradients flow). Outside a CP-compiled graph the call is the original forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import torch
+import torch.nn as nn
+
+T = TypeVar("T")
+
+
+@dataclass
+class MixerSpec:
+    """One declaration: what to call, where its tensors hold heads and tokens, how its weights split."""
+
+    key: int
+    name: str
+    heads_dim: int
+    seq_dim: int
+    weight_names: tuple[str, ...] = ()
+    weight_dims: Mapping[str, int | None] = field(default_factory=dict)
+    """name -> the dim a weight splits along with the heads (None: shared by every head, not split). A module's
+    weights are its parameters and buffers, a function's the arguments named here."""
+    fn: Callable | None = None
+    module: nn.Module | None = None
+    forward: Callable | None = None
+    """The module's own forward (bound), run with the weights swapped in."""
+    inside: list[int] = field(default_factory=lambda: [0])
+
+    def call(self, weights, args, kwargs):
+        """The mixer itself on these weights and inputs (any head count, any length the code infers)."""
+        if self.module is None:
+            return self.fn(*args, **dict(zip(self.weight_names, weights)), **kwargs)
+        self.inside[0] += 1
+        try:
+            return torch.func.functional_call(self.module, dict(zip(self.weight_names, weights)), args, kwargs)
+        finally:
+            self.inside[0] -= 1
+
+
+MIXERS: dict[int, MixerSpec] = {}
+"""key -> declaration; the key is the first argument of every mixer_call node."""
+_KEYS = itertools.count()
+
+
+def mixer_call(key: int, /, *flat, **kwargs):
+    """The graph node of a declared mixer: weights first, then the call's positional arguments (`key` is
+    positional-only: a mixer may take an argument named key)."""
+    spec = MIXERS[key]
+    n = len(spec.weight_names)
+    return spec.call(flat[:n], flat[n:], kwargs)
+
+
+torch._dynamo.allow_in_graph(mixer_call)
+
+
+def is_mixer_call(node) -> bool:
+    """Whether an FX node is a declared mixer's call (not yet rewritten)."""
+    return node.op == "call_function" and node.target is mixer_call
+
+
+def _wrap_module(module: nn.Module, spec: MixerSpec) -> None:
+    """Give `module` a forward that calls mixer_call with its own weights (bound to the instance, so a deep copy
+    passes the copy's weights; the declaration's module only lends its code and configuration)."""
+    forward = module.forward
+
+    def wrapped(self, *args, **kwargs):
+        if spec.inside[0]:  # functional_call re-entering: the module's own forward
+            return forward(*args, **kwargs)
+        state = dict(self.named_parameters()) | dict(self.named_buffers())
+        return mixer_call(spec.key, *(state[n] for n in spec.weight_names), *args, **kwargs)
+
+    spec.forward = forward
+    module.forward = types.MethodType(wrapped, module)
+    module._cpcompile_mixer = spec.key
+
+
+def token_mixer(
+    obj: T,
+    *,
+    heads_dim: int,
+    seq_dim: int = 1,
+    weight_dims: Mapping[str, int | None] | None = None,
+) -> T:
+    """Declare `obj` (an nn.Module instance, changed in place, or a function: use the returned one) a head-local
+    token mixer and return it. Under CP its call runs head-parallel: its tensor arguments (this rank's tokens on
+    `seq_dim`, heads or channels on `heads_dim`) go through an all-to-all so each rank holds the whole sequence for
+    heads/cp of the heads, the mixer runs on that, and its tensor outputs (the same dims) come back.
+
+    The promise: every head (channel) of the outputs depends only on the same head of the inputs, and the code
+    reads its head count and length from its inputs' shapes (e.g. `groups=x.shape[1]`), not from constants.
+    A module's parameters and buffers split with the heads along dim 0 when that dim's size is a head count of
+    the inputs, else they are shared; `weight_dims` ({name: dim or None}) says otherwise per weight. A function's
+    tensor arguments are token inputs except those named in `weight_dims` (its weights, e.g. a conv's weight and
+    bias: {"weight": 0, "bias": 0}).
+    """
+    if heads_dim == seq_dim:
+        raise ValueError("token_mixer: heads_dim and seq_dim must differ")
+    if isinstance(obj, nn.Module) and "_cpcompile_mixer" in obj.__dict__:
+        raise ValueError(f"token_mixer: this {type(obj).__name__} is declared already")
+    key = next(_KEYS)
+    if isinstance(obj, nn.Module):
+        names = tuple(n for n, _ in (*obj.named_parameters(), *obj.named_buffers()))
+        unknown = set(weight_dims or ()) - set(names)
+        if unknown:
+            raise ValueError(f"token_mixer: {sorted(unknown)} are not parameters or buffers of {type(obj).__name__}")
+        spec = MixerSpec(key, type(obj).__name__, heads_dim, seq_dim, names, dict(weight_dims or {}), module=obj)
+        MIXERS[key] = spec
+        _wrap_module(obj, spec)
+        return obj
+    if not callable(obj) or inspect.isclass(obj):
+        raise TypeError(f"token_mixer takes an nn.Module instance or a function, not {obj!r}")
+    names, defaults = _positional(obj)
+    weights = tuple(weight_dims or ())
+    missing = [w for w in weights if w not in names and w not in defaults]
+    if missing:
+        raise ValueError(f"token_mixer: {missing} are not arguments of {getattr(obj, '__name__', obj)!r}")
+    spec = MixerSpec(
+        key, getattr(obj, "__name__", type(obj).__name__), heads_dim, seq_dim, weights, dict(weight_dims or {}), fn=obj
+    )
+    MIXERS[key] = spec
+
+    def declared(*args, **kwargs):
+        named = dict(zip(names, args))  # every named argument by keyword, so the weights can come out
+        named.update(kwargs)
+        pulled = [named.pop(w, defaults.get(w)) for w in weights]
+        return mixer_call(key, *pulled, *args[len(names) :], **named)
+
+    declared.__name__ = spec.name
+    return declared  # type: ignore[return-value]
+
+
+def _positional(fn: Callable) -> tuple[list[str], dict]:
+    """The names of fn's positional-or-keyword parameters, in order, and every parameter's default."""
+    params = inspect.signature(fn).parameters.values()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD,)
+    names = [p.name for p in params if p.kind in kinds]
+    if any(p.kind is inspect.Parameter.POSITIONAL_ONLY for p in params):
+        raise ValueError("token_mixer: functions with positional-only parameters are not supported; wrap them")
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    return names, defaults

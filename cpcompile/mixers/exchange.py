@@ -1,0 +1,105 @@
+"""The sequence<->heads all-to-all of a mixer region, for any tensors: tokens on one dim, heads on another.
+
+`to_heads`: this rank's tokens of every head -> every token (in GLOBAL order) of this rank's heads/cp heads.
+`to_tokens`: the way back. The tensors of one dtype travel in ONE equal-split all-to-all (packed side by side
+per token, as the attention a2a packs q/k/v; comm.collectives.exchange_first, differentiable, routed like every
+collective). The received buffer is rank-major: rank p's local chunks in local order (flat: already global
+order; zigzag: chunks p and 2cp-1-p), so a layout with several chunks a rank reorders it into global order with
+one copy before the mixer runs and back after, since a scan must see its tokens in order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..comm.collectives import exchange_first
+from ..layouts import ChunkLayout
+
+
+class _DenseGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous copy of the gradient. The views between the mixer and the
+    all-to-all are traced at the gradients' traced strides; a gradient that arrives at run time with other
+    strides (the user's code decides them: seen under flat, where no reorder copy sits in between) would break a
+    view that the trace took for free. A fresh contiguous gradient has the same strides traced and run."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.clone(memory_format=torch.contiguous_format)
+
+
+def _front(x: torch.Tensor, heads_dim: int, seq_dim: int) -> tuple[torch.Tensor, list[int]]:
+    """x permuted to (heads, seq, rest...) and the permutation (to undo it)."""
+    heads_dim, seq_dim = heads_dim % x.dim(), seq_dim % x.dim()
+    perm = [heads_dim, seq_dim, *(d for d in range(x.dim()) if d not in (heads_dim, seq_dim))]
+    return x.permute(perm), perm
+
+
+def _back(x: torch.Tensor, perm: list[int]) -> torch.Tensor:
+    inverse = [0] * len(perm)
+    for i, d in enumerate(perm):
+        inverse[d] = i
+    return x.permute(inverse)
+
+
+def _reorder(x: torch.Tensor, order: list[int]) -> torch.Tensor:
+    """(h, n*C, ...) with chunk i of the result = chunk order[i] of x: one copy."""
+    chunks = x.unflatten(1, (len(order), -1))
+    return torch.cat([chunks[:, i] for i in order], dim=1)
+
+
+def _orders(layout: ChunkLayout, world: int) -> tuple[list[int], list[int]] | None:
+    """(for each global chunk its rank-major index, for each rank-major chunk its global id); None: the same."""
+    order = layout.unshard_chunk_order(world)
+    if order == sorted(order):
+        return None
+    gathered = [0] * len(order)
+    for g, j in enumerate(order):
+        gathered[j] = g
+    return order, gathered
+
+
+def _exchange(blocks: list[torch.Tensor], group_name: str) -> list[torch.Tensor]:
+    """One all-to-all per dtype of (world, n, h, rest...) blocks (block j to rank j); the received blocks."""
+    got: list[torch.Tensor | None] = [None] * len(blocks)
+    for dtype in dict.fromkeys(b.dtype for b in blocks):
+        idx = [i for i, b in enumerate(blocks) if b.dtype == dtype]
+        flat = [blocks[i].flatten(2) for i in idx]  # (world, n, h*rest)
+        packed = exchange_first(torch.cat(flat, dim=-1) if len(flat) > 1 else flat[0], group_name)
+        for i, part in zip(idx, packed.split([f.shape[-1] for f in flat], dim=-1)):
+            got[i] = part.view(blocks[i].shape)
+    return got  # type: ignore[return-value]
+
+
+def to_heads(
+    xs: list[torch.Tensor], heads_dim: int, seq_dim: int, layout: ChunkLayout, group_name: str, world: int
+) -> list[torch.Tensor]:
+    """This rank's L tokens of H heads -> all world*L tokens, in global order, of heads [rank*H/world, ...)."""
+    fronts = [_front(x, heads_dim, seq_dim) for x in xs]
+    # block j: rank j's heads of this rank's tokens, token-major (world, n, h/world, rest)
+    blocks = [f.unflatten(0, (world, -1)).transpose(1, 2) for f, _ in fronts]
+    orders = _orders(layout, world)
+    out = []
+    for got, (_, perm) in zip(_exchange(blocks, group_name), fronts):  # block j: rank j's tokens, my heads
+        seq = got.permute(2, 0, 1, *range(3, got.dim())).flatten(1, 2)  # (h/world, world*n, rest): rank-major
+        out.append(_DenseGrad.apply(_back(seq if orders is None else _reorder(seq, orders[0]), perm)))
+    return out
+
+
+def to_tokens(
+    ys: list[torch.Tensor], heads_dim: int, seq_dim: int, layout: ChunkLayout, group_name: str, world: int
+) -> list[torch.Tensor]:
+    """The inverse of to_heads: every token of this rank's heads -> this rank's tokens of every head."""
+    fronts = [_front(y, heads_dim, seq_dim) for y in ys]
+    orders = _orders(layout, world)
+    blocks = []
+    for f, _ in fronts:
+        f = f if orders is None else _reorder(f, orders[1])  # global order -> rank-major
+        blocks.append(f.unflatten(1, (world, -1)).permute(1, 2, 0, *range(3, f.dim() + 1)))  # (world, n, h, rest)
+    out = []
+    for got, (_, perm) in zip(_exchange(blocks, group_name), fronts):  # block j: my tokens, rank j's heads
+        out.append(_DenseGrad.apply(_back(got.transpose(1, 2).flatten(0, 1), perm)))  # (H, n, rest)
+    return out

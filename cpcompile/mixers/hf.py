@@ -1,0 +1,45 @@
+"""Hugging Face hybrids: the token mixers of transformers' modeling files declared by name.
+
+transformers 5.24's linear-attention and SSM layers call module-level torch fallbacks; the ones below are
+head-local (channel-local), so `hf_token_mixers(model)` replaces them in the modeling modules of the model's
+layers by their declared versions (process-wide, like any declaration; without CP they compute the same).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch.nn as nn
+
+from .declare import token_mixer
+
+HF_MIXERS: dict[str, dict] = {
+    # (B, C, L) -> (B, C, L), depthwise over channels; weight (C, K), bias (C,)
+    "causal_conv1d_fn": dict(heads_dim=1, seq_dim=2, weight_dims={"weight": 0, "bias": 0}),
+    # q/k (B, L, Hk, Dk), v (B, L, Hv, Dv), g/beta (B, L, Hv) -> ((B, L, Hv, Dv), state or None)
+    "torch_chunk_gated_delta_rule": dict(heads_dim=2, seq_dim=1),
+    # Mamba2's SSD: x (B, L, H, P), dt (B, L, H), B/C (B, L, G, N) -> (B, L, H, P); A, D, dt_bias (H,)
+    "mamba2_chunk_scan": dict(heads_dim=2, seq_dim=1, weight_dims={"A": 0, "D": 0, "dt_bias": 0}),
+}
+"""Module-level function name -> its declaration (token_mixer's keywords)."""
+
+_DONE: dict[tuple[str, str], object] = {}
+
+
+def hf_token_mixers(model: nn.Module) -> list[str]:
+    """Declare the known token mixers of every modeling module `model`'s layers come from; returns the
+    `module.function` names declared (already declared ones included)."""
+    names = []
+    for module_name in sorted({type(m).__module__ for m in model.modules()}):
+        modeling = sys.modules.get(module_name)
+        for fn_name, kwargs in HF_MIXERS.items():
+            fn = getattr(modeling, fn_name, None)
+            if fn is None:
+                continue
+            key = (module_name, fn_name)
+            if _DONE.get(key) is not fn:
+                declared = token_mixer(fn, **kwargs)
+                setattr(modeling, fn_name, declared)
+                _DONE[key] = declared
+            names.append(f"{module_name}.{fn_name}")
+    return names
