@@ -28,7 +28,7 @@ def main(src: str = "bench/results/compiled_layer.json", png: str = "docs/compil
             worst[key] = r
     layouts = sorted({k[0] for k in worst}, key=["zigzag", "thd", "thd_zigzag", "thd_balanced"].index)
     comms = sorted({k[1] for k in worst})
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(comms)
     for i, comm in enumerate(comms):
         xs = [j + i * width for j, lay in enumerate(layouts) if (lay, comm) in worst]
@@ -41,8 +41,8 @@ def main(src: str = "bench/results/compiled_layer.json", png: str = "docs/compil
     ax.legend(fontsize=8, ncol=2)
     first = recs[0]
     fig.suptitle(
-        f"Compiled attention layer, one CP rank's compute (fake group): S={first['S']}, cp={first['cp']}, "
-        f"{meta['device']}, torch {meta['torch']}, commit {meta['commit'][:10]}",
+        f"Compiled Llama3-8B attention layer, one CP rank's compute (fake group), S={first['S']}, cp={first['cp']}\n"
+        f"{meta['device']}, torch {meta['torch']}, cpcompile/ at {meta['commit'][:10]}",
         fontsize=9,
     )
     fig.tight_layout()
