@@ -125,7 +125,7 @@ def layer_speeds(
                     records.append(
                         dict(layout=key[1], comm=key[0], S=SPEED_SEQ, cp=SPEED_CP, rank=rank, kernel=kernel,
                              efficiency=round(ref_ms / SPEED_CP / rank_ms, 4), rank_ms=round(rank_ms, 3),
-                             single_gpu_ms=round(ref_ms, 3), exposed_comm=None)
+                             single_gpu_ms=round(ref_ms, 3))
                     )  # fmt: skip
                 if key in rows:
                     rows[key][1] += f", {eff}"

@@ -69,6 +69,19 @@ class SiteShape:
             **extra,
         )
 
+    @classmethod
+    def of_plan(cls, plan, world: int) -> SiteShape:
+        """From a planned site (passes/plans.CPPlan): its window, and for packed sites max_doc and the lse."""
+        if plan.site.kind == "sdpa":
+            return cls.of_site(plan.site, plan.causal, world, window=plan.window or NO_WINDOW)
+        extra = dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse)
+        return cls.of_site(plan.site, plan.causal, world, **extra)
+
+    @property
+    def block_window(self) -> tuple[int, int] | None:
+        """The window as the layouts' block functions take it (None: no window)."""
+        return None if self.window == NO_WINDOW else self.window
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -121,8 +134,7 @@ def _rank_heads(shape: SiteShape, splits_heads: bool) -> tuple[int, int]:
 def _rank_work(shape: SiteShape, layout: str, comm, rank: int, cu: torch.Tensor | None) -> tuple[int, CallWork]:
     """(blocks, their counts) of one rank."""
     if shape.kind == "sdpa":
-        window = None if shape.window == NO_WINDOW else shape.window
-        blocks = comm.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens, window)
+        blocks = comm.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens, shape.block_window)
         return len(blocks), dense_work(blocks, shape.batch)
     blocks = comm.varlen_rank_blocks(
         layout, shape.causal, rank, shape.world, shape.tokens, cu, shape.max_doc, shape.window
@@ -155,8 +167,7 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
         shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
         shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.varlen_lse_on_demand,
         max_doc=shape.max_doc if shape.kind == "varlen" else None,
-        dense_mask=(layout, shape.causal, None if shape.window == NO_WINDOW else shape.window)
-        if shape.kind == "sdpa" else None,
+        dense_mask=(layout, shape.causal, shape.block_window) if shape.kind == "sdpa" else None,
     )  # fmt: skip
     exchanged = (fwd + bwd) * shape.world // (shape.world - 1)
     overhead, _ = region_overhead_ms(entry.overhead_as or comm, kernel if rate.proxy_for is None else rate.name,

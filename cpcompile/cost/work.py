@@ -123,8 +123,7 @@ def dense_work(blocks: list, batch: int) -> CallWork:
 
     total = CallWork()
     tuples = decode_dense(encode_dense(blocks))
-    windows = [b.window for b in blocks] if any(b.window is not None for b in blocks) else None
-    for call in plan_calls(tuples, batch, windows):
+    for call in plan_calls(tuples, batch, [b.window for b in blocks]):
         n = len(call.members) * batch
         q = torch.full((n,), call.q_len)
         k = torch.full((n,), call.kv_len)

@@ -23,7 +23,6 @@ import torch
 from ..backend import check_choices
 from ..cost import SiteShape, estimate
 from ..errors import CPCompileError, node_origin, node_source
-from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS
 from ..layouts.selective import capacity, select, select_thd
 from ..log import LOGGER_NAME
@@ -49,12 +48,7 @@ def _site_estimate(plan: CPPlan, cu: torch.Tensor | None):
     site = plan.site
     if site.kind == "flex":
         return None
-    extra = (
-        dict(window=plan.window or NO_WINDOW)
-        if site.kind == "sdpa"
-        else dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse)
-    )
-    shape = SiteShape.of_site(site, plan.causal, plan.group.size, **extra)
+    shape = SiteShape.of_plan(plan, plan.group.size)
     return estimate(shape, plan.layout, plan.comm, plan.kernel, cu)
 
 

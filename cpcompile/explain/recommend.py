@@ -19,7 +19,6 @@ import torch
 
 from ..cost import TIE, Estimate, SiteShape, estimate
 from ..errors import CPCompileError, node_origin
-from ..kernels.base import NO_WINDOW
 from ..layouts import LAYOUTS, THD_LAYOUTS
 from ..passes.match import AttentionSite
 from ..passes.plan import plan_site
@@ -46,10 +45,7 @@ def _layout_cost(sites, layout: str, config: CPConfig, cu: torch.Tensor | None) 
     for site in sites:
         plan = plan_site(site, dataclasses.replace(config, strategy=layout))  # the comm asked for, or "auto"
         options = [(e.comm, e.kernel) for e in plan.choice.options] if plan.choice else [(plan.comm, plan.kernel)]
-        shape = SiteShape.of_site(
-            site, plan.causal, world, **(dict(window=plan.window or NO_WINDOW) if site.kind == "sdpa" else dict(
-                window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse))
-        )  # fmt: skip
+        shape = SiteShape.of_plan(plan, world)
         if cu is not None:
             shape = dataclasses.replace(shape, tokens=int(cu[-1]) // world)
         best.append(min((estimate(shape, layout, c, k, cu) for c, k in options), key=lambda e: e.total_ms))

@@ -66,7 +66,7 @@ def unsupported_reason(
         reason = provider.supports_head_dim(head_dim, v_head_dim)
     for feature in features if reason is None else ():
         if not getattr(provider, f"supports_{feature}", False):
-            return getattr(provider, f"no_{feature}_reason", None) or f"it takes no {FEATURES[feature]}"
+            return f"it takes no {FEATURES[feature]}"
     return reason
 
 

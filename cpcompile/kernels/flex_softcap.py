@@ -54,9 +54,7 @@ def _block_mask(lq: int, lk: int, causal: bool, window: tuple[int, int] | None, 
     from torch.nn.attention.flex_attention import create_block_mask
 
     mod = _window_mod(lq, lk, causal, window)
-    if mod is None:
-        return None
-    return create_block_mask(mod, None, None, lq, lk, device=device)
+    return None if mod is None else create_block_mask(mod, None, None, lq, lk, device=device)
 
 
 @lru_cache(maxsize=1)
