@@ -19,7 +19,7 @@ CUDA sites, which cuDNN and FA2 do not take.
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from functools import lru_cache
 
 import torch
@@ -115,30 +115,36 @@ class FlexSoftcapKernel:
         return None
 
     def forward(self, q, k, v, causal, scale, window=None, softcap=0.0):
-        return _on_clean_thread(_run, q, k, v, causal, scale, window, softcap)
+        return _in_clean_dispatch_state(_run, q, k, v, causal, scale, window, softcap)
 
     def backward(self, dout, q, k, v, out, lse, causal, scale, window=None, softcap=0.0):
-        return _on_clean_thread(_backward, dout, q, k, v, out, lse, causal, scale, window, softcap)
+        return _in_clean_dispatch_state(_backward, dout, q, k, v, out, lse, causal, scale, window, softcap)
 
 
-def _on_clean_thread(fn, *args):
-    """fn(*args) on a thread of its own, on the caller's CUDA stream. Flex vmaps its score and mask mods, and
-    inside our regions (custom ops) on a compiled graph's first call torch 2.11 runs them under aot_autograd's
-    custom-op aliasing check, a dispatch mode under which vmap fails ("NYI: querying is_contiguous inside of
-    vmap"; seen on the H200 with Gemma 2). Dispatch modes and functorch state are thread-local."""
-    stream = torch.cuda.current_stream(args[0].device) if args[0].is_cuda else None
-
-    def call():
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            return fn(*args)
-
-    return _worker().submit(call).result()
+def _in_clean_dispatch_state(fn, *args):
+    """fn(*args) with the dispatcher's thread-local key sets of a fresh thread. Our regions are custom ops: their
+    impls run with keys above the backend excluded (autograd, and under aot_autograd's aliasing-check mode on a
+    compiled graph's first call the functorch keys too), where flex's vmapped score and mask mods fail ("NYI:
+    querying is_contiguous inside of vmap"; Gemma 2 on the H200, torch 2.11) and its backward records no graph.
+    On the calling thread, not a thread of its own: on CUDA the caller of backward is the autograd engine's device
+    thread, and another thread's autograd.grad queues onto it and waits forever (the H200, 2026-12-02)."""
+    include, exclude = _fresh_thread_key_sets()
+    with torch._C._ForceDispatchKeyGuard(include, exclude):
+        return fn(*args)
 
 
 @lru_cache(maxsize=1)
-def _worker() -> ThreadPoolExecutor:
-    """One thread for every flex call (the caller waits on it: calls stay in program order)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpcompile-flex")
+def _fresh_thread_key_sets() -> tuple[torch._C.DispatchKeySet, torch._C.DispatchKeySet]:
+    """The thread-local include and exclude key sets a new thread starts with."""
+    sets = []
+
+    def read() -> None:
+        sets.append((torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join()
+    return sets[0]
 
 
 def _backward(dout, q, k, v, out, lse, causal, scale, window, softcap):

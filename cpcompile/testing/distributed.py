@@ -19,12 +19,15 @@ import torch.multiprocessing as mp
 def share_one_gpu() -> None:
     """Set up a spawned rank that shares GPU 0 with the others over gloo: tracebacks on a crash, cuda:0, and
     cpcompile's collectives through host memory (gloo crashes on CUDA all-gathers: cpcompile/comm/route.py).
-    Right for kernel correctness; says nothing about communication."""
+    Right for kernel correctness; says nothing about communication. CPCOMPILE_TEST_STACKS_AFTER=<seconds>: every
+    thread's stack to stderr once that long has passed (what a rank waits on when its peer times out)."""
     import faulthandler
 
     from ..comm.route import through_host
 
     faulthandler.enable()
+    if after := os.environ.get("CPCOMPILE_TEST_STACKS_AFTER"):
+        faulthandler.dump_traceback_later(float(after), exit=False)
     torch.cuda.set_device(0)
     through_host()
 

@@ -85,3 +85,49 @@ def test_flex_softcap_runs_inside_a_compiled_graphs_custom_op():
     compiled = torch.compile(lambda *a: _flex_block(a[0] * 1, *a[1:]), backend="aot_eager", fullgraph=True)
     for got, want in zip(compiled(q, k, v), _flex_block(q, k, v)):
         torch.testing.assert_close(got, want)
+
+
+@torch.library.custom_op("cpcompile_test::flex_block_grads", mutates_args=())
+def _flex_block_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> list[torch.Tensor]:
+    flex = PROVIDERS["flex_softcap"]
+    out, lse = flex.forward(q, k, v, True, 0.125, softcap=5.0)
+    return list(flex.backward(dout, q, k, v, out, lse, True, 0.125, softcap=5.0))
+
+
+@_flex_block_grads.register_fake
+def _flex_block_grads_fake(q, k, v, dout):
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+
+
+def test_flex_softcap_backward_runs_inside_a_compiled_graphs_custom_op():
+    """A region's backward is a custom op too: its impl runs with autograd's keys excluded, where the block's
+    recomputed forward would record no graph. The grads inside a compiled graph equal a direct call's."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v, dout = (torch.randn(1, 2, 32, 16, generator=g) for _ in range(4))
+    with cpu_flex_backward():
+        compiled = torch.compile(lambda *a: _flex_block_grads(a[0] * 1, *a[1:]), backend="aot_eager", fullgraph=True)
+        for got, want in zip(compiled(q, k, v, dout), _flex_block_grads(q, k, v, dout)):
+            torch.testing.assert_close(got, want)
+
+
+def test_flex_softcap_runs_on_the_calling_thread(monkeypatch):
+    """On CUDA the caller of a region's backward is the autograd engine's device thread; an autograd.grad from any
+    other thread queues onto that thread and waits forever (Gemma 2 hung on the H200 when flex ran on a worker)."""
+    import threading
+
+    import cpcompile.kernels.flex_softcap as flex_softcap
+
+    seen = []
+    real_run = flex_softcap._run
+
+    def recording_run(*args):
+        seen.append(threading.get_ident())
+        return real_run(*args)
+
+    monkeypatch.setattr(flex_softcap, "_run", recording_run)
+    q, k, v, dout = _case(8, 8)
+    flex = PROVIDERS["flex_softcap"]
+    with cpu_flex_backward():
+        out, lse = flex.forward(q, k, v, True, 0.3, softcap=2.0)
+        flex.backward(dout, q, k, v, out, lse, True, 0.3, softcap=2.0)
+    assert seen == [threading.get_ident()] * 2
