@@ -53,7 +53,7 @@ def _single(layer, x, cu, longest):
     return _step(fn, x, extra, torch.randn(out_shape, device="cuda", dtype=DTYPE))
 
 
-def _rank_run(layer, layout, comm, x, cu, rank):
+def rank_step(layer, layout, comm, x, cu, rank):
     """(the compiled rank step, the kernel "auto" chose) for `rank` of SPEED_CP on a fake group."""
     local, model_cu, longest = layer_inputs(layout, x, cu)
     be = cpcompile.backend(strategy=layout, comm=comm, kernel="auto", inner="inductor")
@@ -97,7 +97,7 @@ def layer_speeds(
                 x = packed_x if kind == "packed" else dense_x
                 if refused_by_design(comm, layout):
                     try:
-                        _rank_run(layer, layout, comm, x, cu, rank)
+                        rank_step(layer, layout, comm, x, cu, rank)
                         rows[(comm, layout)] = [False, "ran, but the registry says this comm refuses this layout"]
                     except Exception as e:  # noqa: BLE001  (Dynamo wraps the backend's CPCompileError)
                         ok = isinstance(e, cpcompile.CPCompileError) or isinstance(
@@ -111,7 +111,7 @@ def layer_speeds(
                     rows.setdefault((comm, layout), [False, "not compiled within the check's deadline"])
                     continue
                 try:
-                    steps[(comm, layout)] = (*_rank_run(layer, layout, comm, x, cu, rank), kind)
+                    steps[(comm, layout)] = (*rank_step(layer, layout, comm, x, cu, rank), kind)
                 except Exception as e:  # noqa: BLE001  (a crash is this row's failure)
                     traceback.print_exc()
                     rows[(comm, layout)] = [False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"]
