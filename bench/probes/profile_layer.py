@@ -32,7 +32,8 @@ def _profile(step, label: str, rows: int) -> None:
             step()
         torch.cuda.synchronize()
     events = prof.key_averages()
-    gpu_ms = sum(e.self_device_time_total for e in events) / 5 / 1e3
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]  # op rows repeat their kernels
+    gpu_ms = sum(e.self_device_time_total for e in kernels) / 5 / 1e3
     print(f"\n=== {label}: wall {wall_ms:.2f} ms/step, GPU busy {gpu_ms:.2f} ms/step", flush=True)
     print(events.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70), flush=True)
     print(events.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=70), flush=True)
