@@ -85,7 +85,8 @@ def to_heads(
     out = []
     for got, (_, perm) in zip(_exchange(blocks, group_name), fronts):  # block j: rank j's tokens, my heads
         seq = got.permute(2, 0, 1, *range(3, got.dim())).flatten(1, 2)  # (h/world, world*n, rest): rank-major
-        out.append(_DenseGrad.apply(_back(seq if orders is None else _reorder(seq, orders[0]), perm)))
+        whole = _back(seq if orders is None else _reorder(seq, orders[0]), perm)
+        out.append(_DenseGrad.apply(whole.contiguous()))  # the mixer may .view() its inputs, as it could before
     return out
 
 
@@ -101,5 +102,6 @@ def to_tokens(
         blocks.append(f.unflatten(1, (world, -1)).permute(1, 2, 0, *range(3, f.dim() + 1)))  # (world, n, h, rest)
     out = []
     for got, (_, perm) in zip(_exchange(blocks, group_name), fronts):  # block j: my tokens, rank j's heads
-        out.append(_DenseGrad.apply(_back(got.transpose(1, 2).flatten(0, 1), perm)))  # (H, n, rest)
+        mine = _back(got.transpose(1, 2).flatten(0, 1), perm)  # (H, n, rest) in the caller's dims
+        out.append(_DenseGrad.apply(mine.contiguous()))  # callers .view() a mixer's outputs (FalconH1 does)
     return out

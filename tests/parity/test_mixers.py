@@ -52,6 +52,27 @@ def _hf(name: str, cp: int):
             mamba_d_state=8, mamba_chunk_size=4, mamba_expand=2, num_logits_to_keep=None,
         )  # fmt: skip
         cls = transformers.BambaForCausalLM
+    elif name == "falcon_h1":  # every layer runs attention and Mamba2 side by side
+        cfg = transformers.FalconH1Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=cp,
+            mamba_d_state=8, mamba_chunk_size=4, mamba_expand=2, num_logits_to_keep=None,
+        )  # fmt: skip
+        cls = transformers.FalconH1ForCausalLM
+    elif name == "zamba2":  # Mamba2 layers, then a hybrid layer: the shared attention block before a Mamba2
+        cfg = transformers.Zamba2Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+            layers_block_type=["mamba", "hybrid"], num_attention_heads=4, num_key_value_heads=4, n_mamba_heads=4,
+            mamba_ngroups=cp, mamba_d_state=8, chunk_size=4, mamba_expand=2, use_mamba_kernels=False,
+        )  # fmt: skip
+        cls = transformers.Zamba2ForCausalLM
+    elif name == "nemotron_h":
+        cfg = transformers.NemotronHConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, layers_block_type=["mamba", "attention"],
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, ssm_state_size=8, mamba_num_heads=4,
+            mamba_head_dim=16, n_groups=cp, chunk_size=4, expand=2, use_mamba_kernels=False,
+        )  # fmt: skip
+        cls = transformers.NemotronHForCausalLM
     elif name == "granitemoehybrid":
         cfg = transformers.GraniteMoeHybridConfig(
             vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -140,12 +161,15 @@ def test_hybrid_model_matches_one_process(ranks4, cp, strategy, comm):
         assert not bad, f"rank {rank}: {bad}"
 
 
-@pytest.mark.parametrize("name,cp", [("qwen3_next", 4), ("bamba", 2), ("granitemoehybrid", 2)])
+@pytest.mark.parametrize(
+    "name,cp",
+    [("qwen3_next", 4), ("bamba", 2), ("granitemoehybrid", 2), ("falcon_h1", 4), ("zamba2", 2), ("nemotron_h", 2)],
+)
 def test_hf_hybrids_match_one_process(ranks4, name, cp):
     """HF hybrids on their torch fallbacks (causal_conv1d_fn and torch_chunk_gated_delta_rule or
     mamba2_chunk_scan, declared by cpcompile.hf_token_mixers) under zigzag with their own attention layer."""
     for rank, errors in enumerate(ranks4.run(_compare, cp, "zigzag", "all_gather", name, timeout=600)):
-        layer = {"qwen3_next": "linear_attn", "bamba": "mamba", "granitemoehybrid": "mamba"}[name]
+        layer = {"qwen3_next": "linear_attn", "nemotron_h": "mixer"}.get(name, "mamba")
         assert f"model.model.layers.0.{layer}.conv1d.weight" in errors, sorted(errors)
         bad = {n: e for n, e in errors.items() if not e <= HF_TOL}
         assert not bad, f"rank {rank}: {bad}"
