@@ -42,6 +42,9 @@ class MixerSpec:
     forward: Callable | None = None
     """The module's own forward (bound), run with the weights swapped in."""
     inside: list[int] = field(default_factory=lambda: [0])
+    shared_inputs: tuple[str, ...] = ()
+    """Token arguments without a heads dim, read by every head (Mamba1's B and C): every rank gets all their
+    tokens (an all-gather), and their gradients are summed over the ranks."""
 
     def call(self, weights, args, kwargs):
         """The mixer itself on these weights and inputs (any head count, any length the code infers)."""
@@ -97,6 +100,7 @@ def token_mixer(
     heads_dim: int,
     seq_dim: int = 1,
     weight_dims: Mapping[str, int | None] | None = None,
+    shared_inputs: tuple[str, ...] = (),
 ) -> T:
     """Declare `obj` (an nn.Module instance, changed in place, or a function: use the returned one) a head-local
     token mixer and return it. Under CP its call runs head-parallel: its tensor arguments (this rank's tokens on
@@ -108,7 +112,9 @@ def token_mixer(
     A module's parameters and buffers split with the heads along dim 0 when that dim's size is a head count of
     the inputs, else they are shared; `weight_dims` ({name: dim or None}) says otherwise per weight. A function's
     tensor arguments are token inputs except those named in `weight_dims` (its weights, e.g. a conv's weight and
-    bias: {"weight": 0, "bias": 0}).
+    bias: {"weight": 0, "bias": 0}). `shared_inputs` (a function's argument names) are token inputs with no heads dim
+    that every head reads (Mamba1's B and C: (batch, state, L)): each rank gets all their tokens, and their
+    gradients are summed over the ranks.
     """
     if heads_dim == seq_dim:
         raise ValueError("token_mixer: heads_dim and seq_dim must differ")
@@ -116,6 +122,8 @@ def token_mixer(
         raise ValueError(f"token_mixer: this {type(obj).__name__} is declared already")
     key = next(_KEYS)
     if isinstance(obj, nn.Module):
+        if shared_inputs:
+            raise ValueError("token_mixer: shared_inputs name a function's arguments; declare the function instead")
         names = tuple(n for n, _ in (*obj.named_parameters(), *obj.named_buffers()))
         unknown = set(weight_dims or ()) - set(names)
         if unknown:
@@ -129,11 +137,16 @@ def token_mixer(
     names, defaults = _positional(obj)
     weights = tuple(weight_dims or ())
     missing = [w for w in weights if w not in names and w not in defaults]
+    missing += [a for a in shared_inputs if a not in names or a in weights]
     if missing:
-        raise ValueError(f"token_mixer: {missing} are not arguments of {getattr(obj, '__name__', obj)!r}")
+        raise ValueError(
+            f"token_mixer: {missing} are not arguments of {getattr(obj, '__name__', obj)!r} "
+            "(shared_inputs: token arguments, not weights)"
+        )
     spec = MixerSpec(
-        key, getattr(obj, "__name__", type(obj).__name__), heads_dim, seq_dim, weights, dict(weight_dims or {}), fn=obj
-    )
+        key, getattr(obj, "__name__", type(obj).__name__), heads_dim, seq_dim, weights, dict(weight_dims or {}), fn=obj,
+        shared_inputs=tuple(shared_inputs),
+    )  # fmt: skip
     MIXERS[key] = spec
 
     def declared(*args, **kwargs):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..comm.collectives import exchange_first
+from ..comm.collectives import all_gather_dim0, exchange_first, reduce_scatter_dim0
 from ..layouts import ChunkLayout
 
 
@@ -105,3 +105,35 @@ def to_tokens(
         mine = _back(got.transpose(1, 2).flatten(0, 1), perm)  # (H, n, rest) in the caller's dims
         out.append(_DenseGrad.apply(mine.contiguous()))  # callers .view() a mixer's outputs (FalconH1 does)
     return out
+
+
+def _chunks_reordered(x: torch.Tensor, order: list[int] | None) -> torch.Tensor:
+    """(n*C, ...) with chunk i of the result = chunk order[i] of x (None: x as it is)."""
+    if order is None:
+        return x
+    chunks = x.unflatten(0, (len(order), -1))
+    return torch.cat([chunks[i] for i in order], dim=0)
+
+
+class _GatherTokens(torch.autograd.Function):
+    """All of a shared input's tokens, in global order, on every rank; backward sums the ranks' gradients and
+    hands each rank its own tokens' (a reduce-scatter), since every rank's heads read every token."""
+
+    @staticmethod
+    def forward(ctx, x, seq_dim, layout, group_name, world):
+        ctx.args = (seq_dim, layout, group_name, world)
+        orders = _orders(layout, world)
+        rank_major = all_gather_dim0(x.movedim(seq_dim, 0), group_name)
+        return _chunks_reordered(rank_major, None if orders is None else orders[0]).movedim(0, seq_dim).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        seq_dim, layout, group_name, world = ctx.args
+        orders = _orders(layout, world)
+        rank_major = _chunks_reordered(grad.movedim(seq_dim, 0), None if orders is None else orders[1])
+        return reduce_scatter_dim0(rank_major, group_name).movedim(0, seq_dim).contiguous(), None, None, None, None
+
+
+def gather_tokens(x: torch.Tensor, seq_dim: int, layout: ChunkLayout, group_name: str, world: int) -> torch.Tensor:
+    """This rank's L tokens of a shared (headless) input -> all world*L tokens in global order, every rank."""
+    return _GatherTokens.apply(x, seq_dim % x.dim(), layout, group_name, world)

@@ -20,6 +20,11 @@ HF_MIXERS: dict[str, dict] = {
     "torch_chunk_gated_delta_rule": dict(heads_dim=2, seq_dim=1),
     # Mamba2's SSD: x (B, L, H, P), dt (B, L, H), B/C (B, L, G, N) -> (B, L, H, P); A, D, dt_bias (H,)
     "mamba2_chunk_scan": dict(heads_dim=2, seq_dim=1, weight_dims={"A": 0, "D": 0, "dt_bias": 0}),
+    # Mamba1's selective scan (Jamba): u/dt/z (B, D, L) -> (B, D, L); A (D, N), D, delta_bias (D,); B/C (B, N, L)
+    # carry no channel dim: every channel reads them, so every rank gets all their tokens
+    "mamba_selective_scan": dict(
+        heads_dim=1, seq_dim=2, weight_dims={"A": 0, "D": 0, "delta_bias": 0}, shared_inputs=("B", "C")
+    ),
 }
 """Module-level function name -> its declaration (token_mixer's keywords)."""
 

@@ -122,16 +122,43 @@ def _meta(t: torch.Tensor, spec: MixerSpec, cp: int, token: bool, dim: int | Non
     return torch.empty([int(s) for s in shape], dtype=t.dtype, device="meta", requires_grad=t.requires_grad)
 
 
-def _dry_run(node, spec: MixerSpec, weights, weight_dims, args, kwargs, cp: int) -> None:
+def _whole(t: torch.Tensor, spec: MixerSpec, cp: int) -> torch.Tensor:
+    """A meta tensor shaped as a shared input reaches the mixer: every token, no head split."""
+    shape = [int(s) for s in t.shape]
+    shape[spec.seq_dim] *= cp
+    return torch.empty(shape, dtype=t.dtype, device="meta", requires_grad=t.requires_grad)
+
+
+def _shared_lengths(node, spec: MixerSpec, shared: dict) -> set[int]:
+    """The local lengths of the shared inputs (each must hold tokens on seq_dim)."""
+    lengths = set()
+    for name, t in shared.items():
+        if isinstance(t, DTensor):
+            raise _refuse(node, spec, f"takes a DTensor {name}", "feed the model plain tensors from shard_batch")
+        if not isinstance(t, torch.Tensor):
+            continue
+        if not -t.dim() <= spec.seq_dim < t.dim():
+            raise _refuse(
+                node,
+                spec,
+                f"has a shared input {name} of shape {tuple(t.shape)} without seq_dim={spec.seq_dim}",
+                "declare as shared_inputs only token tensors (tokens on seq_dim, no heads dim)",
+            )
+        lengths.add(int(t.shape[spec.seq_dim]))
+    return lengths
+
+
+def _dry_run(node, spec: MixerSpec, weights, weight_dims, args, kwargs, shared, cp: int) -> None:
     """The mixer's code on the region's shapes (meta tensors): it must run and give the expected outputs."""
     metas = [_meta(w, spec, cp, False, d) if isinstance(w, torch.Tensor) else w for w, d in zip(weights, weight_dims)]
 
     def token(t):
         return _meta(t, spec, cp, True) if isinstance(t, torch.Tensor) else t
 
+    whole = {k: _whole(t, spec, cp) if isinstance(t, torch.Tensor) else t for k, t in shared.items()}
     try:
         with torch.no_grad():
-            out = spec.call(metas, pytree.tree_map(token, args), pytree.tree_map(token, kwargs))
+            out = spec.call(metas, pytree.tree_map(token, args), pytree.tree_map(token, kwargs) | whole)
     except Exception as e:  # noqa: BLE001
         raise _refuse(
             node,
@@ -159,6 +186,7 @@ def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
     weights = [_value(a) for a in node.args[1 : 1 + n]]
     args = tuple(_value(a) for a in node.args[1 + n :])
     kwargs = {k: _value(v) for k, v in node.kwargs.items()}
+    shared = {k: kwargs.pop(k) for k in spec.shared_inputs if k in kwargs}
     if strategy not in LAYOUTS:
         raise _refuse(
             node,
@@ -172,7 +200,7 @@ def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
     outputs = _token_shapes(node, spec, pytree.tree_leaves(_value(node)), cp, "output")
     if not inputs:
         raise _refuse(node, spec, "has no tensor argument", "call it on the token tensors it mixes")
-    lengths = {length for _, length in inputs + outputs}
+    lengths = {length for _, length in inputs + outputs} | _shared_lengths(node, spec, shared)
     if len(lengths) != 1:
         raise _refuse(
             node,
@@ -182,5 +210,5 @@ def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
         )
     heads = {h for h, _ in inputs}
     weight_dims = _weight_dims(node, spec, weights, heads, cp)
-    _dry_run(node, spec, weights, weight_dims, args, kwargs, cp)
+    _dry_run(node, spec, weights, weight_dims, args, kwargs, shared, cp)
     return MixerPlan(node, spec, weight_dims, max(heads), lengths.pop(), strategy, group)

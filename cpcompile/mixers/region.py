@@ -3,9 +3,10 @@
 Before the mixer every token input goes through an all-to-all (exchange.to_heads): each rank then holds the
 whole sequence, in global order, for its heads/cp heads (channels); weights that split with the heads are
 narrowed to this rank's slice; the mixer's own code runs unchanged on that; every tensor output comes back
-(exchange.to_tokens). Autograd differentiates the collectives (each all-to-all's backward is the reverse
-all-to-all) and the narrowing (a weight's gradient is this rank's heads' slice, summed over ranks with the other
-parameter gradients), so backward needs nothing of its own.
+(exchange.to_tokens). Shared inputs (no heads dim, read by every head: Mamba1's B and C) are all-gathered
+whole instead (exchange.gather_tokens, whose backward sums the ranks' gradients). Autograd differentiates the
+collectives (each all-to-all's backward is the reverse all-to-all) and the narrowing (a weight's gradient is this
+rank's heads' slice, summed over ranks with the other parameter gradients), so backward needs nothing of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from ..layouts import get_layout
 from .declare import MIXERS
-from .exchange import to_heads, to_tokens
+from .exchange import gather_tokens, to_heads, to_tokens
 
 
 def mixer_region(
@@ -40,13 +41,18 @@ def mixer_region(
             w = w.narrow(d, rank * part, part)
         weights.append(w)
 
-    inputs, spec_in = pytree.tree_flatten((tuple(flat[n:]), dict(call_kwargs)))
+    call_kwargs = dict(call_kwargs)
+    for name in spec.shared_inputs:  # every head reads all of their tokens
+        if isinstance(call_kwargs.get(name), torch.Tensor):
+            call_kwargs[name] = gather_tokens(call_kwargs[name], spec.seq_dim, lay, group_name, world)
+    shared = {name: call_kwargs.pop(name) for name in spec.shared_inputs if name in call_kwargs}
+    inputs, spec_in = pytree.tree_flatten((tuple(flat[n:]), call_kwargs))
     tensors = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
     moved = to_heads([inputs[i] for i in tensors], spec.heads_dim, spec.seq_dim, lay, group_name, world)
     for i, t in zip(tensors, moved):
         inputs[i] = t
     args, kwargs = pytree.tree_unflatten(inputs, spec_in)
-    out = spec.call(weights, args, kwargs)
+    out = spec.call(weights, args, kwargs | shared)
     outputs, spec_out = pytree.tree_flatten(out)
     tensors = [i for i, t in enumerate(outputs) if isinstance(t, torch.Tensor)]
     back = to_tokens([outputs[i] for i in tensors], spec.heads_dim, spec.seq_dim, lay, group_name, world)

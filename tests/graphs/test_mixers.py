@@ -165,3 +165,38 @@ def test_a_module_is_declared_once():
     conv = cpcompile.token_mixer(CausalConv(8), heads_dim=2)
     with pytest.raises(ValueError, match="declared already"):
         cpcompile.token_mixer(conv, heads_dim=2)
+
+
+def _shared_scan(u: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A Mamba1-shaped mixer: u (B, D, L) per channel, gate (B, N, L) read by every channel (no channel dim)."""
+    return torch.cumsum(u * gate.sum(1, keepdim=True) * weight[:, None], dim=2)
+
+
+def test_shared_inputs_are_gathered_whole_and_their_gradients_summed():
+    """A shared input reaches every rank whole (one all-gather, no all-to-all), and backward sums its gradient over
+    the ranks back to its tokens' owners (one reduce-scatter); the channel inputs go by all-to-all as before."""
+    torch._dynamo.reset()
+    scan = cpcompile.token_mixer(
+        _shared_scan, heads_dim=1, seq_dim=2, weight_dims={"weight": 0}, shared_inputs=("gate",)
+    )
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(1, 8, 8, generator=g, requires_grad=True)
+    gate = torch.randn(1, 3, 8, generator=g, requires_grad=True)
+    weight = torch.randn(8, generator=g, requires_grad=True)
+    with fake_group(1, 4):
+        graphs = capture_graphs(scan, cpcompile.backend(strategy="zigzag", inner="eager"), u, gate, weight)
+    count = lambda gm, op: sum(1 for n in gm.graph.nodes if n.target is op)  # noqa: E731
+    fw, bw = graphs["fw"], graphs["bw"]
+    assert (count(fw, _c10d.all_gather_into_tensor.default), _all_to_alls(fw)) == (1, 2)
+    assert (count(bw, _c10d.reduce_scatter_tensor.default), _all_to_alls(bw)) == (1, 2)
+
+
+def test_shared_inputs_are_a_function_s_token_arguments():
+    with pytest.raises(ValueError, match="shared_inputs name a function's arguments"):
+        cpcompile.token_mixer(CausalConv(8), heads_dim=2, shared_inputs=("x",))
+    with pytest.raises(ValueError, match=r"\['weight'\] are not arguments .* \(shared_inputs: token arguments"):
+        cpcompile.token_mixer(
+            _shared_scan, heads_dim=1, seq_dim=2, weight_dims={"weight": 0}, shared_inputs=("weight",)
+        )
+    with pytest.raises(ValueError, match=r"\['nope'\] are not arguments"):
+        cpcompile.token_mixer(_shared_scan, heads_dim=1, seq_dim=2, shared_inputs=("nope",))

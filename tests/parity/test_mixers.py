@@ -73,6 +73,15 @@ def _hf(name: str, cp: int):
             mamba_head_dim=16, n_groups=cp, chunk_size=4, expand=2, use_mamba_kernels=False,
         )  # fmt: skip
         cls = transformers.NemotronHForCausalLM
+    elif name == "jamba":  # Mamba1 (B/C shared by every channel: all-gathered) then attention, MoE MLPs
+        cfg = transformers.JambaConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+            expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
+            mamba_expand=2, mamba_dt_rank=4, num_logits_to_keep=None,
+        )  # fmt: skip
+        cfg._experts_implementation = "batched_mm"
+        cls = transformers.JambaForCausalLM
     elif name == "granitemoehybrid":
         cfg = transformers.GraniteMoeHybridConfig(
             vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -85,7 +94,7 @@ def _hf(name: str, cp: int):
     cfg._attn_implementation = "cpcompile"
     cfg.use_cache = False
     model = cls(cfg)
-    assert len(cpcompile.hf_token_mixers(model)) == 2
+    assert len(cpcompile.hf_token_mixers(model)) == 2, cpcompile.hf_token_mixers(model)
 
     class Logits(torch.nn.Module):
         def __init__(self):
@@ -163,7 +172,7 @@ def test_hybrid_model_matches_one_process(ranks4, cp, strategy, comm):
 
 @pytest.mark.parametrize(
     "name,cp",
-    [("qwen3_next", 4), ("bamba", 2), ("granitemoehybrid", 2), ("falcon_h1", 4), ("zamba2", 2), ("nemotron_h", 2)],
+    [("qwen3_next", 4), ("bamba", 2), ("granitemoehybrid", 2), ("falcon_h1", 4), ("zamba2", 2), ("nemotron_h", 2), ("jamba", 2)],
 )
 def test_hf_hybrids_match_one_process(ranks4, name, cp):
     """HF hybrids on their torch fallbacks (causal_conv1d_fn and torch_chunk_gated_delta_rule or
