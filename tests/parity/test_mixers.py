@@ -172,7 +172,15 @@ def test_hybrid_model_matches_one_process(ranks4, cp, strategy, comm):
 
 @pytest.mark.parametrize(
     "name,cp",
-    [("qwen3_next", 4), ("bamba", 2), ("granitemoehybrid", 2), ("falcon_h1", 4), ("zamba2", 2), ("nemotron_h", 2), ("jamba", 2)],
+    [
+        ("qwen3_next", 4),
+        ("bamba", 2),
+        ("granitemoehybrid", 2),
+        ("falcon_h1", 4),
+        ("zamba2", 2),
+        ("nemotron_h", 2),
+        ("jamba", 2),
+    ],
 )
 def test_hf_hybrids_match_one_process(ranks4, name, cp):
     """HF hybrids on their torch fallbacks (causal_conv1d_fn and torch_chunk_gated_delta_rule or
