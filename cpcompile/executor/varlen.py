@@ -50,21 +50,27 @@ def _as_returned(part: torch.Tensor, dtype: torch.dtype, mask: torch.Tensor | No
     return buf.copy_(part).masked_fill_(~mask, 0)
 
 
-def _covered(ranges: torch.Tensor, tq: int, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q rows, keys) that belong to a sequence with both queries and keys in this block."""
+def _covered_side(starts, ends, live: torch.Tensor, length: int) -> torch.Tensor:
+    """(length,) bool: rows (keys) of this side inside a `live` range (one with both queries and keys)."""
+    ids = range_ids(starts, ends, length)
+    return (ids >= 0) & live[ids.clamp(min=0)]
+
+
+def _covered_rows(ranges: torch.Tensor, tq: int) -> torch.Tensor:
     qs, qe, ks, ke = ranges
-    live = (qe > qs) & (ke > ks)
-    qid, kid = range_ids(qs, qe, tq), range_ids(ks, ke, tk)
-    return (qid >= 0) & live[qid.clamp(min=0)], (kid >= 0) & live[kid.clamp(min=0)]
+    return _covered_side(qs, qe, (qe > qs) & (ke > ks), tq)
 
 
 def _masks(ranges, tq: int, tk: int, covers: tuple[bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The (row, key) masks a block needs: None on a side it vouches it covers (nothing to mask there)."""
-    all_rows, all_keys = covers
-    if all_rows and all_keys:
+    """The (row, key) masks a block needs: None on a side it vouches it covers (nothing to mask there, nothing
+    computed: each side is a scatter and a scan over its buffer, paid per block on the host)."""
+    if all(covers):
         return None, None
-    rows, keys = _covered(ranges, tq, tk)
-    return (None if all_rows else rows), (None if all_keys else keys)
+    qs, qe, ks, ke = ranges
+    live = (qe > qs) & (ke > ks)
+    rows = None if covers[0] else _covered_side(qs, qe, live, tq)
+    keys = None if covers[1] else _covered_side(ks, ke, live, tk)
+    return rows, keys
 
 
 @torch.library.custom_op("cpcompile::attend_varlen_blocks", mutates_args=())
@@ -82,7 +88,7 @@ def attend_varlen_blocks(
     if len(ranges) == 1:  # one kernel call: its out and lse are final, up to the rows it does not cover
         b, r = decode_varlen(blocks)[0], ranges[0]
         o, l = impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs())
-        rows, _ = _masks(r, q.shape[0], ks[b.source].shape[0], (b.covers_rows, True))  # keys: unused here
+        rows = None if b.covers_rows else _covered_rows(r, q.shape[0])
         if rows is None:
             lse = _as_returned(l, acc_t, None)
         else:  # written into a contiguous buffer: kernels return views (cuDNN: (Hq, Tq) of its token-major
@@ -94,7 +100,7 @@ def attend_varlen_blocks(
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
     for r, b in zip(ranges, decode_varlen(blocks)):
         o, l = impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs())
-        rows, _ = _covered(r, q.shape[0], ks[b.source].shape[0])
+        rows = _covered_rows(r, q.shape[0])
         l = torch.where(rows, l.to(acc_t), float("-inf"))
         merged = torch.logaddexp(lse, l)
         safe = torch.where(torch.isinf(merged), 0, merged)

@@ -105,3 +105,24 @@ def test_outputs_are_contiguous_whatever_the_kernel_returns(monkeypatch, split):
     for g, w in zip(got, want):
         assert g.is_contiguous(), g.stride()
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("covers", [(False, True), (True, False), (False, False), (True, True)])
+def test_a_side_the_block_vouches_for_costs_nothing(monkeypatch, covers):
+    """Each mask side is a scatter and a scan over its buffer, paid per block and per ring step on the host (the
+    H200 profile: ring over thd_zigzag is host-bound); the executor builds only the sides a block does not vouch
+    for, and the result is the same as with every mask built."""
+    import cpcompile.executor.varlen as executor
+
+    calls = []
+    real = executor.range_ids
+    monkeypatch.setattr(executor, "range_ids", lambda *a: calls.append(a[-1]) or real(*a))
+    q, keys, dout, block = _case("thd", causal=True)
+    vouched = dataclasses.replace(block, covers_rows=covers[0], covers_keys=covers[1])
+    got = _run(q, keys, dout, [vouched])
+    forward_calls, backward_calls = calls[: int(not covers[0])], calls[int(not covers[0]) :]
+    assert forward_calls == [q.shape[0]] * (not covers[0])  # rows only: the forward masks no keys
+    assert sorted(backward_calls) == sorted([q.shape[0]] * (not covers[0]) + [keys.shape[0]] * (not covers[1]))
+    masked = dataclasses.replace(block, covers_rows=False, covers_keys=False)
+    for g, w in zip(got, _run(q, keys, dout, [masked])):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
