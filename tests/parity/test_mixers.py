@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import cpcompile
 from cpcompile.testing.distributed import RankPool
-from tests.support.hybrid import HybridModel
+from tests.support.hybrid import HybridModel, hf_hybrid
 
 SEQ, BATCH, VOCAB = 16, 2, 32
 TOL = 1e-9
@@ -26,85 +26,6 @@ fp32 rounding (seen: up to 2.3e-7 of a gradient's largest value), not fp64's."""
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def _hf(name: str, cp: int):
-    """A tiny HF hybrid, one linear/SSM layer then one attention layer, its token mixers declared by
-    cpcompile.hf_token_mixers; (B, L) ids [, position ids] -> logits. qwen3_next: a Gated DeltaNet layer
-    (k:v heads 1:2) and MoE MLPs; bamba: a Mamba2 layer (SSD, cp groups of B/C); granitemoehybrid: Mamba2 and
-    MoE."""
-    import transformers
-
-    if name == "qwen3_next":
-        cfg = transformers.Qwen3NextConfig(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
-            shared_expert_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=8, linear_num_key_heads=cp, linear_num_value_heads=2 * cp, linear_key_head_dim=8,
-            linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
-            layer_types=["linear_attention", "full_attention"],
-        )  # fmt: skip
-        cfg._experts_implementation = "batched_mm"  # the default grouped_mm takes no fp64
-        cls = transformers.Qwen3NextForCausalLM
-    elif name == "bamba":
-        cfg = transformers.BambaConfig(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=cp,
-            mamba_d_state=8, mamba_chunk_size=4, mamba_expand=2, num_logits_to_keep=None,
-        )  # fmt: skip
-        cls = transformers.BambaForCausalLM
-    elif name == "falcon_h1":  # every layer runs attention and Mamba2 side by side
-        cfg = transformers.FalconH1Config(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=cp,
-            mamba_d_state=8, mamba_chunk_size=4, mamba_expand=2, num_logits_to_keep=None,
-        )  # fmt: skip
-        cls = transformers.FalconH1ForCausalLM
-    elif name == "zamba2":  # Mamba2 layers, then a hybrid layer: the shared attention block before a Mamba2
-        cfg = transformers.Zamba2Config(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-            layers_block_type=["mamba", "hybrid"], num_attention_heads=4, num_key_value_heads=4, n_mamba_heads=4,
-            mamba_ngroups=cp, mamba_d_state=8, chunk_size=4, mamba_expand=2, use_mamba_kernels=False,
-        )  # fmt: skip
-        cls = transformers.Zamba2ForCausalLM
-    elif name == "nemotron_h":
-        cfg = transformers.NemotronHConfig(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, layers_block_type=["mamba", "attention"],
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8, ssm_state_size=8, mamba_num_heads=4,
-            mamba_head_dim=16, n_groups=cp, chunk_size=4, expand=2, use_mamba_kernels=False,
-        )  # fmt: skip
-        cls = transformers.NemotronHForCausalLM
-    elif name == "jamba":  # Mamba1 (B/C shared by every channel: all-gathered) then attention, MoE MLPs
-        cfg = transformers.JambaConfig(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-            expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
-            mamba_expand=2, mamba_dt_rank=4, num_logits_to_keep=None,
-        )  # fmt: skip
-        cfg._experts_implementation = "batched_mm"
-        cls = transformers.JambaForCausalLM
-    elif name == "granitemoehybrid":
-        cfg = transformers.GraniteMoeHybridConfig(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=16,
-            layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_n_groups=cp, mamba_d_state=8,
-            mamba_d_head=16, mamba_chunk_size=4, position_embedding_type="rope",
-        )  # fmt: skip
-        cfg._experts_implementation = "batched_mm"
-        cls = transformers.GraniteMoeHybridForCausalLM
-    cfg._attn_implementation = "cpcompile"
-    cfg.use_cache = False
-    model = cls(cfg)
-    assert len(cpcompile.hf_token_mixers(model)) == 2, cpcompile.hf_token_mixers(model)
-
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids, position_ids=None):
-            return self.model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
-
-    return Logits()
 
 
 def _compare(rank, world, cp, strategy, comm, name="hybrid"):
@@ -120,7 +41,7 @@ def _compare(rank, world, cp, strategy, comm, name="hybrid"):
     else:
         mesh = init_device_mesh("cpu", (world // cp, cp), mesh_dim_names=("dp", "cp"))
         group, where = mesh.get_group("cp"), {"mesh": mesh}
-        model = (HybridModel(vocab=VOCAB) if name == "hybrid" else _hf(name, cp)).double()
+        model = (HybridModel(vocab=VOCAB) if name == "hybrid" else hf_hybrid(name, cp, VOCAB)).double()
     ids = torch.randint(0, VOCAB, (BATCH, seq))
     labels = torch.randint(0, VOCAB, (BATCH, seq))
     cp_model = copy.deepcopy(model)
