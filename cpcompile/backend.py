@@ -62,8 +62,8 @@ class CPBackend:
         return self.config.group
 
     def transform(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-        """Run the pass alone (passes.run: find, plan every site, then rewrite): all validation precedes any
-        rewrite."""
+        """Run the pass alone (passes.run: the steps of passes.PASSES): every site is planned before any is
+        rewritten."""
         self.plans.extend(passes.run(gm, self.config))
         return gm
 
