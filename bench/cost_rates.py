@@ -64,10 +64,10 @@ def rank_terms(case: dict) -> list[dict]:
     """Per rank: the fit's terms (ms coefficients multiply these), as cost/rates.KernelRate.ms weighs them."""
     shape, cu = shape_of(case), cu_of(case)
     comm = get_comm(case["comm"])
-    heads = shape.q_heads // shape.world if comm.splits_heads else shape.q_heads
+    heads = shape.q_heads // shape.world if comm.capabilities.splits_heads else shape.q_heads
     d = 2 * shape.head_dim / 256
     out = []
-    for rank in range(1 if comm.splits_heads else shape.world):  # a2a: every rank the same (one timed)
+    for rank in range(1 if comm.capabilities.splits_heads else shape.world):  # a2a: every rank the same (one timed)
         _, w = _rank_work(shape, case["layout"], comm, rank, cu)
         out.append(_terms(w, heads, d))
     return out

@@ -47,7 +47,7 @@ class CPPlan:
     choice: object = field(default=None, compare=False, repr=False)
     """The cost model's cost.Choice when comm="auto" / kernel="auto" had several options (None: no choice)."""
     regather: bool = False
-    """The region gathers K/V again in backward instead of saving them (comms whose entry `regathers`)."""
+    """The region gathers K/V again in backward instead of saving them (comms whose capabilities `regathers`)."""
     sinks: bool = False
     """The site's attention sinks (`site.sinks`, a graph tensor) go to the region (cpcompile.attention sites)."""
 
@@ -109,7 +109,7 @@ class VarlenPlan(CPPlan):
 
     def region_kwargs(self) -> dict:
         extra = dict(max_doc=self.max_doc, window=self.window)
-        if get_comm(self.comm).varlen_lse_on_demand:
+        if get_comm(self.comm).capabilities.lse_on_demand:
             extra["return_lse"] = self.return_lse
         return {**self._common_kwargs(), **extra}
 
