@@ -25,6 +25,7 @@ import torch
 
 from bench.thd_cases import doc_lengths
 from cpcompile.comm.registry import get_comm
+from cpcompile.comm.wire import WireShape
 from cpcompile.cost.model import _rank_work
 from cpcompile.cost.work import CallWork
 from cpcompile.layouts import THD_LAYOUTS
@@ -132,7 +133,7 @@ def fit_kernel(cases: list[dict], kernel: str) -> dict:
 def exchanged_bytes(case: dict) -> int:
     shape = shape_of(case)
     fwd, bwd = get_comm(case["comm"]).wire_bytes(
-        shape.tokens, 1, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world, 2, 4, False
+        WireShape(shape.tokens, 1, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world, 2, 4)
     )
     return (fwd + bwd) * shape.world // (shape.world - 1)
 

@@ -15,6 +15,7 @@ from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS
 from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex, ring, ring_varlen, selective_varlen
 from .capabilities import Capabilities
+from .wire import WireShape
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,9 @@ class Comm:
     comm takes packed documents only, and the dense planner refuses it)."""
     rank_blocks: Callable | None
     """(layout, causal, rank, world, local_len) -> the dense blocks a rank runs (logs, explain)."""
-    wire_bytes: Callable
-    """(tokens, batch, q_heads, kv_heads, head_dim, v_head_dim, world, elt, acc_elt, lse, max_doc=None) -> (bytes
-    one rank sends per forward, per backward), for the cost model (cost/model.py): every comm has it, since
-    kernel="auto" costs the kernel options under a named comm too."""
+    wire_bytes: Callable[[WireShape], tuple[int, int]]
+    """(a WireShape: comm/wire.py) -> (bytes one rank sends per forward, per backward), for the cost model
+    (cost/model.py): every comm has it, since kernel="auto" costs the kernel options under a named comm too."""
     auto_option: bool = True
     """Whether comm="auto" considers it. The ring's advantage is overlap and memory, which the cost model (no
     overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named."""
