@@ -128,7 +128,8 @@ def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, dev
 
 @contextlib.contextmanager
 def _warnings():
-    """The "cpcompile" logger's warnings while the block runs (the token guard's: graph not checked, guard off)."""
+    """The "cpcompile" logger's warnings while the block runs (the pass's, e.g. the token guard's: graph not
+    checked, guard off)."""
     said: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: said.append(record.getMessage())
