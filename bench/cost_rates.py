@@ -25,6 +25,7 @@ import torch
 
 from bench.thd_cases import doc_lengths
 from cpcompile.comm.registry import get_comm
+from cpcompile.comm.wire import WireShape
 from cpcompile.cost.model import _rank_work
 from cpcompile.cost.work import CallWork
 from cpcompile.layouts import THD_LAYOUTS
@@ -64,10 +65,10 @@ def rank_terms(case: dict) -> list[dict]:
     """Per rank: the fit's terms (ms coefficients multiply these), as cost/rates.KernelRate.ms weighs them."""
     shape, cu = shape_of(case), cu_of(case)
     comm = get_comm(case["comm"])
-    heads = shape.q_heads // shape.world if comm.splits_heads else shape.q_heads
+    heads = shape.q_heads // shape.world if comm.capabilities.splits_heads else shape.q_heads
     d = 2 * shape.head_dim / 256
     out = []
-    for rank in range(1 if comm.splits_heads else shape.world):  # a2a: every rank the same (one timed)
+    for rank in range(1 if comm.capabilities.splits_heads else shape.world):  # a2a: every rank the same (one timed)
         _, w = _rank_work(shape, case["layout"], comm, rank, cu)
         out.append(_terms(w, heads, d))
     return out
@@ -132,7 +133,7 @@ def fit_kernel(cases: list[dict], kernel: str) -> dict:
 def exchanged_bytes(case: dict) -> int:
     shape = shape_of(case)
     fwd, bwd = get_comm(case["comm"]).wire_bytes(
-        shape.tokens, 1, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world, 2, 4, False
+        WireShape(shape.tokens, 1, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world, 2, 4)
     )
     return (fwd + bwd) * shape.world // (shape.world - 1)
 

@@ -31,10 +31,10 @@ def fake_group(rank: int, world: int):
 
 
 def refused_by_design(comm: str, layout: str) -> bool:
-    """The combinations the comm registry refuses for packed layouts (one CPCompileError each)."""
-    from cpcompile.comm.registry import COMMS
+    """The combinations the comm registry refuses by design (one CPCompileError each): its capabilities."""
+    from cpcompile.comm.registry import refuses_layout
 
-    return layout in COMMS[comm].varlen_refusals
+    return refuses_layout(comm, layout)
 
 
 def _step(fn, x, extra, dout):

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.fx
 
 from . import eager_guard, passes
-from .comm.registry import COMMS
+from .comm.registry import COMMS, comms_that
 from .errors import CPCompileError
 from .inductor_cache import cache_key_patches
 from .inner import INNER, inner_compiler
@@ -22,14 +22,13 @@ from .passes.dtensor_rules import register_cpu_sdpa_rules
 from .passes.plans import FlexPlan
 from .passes.varlen_fake import fix_varlen_fake
 
-OVERLAP_COMMS = ("ring", "all_gather")
 INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
 """Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
 allocating its output: the ring's shift and the all-gather then run with nothing between issue and wait, no
 overlap (seen on a plain SDPA layer: bench/probes/ring_trace.py, tests/graphs/test_ring.py). Graphs holding
-those regions (not flex_attention's, which overlaps nothing) are compiled in program order, which already
-issues each collective before the blocks it overlaps and keeps at most two K/V chunks in flight; Inductor's
-other passes stay on."""
+those regions (comms whose capabilities say `overlaps`; not flex_attention's, which overlaps nothing) are
+compiled in program order, which already issues each collective before the blocks it overlaps and keeps at most
+two K/V chunks in flight; Inductor's other passes stay on."""
 
 register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
 fix_varlen_fake()  # at import: Dynamo traces varlen_attn with MLA head dims before any backend is called
@@ -62,8 +61,8 @@ class CPBackend:
         return self.config.group
 
     def transform(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-        """Run the pass alone (passes.run: find, plan every site, then rewrite): all validation precedes any
-        rewrite."""
+        """Run the pass alone (passes.run: the steps of passes.PASSES): every site is planned before any is
+        rewritten."""
         self.plans.extend(passes.run(gm, self.config))
         return gm
 
@@ -79,7 +78,7 @@ class CPBackend:
             user_pass = (options or {}).get("post_grad_custom_post_pass")
             patches = cache_key_patches(user_pass)
             options = {k: v for k, v in (options or {}).items() if k != "post_grad_custom_post_pass"} or None
-            if any(p.comm in OVERLAP_COMMS and not isinstance(p, FlexPlan) for p in new):
+            if any(COMMS[p.comm].capabilities.overlaps and not isinstance(p, FlexPlan) for p in new):
                 patches.update(INDUCTOR_OVERLAP_PATCHES)
         return inner_compiler(self.inner, mode, options, patches)(gm, example_inputs)
 
@@ -120,9 +119,9 @@ def backend(
     check_choices(strategy, comm, kernel)
     if not callable(inner) and inner not in INNER:
         raise CPCompileError(f"unknown inner {inner!r}. Fix: use one of {list(INNER)}.")
-    if regather and (comm == "auto" or not COMMS[comm].regathers):
+    if regather and (comm == "auto" or not COMMS[comm].capabilities.regathers):
         raise CPCompileError(
-            f"regather=True with comm={comm!r}: only {[n for n, c in COMMS.items() if c.regathers]} keep gathered "
+            f"regather=True with comm={comm!r}: only {comms_that(lambda c: c.capabilities.regathers)} keep gathered "
             "K/V for backward. Fix: drop regather, or use comm='all_gather'."
         )
     check_mesh_or_group(mesh, group)

@@ -1,19 +1,21 @@
-"""The comm registry: one entry per `comm=` name, naming its regions and the layouts it takes.
+"""The comm registry: one entry per `comm=` name, naming its regions, its wire bytes and its capabilities.
 
 A new comm is one region module (regions/) plus one entry here; the planner, the backend's argument check,
-the logs, the cost model behind comm="auto" and explain() (cost/) and the docs read everything else from the
-entry.
+the logs, the cost model behind comm="auto" and explain() (cost/) and the bench read everything else from the
+entry, what it can run from its `capabilities` (comm/capabilities.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import CPCompileError
+from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS
-from ..layouts.ring import RING_PACKED_LAYOUTS
 from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex, ring, ring_varlen, selective_varlen
+from .capabilities import Capabilities
+from .wire import WireShape
 
 
 @dataclass(frozen=True)
@@ -26,38 +28,27 @@ class Comm:
     comm takes packed documents only, and the dense planner refuses it)."""
     rank_blocks: Callable | None
     """(layout, causal, rank, world, local_len) -> the dense blocks a rank runs (logs, explain)."""
-    wire_bytes: Callable
-    """(tokens, batch, q_heads, kv_heads, head_dim, v_head_dim, world, elt, acc_elt, lse, max_doc=None) -> (bytes
-    one rank sends per forward, per backward), for the cost model (cost/model.py): every comm has it, since
-    kernel="auto" costs the kernel options under a named comm too."""
+    wire_bytes: Callable[[WireShape], tuple[int, int]]
+    """(a WireShape: comm/wire.py) -> (bytes one rank sends per forward, per backward), for the cost model
+    (cost/model.py): every comm has it, since kernel="auto" costs the kernel options under a named comm too."""
     auto_option: bool = True
     """Whether comm="auto" considers it. The ring's advantage is overlap and memory, which the cost model (no
     overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named."""
     varlen_region: Callable | None = None
     """The packed-document region (q, k, v, cu_seqlens, *, ..., max_doc, window) -> varlen_attn's outputs."""
-    splits_heads: bool = False
-    """Whether the comm gives each rank a share of the heads (then the head counts must split over cp)."""
-    varlen_refusals: Mapping[str, tuple[str, str]] = field(default_factory=dict)
-    """Packed layouts this comm refuses, each with (rule broken, fix) for the planner's error."""
-    varlen_any_window: bool = False
-    """Whether the varlen region attends with cp=1's mask (after an exchange), so any flash-attn window works;
-    otherwise only causal (left, 0) windows, which every rank's q pieces keep exact by ending their key ranges."""
-    varlen_lse_on_demand: bool = False
-    """Whether the varlen region takes `return_lse` (the lse costs it a collective, sent only when read)."""
     varlen_rank_blocks: Callable | None = None
     """(layout, causal, rank, world, local_len, cu_seqlens, max_doc, window) -> the varlen blocks a rank runs."""
-    varlen_sliding_windows: bool = True
-    """Whether the varlen region takes sliding windows (left >= 0) at all; False: only causal and full."""
-    regathers: bool = False
-    """Whether the regions take `regather` (keep only the local K/V for backward, gather them again there)."""
     overhead_as: str | None = None
     """The comm whose measured region overhead (cost/rates.json) stands in for this one's (None: its own)."""
-    dense_refusal: tuple[str, str] | None = None
-    """(rule, fix) for SDPA and flex sites when the comm has no dense region."""
     flex_region: Callable | None = None
     """The flex_attention region (q, k, v, score_mod, mask_mod, tables, extras, score_buffers, mask_buffers, *,
     layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    """What its regions take (layouts, windows, lse, heads, features, overlap, regather) and why not."""
 
+
+RING_PACKED = ("thd", "thd_zigzag")
+SELECTIVE_PACKED = ("thd", "thd_balanced")
 
 COMMS: dict[str, Comm] = {
     "all_gather": Comm(
@@ -67,28 +58,32 @@ COMMS: dict[str, Comm] = {
         varlen_region=all_gather_varlen.all_gather_varlen_attention,
         wire_bytes=all_gather.wire_bytes,
         varlen_rank_blocks=all_gather_varlen.rank_blocks,
-        regathers=True,
         flex_region=flex.all_gather_flex_attention,
+        capabilities=Capabilities(overlaps=True, regathers=True),
     ),
     "a2a": Comm(
         name="a2a",
         region=a2a.a2a_attention,
         rank_blocks=a2a.rank_blocks,
         varlen_region=a2a_varlen.a2a_varlen_attention,
-        splits_heads=True,
-        varlen_any_window=True,
-        varlen_lse_on_demand=True,
         wire_bytes=a2a.wire_bytes,
         varlen_rank_blocks=a2a_varlen.rank_blocks,
         flex_region=flex.a2a_flex_attention,
-        varlen_refusals={
-            "thd_zigzag": (
-                "comm='a2a' runs the whole sequence on every rank (for H/cp of the heads), so causal work is "
-                "balanced with the contiguous layout already; strategy='thd_zigzag' (per-document zigzag) would "
-                "only add a reorder of q/k/v and the output after each exchange",
-                "use strategy='thd' with comm='a2a' (shard with cpcompile.shard(..., strategy='thd', cu_seqlens=...))",
-            )
-        },
+        capabilities=Capabilities(
+            packed_layouts=("thd", "thd_balanced"),
+            packed_refusals={
+                "thd_zigzag": (
+                    "comm='a2a' runs the whole sequence on every rank (for H/cp of the heads), so causal work is "
+                    "balanced with the contiguous layout already; strategy='thd_zigzag' (per-document zigzag) would "
+                    "only add a reorder of q/k/v and the output after each exchange",
+                    "use strategy='thd' with comm='a2a' (shard with cpcompile.shard(..., strategy='thd', "
+                    "cu_seqlens=...))",
+                )
+            },
+            packed_windows="any",
+            lse_on_demand=True,
+            splits_heads=True,
+        ),
     ),
     "ring": Comm(
         name="ring",
@@ -98,15 +93,19 @@ COMMS: dict[str, Comm] = {
         wire_bytes=ring.wire_bytes,
         varlen_rank_blocks=ring_varlen.rank_blocks,
         auto_option=False,
-        varlen_sliding_windows=False,
-        varlen_refusals={
-            name: (
-                f"comm='ring' has no ring steps for the packed layout {name!r}",
-                f"use strategy in {list(RING_PACKED_LAYOUTS)} with comm='ring', or comm='all_gather'",
-            )
-            for name in THD_LAYOUTS
-            if name not in RING_PACKED_LAYOUTS
-        },
+        capabilities=Capabilities(
+            packed_layouts=RING_PACKED,  # layouts/ring.py has no per-step blocks for thd_balanced's plans yet
+            packed_refusals={
+                name: (
+                    f"comm='ring' has no ring steps for the packed layout {name!r}",
+                    f"use strategy in {list(RING_PACKED)} with comm='ring', or comm='all_gather'",
+                )
+                for name in THD_LAYOUTS
+                if name not in RING_PACKED
+            },
+            packed_windows="causal_or_full",
+            overlaps=True,
+        ),
     ),
     "selective": Comm(
         name="selective",
@@ -116,20 +115,24 @@ COMMS: dict[str, Comm] = {
         wire_bytes=selective_varlen.wire_bytes,
         varlen_rank_blocks=all_gather_varlen.rank_blocks,
         overhead_as="all_gather",  # the same key-buffer copy and fold, plus one index_select of the sent K/V
-        dense_refusal=(
-            "comm='selective' sends each rank the K/V of the packed documents its queries read (thd_balanced); "
-            "one dense sequence is read whole by every rank",
-            "use comm='all_gather', 'a2a' or 'ring' for scaled_dot_product_attention / flex_attention",
+        capabilities=Capabilities(
+            packed_layouts=SELECTIVE_PACKED,
+            packed_refusals={
+                name: (
+                    f"comm='selective' sends each rank the pieces of the documents it holds, and under "
+                    f"strategy={name!r} every rank holds a piece of every document: there is nothing to leave out",
+                    "use strategy='thd_balanced' or 'thd' with comm='selective', or comm='all_gather'",
+                )
+                for name in THD_LAYOUTS
+                if name not in SELECTIVE_PACKED
+            },
+            dense_features=(),
+            dense_refusal=(
+                "comm='selective' sends each rank the K/V of the packed documents its queries read (thd_balanced); "
+                "one dense sequence is read whole by every rank",
+                "use comm='all_gather', 'a2a' or 'ring' for scaled_dot_product_attention / flex_attention",
+            ),
         ),
-        varlen_refusals={
-            name: (
-                f"comm='selective' sends each rank the pieces of the documents it holds, and under strategy={name!r} "
-                "every rank holds a piece of every document: there is nothing to leave out",
-                "use strategy='thd_balanced' or 'thd' with comm='selective', or comm='all_gather'",
-            )
-            for name in THD_LAYOUTS
-            if name not in ("thd_balanced", "thd")
-        },
     ),
 }
 
@@ -140,3 +143,46 @@ def get_comm(name: str) -> Comm:
         return COMMS[name]
     except KeyError:
         raise CPCompileError(f"unknown comm {name!r}. Fix: use one of {list(COMMS)}.") from None
+
+
+def comms_that(takes: Callable[[Comm], bool]) -> list[str]:
+    """The names of the comms `takes` accepts, in registry order (the planners' fixes list them)."""
+    return [name for name, comm in COMMS.items() if takes(comm)]
+
+
+def packed_layout_problem(comm: Comm, layout: str) -> tuple[str, str] | None:
+    """(rule, fix) when `comm`'s varlen region does not take the packed `layout`: the comm's own words
+    (Capabilities.packed_refusals), else the comms that take it."""
+    taken = comm.capabilities.packed_layouts
+    if layout in taken:
+        return None
+    if layout in comm.capabilities.packed_refusals:
+        return comm.capabilities.packed_refusals[layout]
+    known = comms_that(lambda c: c.varlen_region is not None and layout in c.capabilities.packed_layouts)
+    runs = "its per-batch plan runs" if THD_LAYOUTS[layout].carries_plan else "it runs"
+    return (
+        f"strategy={layout!r} has no {comm.name!r} region yet ({runs} under {' and '.join(known)} only)",
+        f"use comm in {known} with strategy={layout!r}, or strategy={' / '.join(map(repr, taken))} with "
+        f"comm={comm.name!r}",
+    )
+
+
+def dense_feature_problem(comm: Comm, features: tuple[str, ...]) -> tuple[str, str] | None:
+    """(rule, fix) when `comm`'s dense region builds no blocks for one of the site's `features`."""
+    if set(features) <= set(comm.capabilities.dense_features):
+        return None
+    featured = comms_that(lambda c: c.region is not None and set(features) <= set(c.capabilities.dense_features))
+    return (
+        f"its {' and '.join(FEATURES[f] for f in features)} have no blocks under comm={comm.name!r} "
+        f"(only {' and '.join(featured)} build windowed and softcapped blocks)",
+        "use comm='all_gather' or comm='a2a' for this model",
+    )
+
+
+def refuses_layout(name: str, layout: str) -> bool:
+    """Whether comm `name` refuses `layout` by design (a packed layout it does not take, or a dense one without a
+    dense region): one CPCompileError, never a run (the bench checks both)."""
+    comm = COMMS[name]
+    if layout in THD_LAYOUTS:
+        return comm.varlen_region is None or layout not in comm.capabilities.packed_layouts
+    return comm.region is None

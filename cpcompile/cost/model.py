@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..comm.registry import get_comm
+from ..comm.wire import WireShape
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
 from ..layouts.thd import get_packed_layout
@@ -161,13 +162,15 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
             offsets = packed.offsets(cu_seqlens, shape.world) if packed.is_plan(cu_seqlens) else cu_seqlens
             documents = f"this batch's {offsets.numel() - 1} documents"
         cu_seqlens = cu_seqlens.long().cpu()
-    q_heads, kv_heads = _rank_heads(shape, entry.splits_heads)
+    q_heads, kv_heads = _rank_heads(shape, entry.capabilities.splits_heads)
     rate = kernel_rate(kernel, "varlen" if shape.kind == "varlen" else "dense")
     fwd, bwd = entry.wire_bytes(
-        shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
-        shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.varlen_lse_on_demand,
-        max_doc=shape.max_doc if shape.kind == "varlen" else None,
-        dense_mask=(layout, shape.causal, shape.block_window) if shape.kind == "sdpa" else None,
+        WireShape(
+            shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
+            shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.capabilities.lse_on_demand,
+            max_doc=shape.max_doc if shape.kind == "varlen" else None,
+            dense_mask=(layout, shape.causal, shape.block_window) if shape.kind == "sdpa" else None,
+        )
     )  # fmt: skip
     exchanged = (fwd + bwd) * shape.world // (shape.world - 1)
     overhead, _ = region_overhead_ms(entry.overhead_as or comm, kernel if rate.proxy_for is None else rate.name,

@@ -4,9 +4,10 @@
     print(report)  # every attention site: shapes, layout, comm, kernel, blocks, bytes, FLOPs per rank; refusals
 
 The example inputs are the GLOBAL batch; explain() cuts rank 0's part itself (explain/inputs.py: the rules of
-shard_batch), traces the model once with Dynamo computing nothing (explain/trace.py), and runs the pass's steps
-on the graphs: find, plan (for every rank of the stand-in world), rewrite and the token guard, but not the
-rank agreement (there are no peers) and no region (so no collective). No process group is created, read or
+shard_batch), traces the model once with Dynamo computing nothing (explain/trace.py), and runs the backend's
+steps (passes.PASSES: find, plan, agree_ranks, rewrite, mixers, guard) on the graphs, with a stand-in for the
+other ranks (explain/ranks.py: every rank of the stand-in world plans each site in this process, and their plans
+are compared as the store would) and no region run (so no collective). No process group is created, read or
 changed: the plans are made for a stand-in CP group of `world` ranks (CPConfig.cp_group), so explain() works
 with or without an initialised torch.distributed and leaves it as it found it. Costs come from cost/ (measured
 H200 kernel rates, an assumed link bandwidth); packed sites are costed with the example batch's documents.
@@ -15,27 +16,22 @@ H200 kernel rates, an assumed link bandwidth); packed sites are costed with the 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 
 import torch
 
+from .. import passes
 from ..backend import check_choices
 from ..cost import SiteShape, estimate
-from ..errors import CPCompileError, node_origin, node_source
+from ..errors import CPCompileError, node_source
 from ..layouts import THD_LAYOUTS
 from ..layouts.selective import capacity, select, select_thd
 from ..log import LOGGER_NAME
-from ..mixers import rewrite_mixers
 from ..passes import PassState
-from ..passes.agree import plan_summary
-from ..passes.guard_tokens import refuse_token_mixing
-from ..passes.match import find_attention_sites
-from ..passes.plan import plan_site
 from ..passes.plans import CPConfig, CPPlan
-from ..passes.rewrite import rewrite_graph
 from ..sharding.conventions import with_hf_labels, with_position_ids
 from .inputs import local_inputs, model_offsets, packed_offsets, stand_in_group
+from .ranks import Refused, StandInRanks
 from .recommend import recommend
 from .report import Recommendation, Refusal, Report, SiteReport, format_bytes
 from .trace import capture_graphs
@@ -89,55 +85,51 @@ def _site_report(graph: int, plan: CPPlan, cu: torch.Tensor | None) -> SiteRepor
     )
 
 
+STEP_NAMES = {"find": "traced refusal", "mixers": "token mixer", "guard": "token guard"}
+"""How a refusal raised by a pass step is labelled in the report (other steps: their name)."""
+
+
 def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, device) -> list:
-    """Plan every site of one graph for every rank (refusals recorded), rewrite it, run the token guard."""
-    sites = find_attention_sites(gm)
-    if device is not None:  # kernels for the device the model will run on (meta example tensors)
-        sites = [dataclasses.replace(s, device=torch.device(device)) for s in sites]
-    plans, refused = [], False
-    for site in sites:
-        try:
-            per_rank = [plan_site(site, config) for config in configs]
-        except CPCompileError as e:
-            report.refusals.append(Refusal(node_origin(site.node), str(e)))
-            refused = True
-            continue
-        if len({plan_summary(p) for p in per_rank}) > 1:  # the pass's rank agreement would stop the compile
-            rule = "the CP ranks would plan it differently: " + " | ".join(sorted({plan_summary(p) for p in per_rank}))
-            report.refusals.append(Refusal(node_origin(site.node), rule))
-            refused = True
-            continue
-        plans.append(per_rank[0])
-        report.sites.append(_site_report(graph, per_rank[0], cu))
-        if per_rank[0].comm == "selective" and cu is not None:
-            report.notes.append(f"site {len(report.sites) - 1}: {selective_note(per_rank[0], cu)}")
-    if refused:
+    """The pass's steps (passes.PASSES) over one graph, as rank 0 of the stand-in world whose other ranks plan
+    every site too (explain/ranks.py): refusals recorded, stopping at the first step that refuses."""
+    ranks = StandInRanks(configs)
+    state = PassState(configs[0], ranks=ranks, device=None if device is None else torch.device(device))
+    refusal, refused_sites = None, False
+    with _warnings() as said:
+        for step in passes.PASSES:
+            try:
+                step(gm, state)
+            except Refused:
+                refused_sites = True
+                break
+            except CPCompileError as e:
+                refusal = Refusal(STEP_NAMES.get(step.__name__, step.__name__), str(e))
+                break
+    report.refusals += ranks.ordered()
+    for plan in state.plans:
+        report.sites.append(_site_report(graph, plan, cu))
+        if plan.comm == "selective" and cu is not None:
+            report.notes.append(f"site {len(report.sites) - 1}: {selective_note(plan, cu)}")
+    if refused_sites:
         report.notes.append(
             f"graph {graph}: the token guard did not run (it checks the rewritten graph): fix the refusals first"
         )
-        return sites
-    if plans:
-        rewrite_graph(gm, plans)
-    try:
-        mixers = rewrite_mixers(gm, configs[0].strategy, configs[0].cp_group)
-    except CPCompileError as e:
-        report.refusals.append(Refusal("token mixer", str(e)))
-        return sites
-    if mixers:
-        names = ", ".join(sorted({m.spec.name for m in mixers}))
-        report.notes.append(f"graph {graph}: {len(mixers)} token mixer call(s) run head-parallel over a2a ({names})")
-    with _warnings() as said:
-        try:
-            refuse_token_mixing(gm, PassState(configs[0], sites, plans))
-        except CPCompileError as e:
-            report.refusals.append(Refusal("token guard", str(e)))
-    report.notes += [f"graph {graph}: {message}" for message in said]
-    return sites
+        return state.sites
+    if state.mixers:
+        names = ", ".join(sorted({m.spec.name for m in state.mixers}))
+        report.notes.append(
+            f"graph {graph}: {len(state.mixers)} token mixer call(s) run head-parallel over a2a ({names})"
+        )
+    if refusal is not None:
+        report.refusals.append(refusal)
+    report.notes += [f"graph {graph}: {message}" for message in dict.fromkeys(said)]
+    return state.sites
 
 
 @contextlib.contextmanager
 def _warnings():
-    """The "cpcompile" logger's warnings while the block runs (the token guard's: graph not checked, guard off)."""
+    """The "cpcompile" logger's warnings while the block runs (the pass's, e.g. the token guard's: graph not
+    checked, guard off)."""
     said: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: said.append(record.getMessage())

@@ -133,10 +133,6 @@ def packed_step_blocks(
     raise ValueError(f"no ring steps for packed layout {strategy!r}")
 
 
-RING_PACKED_LAYOUTS = ("thd", "thd_zigzag")
-"""The packed layouts whose ring steps are defined here (the ring comm refuses the others)."""
-
-
 def _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc):
     held = held_rank(rank, step, cp)
     if causal and held > rank:

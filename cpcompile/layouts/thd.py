@@ -85,8 +85,6 @@ class PackedLayout:
     """Every document length must be a multiple of this times cp (0: any length)."""
     carries_plan: bool = False
     """Whether the model's cu_seqlens is a per-batch plan (offsets and more) rather than the plain offsets."""
-    comms: tuple[str, ...] | None = None
-    """The comms whose regions know this layout (None: every comm with a varlen region)."""
 
     def cu_problem(self, length: object, cp: int) -> tuple[str, str] | None:
         """(rule, fix) when a cu_seqlens of `length` entries (an int, or symbolic) cannot be this layout's."""

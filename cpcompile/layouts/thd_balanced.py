@@ -181,7 +181,6 @@ class ThdBalancedLayout(PackedLayout):
 
     name = "thd_balanced"
     carries_plan = True
-    comms = ("all_gather", "a2a", "selective")  # a ring region needs its own per-step blocks for the plan: not yet
 
     def cu_problem(self, length, cp: int) -> tuple[str, str] | None:
         if not isinstance(length, int):

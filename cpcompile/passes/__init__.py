@@ -1,22 +1,24 @@
-"""The CP pass over one Dynamo graph: find the attention sites, plan every one, then rewrite them.
+"""The CP pass over one Dynamo graph: the steps of PASSES in order (find, plan, agree_ranks, rewrite, mixers,
+guard), each taking the graph and the PassState the steps hand each other.
 
-`run(gm, config)` is the one entry (the backend calls it). PASSES lists the steps in order; each takes the
-graph and the PassState the steps hand each other. Every site is planned (and so validated) before any is
-rewritten, and all of it happens at compile time, before any collective runs.
+`run(gm, config)` is the backend's entry; cpcompile.explain runs the same PASSES with a stand-in for the other
+ranks (PassState.ranks) and stops at the first step that refuses. Every site is planned (and so validated) before
+any is rewritten, and all of it happens at compile time, before any collective runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+import torch
 import torch.fx
 
 from ..errors import CPCompileError
 from ..log import log_plans
-from ..mesh import CPGroup, resolve_group
-from ..mixers import find_mixers, rewrite_mixers
+from ..mixers import MixerPlan, find_mixers, rewrite_mixers
 from ..refusal import raise_refusals
-from .agree import agree, summarize
+from .agree import ProcessGroupRanks, Ranks, config_group
 from .guard_tokens import refuse_token_mixing
 from .match import AttentionSite, find_attention_sites
 from .plan import plan_site
@@ -31,6 +33,11 @@ class PassState:
     config: CPConfig
     sites: list[AttentionSite] = field(default_factory=list)
     plans: list[CPPlan] = field(default_factory=list)
+    mixers: list[MixerPlan] = field(default_factory=list)
+    ranks: Ranks = field(default_factory=ProcessGroupRanks)
+    """The other CP ranks (the process group's store; explain(): its stand-in world)."""
+    device: torch.device | None = None
+    """Plan the kernels for this device instead of the example tensors' (explain's meta models)."""
 
 
 def find(gm: torch.fx.GraphModule, state: PassState) -> None:
@@ -38,27 +45,23 @@ def find(gm: torch.fx.GraphModule, state: PassState) -> None:
     integration made while Dynamo traced (refusal.py)."""
     raise_refusals(gm)
     state.sites = find_attention_sites(gm)
+    if state.device is not None:
+        state.sites = [dataclasses.replace(s, device=state.device) for s in state.sites]
 
 
 def plan(gm: torch.fx.GraphModule, state: PassState) -> None:
     """A CPPlan per site, or the first site's CPCompileError (passes/plan.py), which the other CP ranks are
     told about (passes/agree.py) so that they stop too instead of waiting for this rank."""
-    try:
-        state.plans = [plan_site(site, state.config) for site in state.sites]
-    except CPCompileError as e:
-        group = _config_group(state.config)
-        if group is not None:
-            agree(group.group, group.name, group.rank, f"error:{e}")
-        raise
+    for site in state.sites:
+        try:
+            state.plans.append(plan_site(site, state.config))
+        except CPCompileError as e:
+            state.ranks.refused(state, site, e)
 
 
 def agree_ranks(gm: torch.fx.GraphModule, state: PassState) -> None:
     """Every CP rank planned this graph the same way, or one CPCompileError on each (passes/agree.py)."""
-    groups = {p.group.name: p.group for p in state.plans}
-    if not groups and (group := _config_group(state.config)) is not None:
-        groups = {group.name: group}
-    for name, group in groups.items():
-        agree(group.group, name, group.rank, summarize([p for p in state.plans if p.group.name == name]))
+    state.ranks.agree(state)
 
 
 def rewrite(gm: torch.fx.GraphModule, state: PassState) -> None:
@@ -73,8 +76,8 @@ def mixers(gm: torch.fx.GraphModule, state: PassState) -> None:
     (cpcompile/mixers/): planned, so refused with one CPCompileError, before any is rewritten."""
     if not find_mixers(gm):
         return
-    group = state.plans[0].group if state.plans else state.config.cp_group or _config_group(state.config)
-    rewrite_mixers(gm, state.config.strategy, group)
+    group = state.plans[0].group if state.plans else state.config.cp_group or config_group(state.config)
+    state.mixers = rewrite_mixers(gm, state.config.strategy, group)
 
 
 def guard(gm: torch.fx.GraphModule, state: PassState) -> None:
@@ -94,16 +97,6 @@ def run(gm: torch.fx.GraphModule, config: CPConfig) -> list[CPPlan]:
     return state.plans
 
 
-def _config_group(config: CPConfig) -> CPGroup | None:
-    """The CP group the backend was given (None without torch.distributed: nothing to agree with)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    try:
-        return resolve_group(config.mesh, config.group)
-    except CPCompileError:
-        return None
-
-
-__all__ = ["PASSES", "AttentionSite", "CPConfig", "CPPlan", "PassState", "VarlenPlan", "find_attention_sites", "run"]
+__all__ = [
+    "PASSES", "AttentionSite", "CPConfig", "CPPlan", "PassState", "Ranks", "VarlenPlan", "find_attention_sites", "run",
+]  # fmt: skip

@@ -16,11 +16,17 @@ import ast
 import datetime
 import os
 from collections import defaultdict
+from typing import TYPE_CHECKING, Protocol
 
 import torch.distributed as dist
 
 from ..errors import CPCompileError
-from .plans import CPPlan
+from ..mesh import CPGroup, resolve_group
+from .plans import CPConfig, CPPlan
+
+if TYPE_CHECKING:
+    from . import PassState
+    from .match import AttentionSite
 
 TIMEOUT_S = float(os.environ.get("CPCOMPILE_AGREE_TIMEOUT", "300"))
 """How long a rank waits for the others to reach the same graph (CPCOMPILE_AGREE_TIMEOUT, seconds)."""
@@ -133,3 +139,42 @@ def agree(group: dist.ProcessGroup, group_name: str, rank: int, summary: str) ->
 
 def summarize(plans: list[CPPlan]) -> str:
     return "sites:" + ";".join(plan_summary(p) for p in plans)
+
+
+class Ranks(Protocol):
+    """The other CP ranks as the pass's plan and agree steps reach them: the process group's store
+    (ProcessGroupRanks, the backend) or explain()'s stand-in world (explain/ranks.py), which plans every rank
+    in this process and records refusals instead of raising them."""
+
+    def refused(self, state: PassState, site: AttentionSite, error: CPCompileError) -> None:
+        """This rank cannot plan `site`: tell the others (the backend then raises `error`)."""
+
+    def agree(self, state: PassState) -> None:
+        """Every rank planned this graph as `state.plans` says, or one CPCompileError."""
+
+
+class ProcessGroupRanks:
+    """The backend's ranks: agreement through the CP group's store (`agree`); without torch.distributed (or on
+    the fake group) there is nothing to agree with."""
+
+    def refused(self, state: PassState, site: AttentionSite, error: CPCompileError) -> None:
+        if (group := config_group(state.config)) is not None:
+            agree(group.group, group.name, group.rank, f"error:{error}")
+        raise error
+
+    def agree(self, state: PassState) -> None:
+        groups = {p.group.name: p.group for p in state.plans}
+        if not groups and (group := config_group(state.config)) is not None:
+            groups = {group.name: group}
+        for name, group in groups.items():
+            agree(group.group, name, group.rank, summarize([p for p in state.plans if p.group.name == name]))
+
+
+def config_group(config: CPConfig) -> CPGroup | None:
+    """The CP group the backend was given (None without torch.distributed: nothing to agree with)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        return resolve_group(config.mesh, config.group)
+    except CPCompileError:
+        return None

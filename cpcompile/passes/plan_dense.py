@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import math
 
-from ..comm.registry import get_comm
+from ..comm.registry import dense_feature_problem, get_comm
 from ..cost import SiteShape
 from ..errors import CPCompileError, site_error
 from ..integrations.hints import mask_fix
-from ..kernels import FEATURES
 from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS, get_layout
-from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
 from .auto import resolve, site_comms, site_kernels
 from .checks import constant, is_static
 from .match import AttentionSite
-from .plan_features import FEATURE_COMMS, check_token_metadata, sinks_of, softcap_of, window_of
+from .plan_features import check_token_metadata, sinks_of, softcap_of, window_of
 from .plans import CPConfig, CPPlan
 
 
@@ -87,17 +85,14 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
     check_token_metadata(site)
     features = (("window",) if window is not None else ()) + (("softcap",) if softcap else ())
 
-    def comm_problem(comm: str) -> tuple[str, str] | None:
-        if get_comm(comm).region is None:
-            return get_comm(comm).dense_refusal
-        if features and comm not in FEATURE_COMMS:
-            return (
-                f"its {' and '.join(FEATURES[f] for f in features)} have no blocks under comm={comm!r} "
-                f"(only {' and '.join(FEATURE_COMMS)} build windowed and softcapped blocks)",
-                "use comm='all_gather' or comm='a2a' for this model",
-            )
-        heads = site.q_shape[1], site.k_shape[1], group.size
-        return head_split_problem(*heads) if get_comm(comm).splits_heads else None
+    def comm_problem(name: str) -> tuple[str, str] | None:
+        """The comm's rules for this site, read from its capabilities (comm/capabilities.py)."""
+        comm = get_comm(name)
+        if comm.region is None:
+            return comm.capabilities.dense_refusal
+        return dense_feature_problem(comm, features) or comm.capabilities.head_problem(
+            site.q_shape[1], site.k_shape[1], group.size
+        )
 
     comms = site_comms(site, config.comm, comm_problem)
     layout = get_layout(config.strategy)

@@ -9,9 +9,6 @@ from ..errors import site_error
 from .checks import constant
 from .match import AttentionSite
 
-FEATURE_COMMS = ("all_gather", "a2a", "ring")
-"""The comms whose dense regions take windows and softcap."""
-
 HF_POSITIONS_FIX = (
     "pass the tokens' GLOBAL position ids to the model (cpcompile.shard_batch creates them when the batch has none: "
     "torch.arange of the global length, sharded like the tokens)"

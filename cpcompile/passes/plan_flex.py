@@ -13,11 +13,10 @@ import math
 
 import torch.fx
 
-from ..comm.registry import COMMS, get_comm
+from ..comm.registry import comms_that, get_comm
 from ..errors import site_error
 from ..layouts import LAYOUTS, get_layout
 from ..layouts.flex import rank_major_chunks
-from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
 from ..sharding.flex import marker_args, marker_block_size, marker_node, mask_graph
 from .auto import AUTO
@@ -53,18 +52,18 @@ def plan_flex_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> Fle
         )
     comm = get_comm(config.comm)
     if comm.flex_region is None:
-        takes = [n for n, c in COMMS.items() if c.flex_region is not None]
+        takes = comms_that(lambda c: c.flex_region is not None)
         raise site_error(node, f"comm={config.comm!r} has no flex_attention region", f"use comm in {takes}")
     _check_shapes(site)
     (_, hq, sq, d), (_, hkv, _, _) = site.q_shape, site.k_shape
-    if comm.splits_heads:
-        if problem := head_split_problem(hq, hkv, group.size):
+    if comm.capabilities.splits_heads:
+        if problem := comm.capabilities.head_problem(hq, hkv, group.size):
             raise site_error(node, *problem)
         if flex.outputs_read - {0}:
             raise site_error(
                 node,
-                "the graph reads flex_attention's logsumexp or max_scores, which comm='a2a' computes for a share of "
-                "the heads of every token, not for this rank's tokens",
+                f"the graph reads flex_attention's logsumexp or max_scores, which comm={comm.name!r} computes for a "
+                "share of the heads of every token, not for this rank's tokens",
                 "use comm='all_gather' (it computes them for this rank's tokens), or do not read them",
             )
     layout = get_layout(config.strategy)
@@ -207,7 +206,7 @@ def _check_blocks(site: AttentionSite, comm: str, layout, cp: int, block_size: t
     """Chunks of a buffer that is not in global order must be whole blocks (a block then maps to a block)."""
     chunk = site.q_shape[2] // layout.chunks_per_rank
     kv_identity = rank_major_chunks(layout, cp) == list(range(layout.num_chunks(cp)))
-    q_identity = kv_identity and get_comm(comm).splits_heads  # a2a's q buffer is the key buffer
+    q_identity = kv_identity and get_comm(comm).capabilities.splits_heads  # a2a's q buffer is the key buffer
     for side, block, identity in (("q", block_size[0], q_identity), ("kv", block_size[1], kv_identity)):
         if not identity and chunk % block:
             raise site_error(

@@ -8,13 +8,12 @@ import operator
 import torch
 import torch.fx
 
-from ..comm.registry import COMMS, Comm, get_comm
+from ..comm.registry import Comm, comms_that, get_comm, packed_layout_problem
 from ..cost import SiteShape
 from ..errors import site_error
 from ..kernels import get_varlen_kernel
 from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS
-from ..layouts.heads import head_split_problem
 from ..mesh import CPGroup
 from .auto import AUTO, resolve, site_comms, site_kernels
 from .checks import is_static
@@ -32,7 +31,7 @@ def _window(site: AttentionSite) -> tuple | None:
 
 def _mask(site: AttentionSite) -> tuple[bool, tuple[int, int], tuple[int, int]]:
     """(causal, extra window, window_size as given) from window_size / is_causal: (-1, 0) causal, (-1, -1) full,
-    (w, 0) sliding causal, (left, right) two-sided (which comms take which: `_window_problem`)."""
+    (w, 0) sliding causal, (left, right) two-sided (which comms take which: Capabilities.packed_window_problem)."""
     node, window, is_causal = site.node, _window(site), site.is_causal
     if window is None or not isinstance(is_causal, (bool, int)) or isinstance(is_causal, torch.fx.Node):
         raise site_error(
@@ -51,25 +50,6 @@ def _mask(site: AttentionSite) -> tuple[bool, tuple[int, int], tuple[int, int]]:
     return causal, (left, -1 if causal else right), window
 
 
-def _window_problem(window: tuple[int, int], causal: bool, comm: Comm) -> tuple[str, str] | None:
-    """Under all_gather causal (-1, 0), sliding causal (w, 0) and full (-1, -1) (a rank's q pieces end their key
-    ranges, so the bottom-right window is right); under a2a any flash-attn window, a cp=1 mask after the exchange;
-    under a comm without sliding windows (ring) only causal and full."""
-    if window not in ((-1, 0), NO_WINDOW) and not comm.varlen_sliding_windows:
-        return (
-            f"window_size={window}: comm={comm.name!r} attends one held chunk per step, and a sliding window's "
-            "band is not aligned with the kernel's diagonal on a chunk that is not the query's own",
-            "use comm='all_gather' (causal windows (w, 0)) or comm='a2a' with strategy='thd' (any window)",
-        )
-    if not causal and window != NO_WINDOW and not comm.varlen_any_window:
-        return (
-            f"window_size={window}: a sliding window that reaches right of the diagonal is not supported by the "
-            f"{comm.name} THD region (causal (-1, 0), sliding causal (w, 0) and full (-1, -1) are)",
-            "use comm='a2a' (strategy='thd') for two-sided windows, or a causal window (w, 0)",
-        )
-    return None
-
-
 def _reads_lse(node: torch.fx.Node) -> bool:
     """Whether anything but `out` (getitem 0) or the unused rng state is read from the varlen node."""
     return any(not (u.target is operator.getitem and u.args[1] in (0, 2)) for u in node.users)
@@ -78,26 +58,19 @@ def _reads_lse(node: torch.fx.Node) -> bool:
 def _comm_problem(
     site: AttentionSite, strategy: str, comm: Comm, cp: int, window: tuple[int, int], causal: bool
 ) -> tuple[str, str] | None:
-    """The comm's rules for packed documents (a varlen region, the windows it takes, layouts it refuses, head
-    splits) and the layout's (the comms it knows): (rule broken, fix) or None."""
+    """The comm's rules for packed documents, read from its capabilities (comm/capabilities.py): a varlen region,
+    the windows it takes, the packed layouts it takes, the head split. (rule broken, fix) or None."""
     if comm.varlen_region is None:
         return (
             f"comm={comm.name!r} has no varlen region yet",
-            f"use comm in {sorted(n for n, c in COMMS.items() if c.varlen_region)} for varlen_attn",
+            f"use comm in {sorted(comms_that(lambda c: c.varlen_region is not None))} for varlen_attn",
         )
-    if (problem := _window_problem(window, causal, comm)) is not None:
-        return problem
-    if strategy in comm.varlen_refusals:
-        return comm.varlen_refusals[strategy]
-    known = THD_LAYOUTS[strategy].comms
-    if known is not None and comm.name not in known:
-        return (
-            f"strategy={strategy!r} has no {comm.name!r} region yet (its per-batch plan runs under "
-            f"{' and '.join(known)} only)",
-            f"use comm in {list(known)} with strategy={strategy!r}, or strategy='thd' / 'thd_zigzag' with "
-            f"comm={comm.name!r}",
-        )
-    return head_split_problem(site.q_shape[1], site.k_shape[1], cp) if comm.splits_heads else None
+    caps = comm.capabilities
+    return (
+        caps.packed_window_problem(comm.name, window, causal)
+        or packed_layout_problem(comm, strategy)
+        or caps.head_problem(site.q_shape[1], site.k_shape[1], cp)
+    )
 
 
 def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> VarlenPlan:

@@ -8,6 +8,7 @@ from ..comm.registry import get_comm
 from ..kernels.base import NO_WINDOW
 from ..mesh import CPGroup
 from .match import AttentionSite
+from .region_call import DenseCall, FlexCall, VarlenCall
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,19 @@ class CPPlan:
     choice: object = field(default=None, compare=False, repr=False)
     """The cost model's cost.Choice when comm="auto" / kernel="auto" had several options (None: no choice)."""
     regather: bool = False
-    """The region gathers K/V again in backward instead of saving them (comms whose entry `regathers`)."""
+    """The region gathers K/V again in backward instead of saving them (comms whose capabilities `regathers`)."""
     sinks: bool = False
     """The site's attention sinks (`site.sinks`, a graph tensor) go to the region (cpcompile.attention sites)."""
 
     def region_target(self):
         return get_comm(self.comm).region
 
+    def region_call(self) -> DenseCall:
+        """The region's positional inputs, by name (passes/region_call.py)."""
+        return DenseCall(self.site.query, self.site.key, self.site.value)
+
     def region_args(self) -> tuple:
-        return (self.site.query, self.site.key, self.site.value)
+        return tuple(self.region_call())
 
     def region_kwargs(self) -> dict:
         kwargs = self._common_kwargs()
@@ -104,12 +109,12 @@ class VarlenPlan(CPPlan):
     def region_target(self):
         return get_comm(self.comm).varlen_region
 
-    def region_args(self) -> tuple:
-        return (*super().region_args(), self.site.cu_seqlens_q)
+    def region_call(self) -> VarlenCall:
+        return VarlenCall(*super().region_call(), cu_seqlens=self.site.cu_seqlens_q)
 
     def region_kwargs(self) -> dict:
         extra = dict(max_doc=self.max_doc, window=self.window)
-        if get_comm(self.comm).varlen_lse_on_demand:
+        if get_comm(self.comm).capabilities.lse_on_demand:
             extra["return_lse"] = self.return_lse
         return {**self._common_kwargs(), **extra}
 
@@ -129,9 +134,12 @@ class FlexPlan(CPPlan):
     def region_target(self):
         return get_comm(self.comm).flex_region
 
-    def region_args(self) -> tuple:
+    def region_call(self) -> FlexCall:
         f = self.site.flex
-        return (*super().region_args(), f.score_mod, f.mask_mod, f.tables, f.extras, f.score_buffers, f.mask_buffers)
+        return FlexCall(
+            *super().region_call(), score_mod=f.score_mod, mask_mod=f.mask_mod, tables=f.tables, extras=f.extras,
+            score_buffers=f.score_buffers, mask_buffers=f.mask_buffers,
+        )  # fmt: skip
 
     def region_kwargs(self) -> dict:
         kwargs = super().region_kwargs()

@@ -15,6 +15,7 @@ from ..regions.dtensor import dtensor_region
 from ..regions.guards import agree_condition, check_dense_tokens, check_packed_metadata, check_plan_positions
 from .dtensor import region_example_value
 from .plans import CPPlan, VarlenPlan
+from .region_call import VarlenCall, read_call
 
 
 def _replace(plan: CPPlan) -> torch.fx.Node:
@@ -55,7 +56,7 @@ def _check_packed(regions: list[tuple[torch.fx.Node, VarlenPlan]]) -> None:
     (regions/guards.py), inserted before the first of them: checked once per graph, not per layer."""
     by_cu: dict[torch.fx.Node, list[tuple[torch.fx.Node, VarlenPlan]]] = {}
     for region, plan in regions:
-        cu = region.args[3]
+        cu = read_call(VarlenCall, region).cu_seqlens
         if isinstance(cu, torch.fx.Node):
             by_cu.setdefault(cu, []).append((region, plan))
     for cu, users in by_cu.items():

@@ -16,6 +16,7 @@ import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
+from ..comm.wire import WireShape
 from ..executor.blocks import encode_dense
 from ..layouts import Block, get_layout
 from ..layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
@@ -47,30 +48,18 @@ def rank_blocks(
     return [b for blocks in buffer_blocks(layout, causal, world, local_len, window) for b in blocks]
 
 
-def wire_bytes(
-    tokens: int,
-    batch: int,
-    q_heads: int,
-    kv_heads: int,
-    head_dim: int,
-    v_head_dim: int,
-    world: int,
-    elt: int,
-    acc_elt: int,
-    lse: bool = False,
-    max_doc: int | None = None,
-    dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None,
-) -> tuple[int, int]:
+def wire_bytes(shape: WireShape) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward (dense and packed regions alike): forward, its tokens'
     q heads of every other rank and the k/v heads those read (replicated kv heads count once per rank that
     reads them) in one all-to-all, the output of its heads back in another, and the packed region's fp32 lse
     when the graph reads it; backward, the same exchanges reversed (dout out, dq/dk/dv back), in `elt` bytes."""
-    del acc_elt, max_doc, dense_mask  # its traffic does not depend on the mask
-    split = HeadSplit(q_heads, kv_heads, world)
-    width = split.q_per_rank * head_dim + split.kv_per_rank * (head_dim + v_head_dim)
-    qkv = (world - 1) * tokens * batch * width * elt
-    out = (world - 1) * tokens * batch * split.q_per_rank * v_head_dim * elt
-    lse_bytes = (world - 1) * tokens * batch * split.q_per_rank * 4 if lse else 0
+    s = shape
+    split = HeadSplit(s.q_heads, s.kv_heads, s.world)
+    width = split.q_per_rank * s.head_dim + split.kv_per_rank * (s.head_dim + s.v_head_dim)
+    sent = (s.world - 1) * s.tokens * s.batch  # token slots sent to the others
+    qkv = sent * width * s.elt
+    out = sent * split.q_per_rank * s.v_head_dim * s.elt
+    lse_bytes = sent * split.q_per_rank * 4 if s.lse else 0
     return qkv + out + lse_bytes, qkv + out
 
 

@@ -9,6 +9,7 @@ import torch
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import slots_tokens_first
 from ..comm.pending import in_backward, start_all_gather, start_reduce_scatter, wait
+from ..comm.wire import WireShape
 from ..executor.blocks import encode_dense, encode_windows
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..executor.sinks import fold_sinks, sinks_grad
@@ -167,23 +168,10 @@ def rank_blocks(
     return lay.blocks(world, rank, local_len // lay.chunks_per_rank, causal, window)
 
 
-def wire_bytes(
-    tokens: int,
-    batch: int,
-    q_heads: int,
-    kv_heads: int,
-    head_dim: int,
-    v_head_dim: int,
-    world: int,
-    elt: int,
-    acc_elt: int,
-    lse: bool = False,
-    max_doc: int | None = None,
-    dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None,
-) -> tuple[int, int]:
+def wire_bytes(shape: WireShape) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward (dense and packed regions alike): its K/V of `tokens`
     local tokens to the world - 1 others (the all-gather), then the other ranks' shares of the gathered K/V
     gradient in the accumulation dtype (`acc_elt` bytes; the reduce-scatter). The lse never travels."""
-    del q_heads, lse, max_doc, dense_mask  # its traffic does not depend on the mask
-    kv = (world - 1) * tokens * batch * kv_heads * (head_dim + v_head_dim)
-    return kv * elt, kv * acc_elt
+    s = shape
+    kv = (s.world - 1) * s.tokens * s.batch * s.kv_heads * (s.head_dim + s.v_head_dim)
+    return kv * s.elt, kv * s.acc_elt

@@ -17,6 +17,7 @@ import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.pending import in_backward, start_shift, wait
+from ..comm.wire import WireShape
 from ..executor.blocks import encode_dense
 from ..executor.sinks import fold_sinks, sinks_grad
 from ..layouts import Block, get_layout
@@ -116,34 +117,21 @@ def ring_attention(
     return _RingAttention.apply(q, k, v, sinks, steps, visited, extras, scale, kernel, group_name, rank, world)
 
 
-def wire_bytes(
-    tokens: int,
-    batch: int,
-    q_heads: int,
-    kv_heads: int,
-    head_dim: int,
-    v_head_dim: int,
-    world: int,
-    elt: int,
-    acc_elt: int,
-    lse: bool = False,
-    max_doc: int | None = None,
-    dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None,
-) -> tuple[int, int]:
+def wire_bytes(shape: WireShape) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward (dense and packed rings alike): forward, its held K/V
     of `tokens` tokens once per visited step but the last; backward, the K/V again and the travelling fp32 K/V
     gradient once per visited step (it comes home from the last one). Every step is visited (world - 1 K/V
     shifts, world gradient shifts) unless `dense_mask` (layout, causal, window) has a window that keeps some
     steps from every rank (layouts/ring.visited_steps): then only those. The lse never travels."""
-    del q_heads, lse, max_doc
-    visited = world
-    if dense_mask is not None and dense_mask[2] is not None:
-        layout, causal, window = dense_mask
+    s = shape
+    visited = s.world
+    if s.dense_mask is not None and s.dense_mask[2] is not None:
+        layout, causal, window = s.dense_mask
         lay = get_layout(layout)
-        visited = len(visited_steps(lay, world, tokens // lay.chunks_per_rank, causal, window))
-    kv = tokens * batch * kv_heads * (head_dim + v_head_dim)
+        visited = len(visited_steps(lay, s.world, s.tokens // lay.chunks_per_rank, causal, window))
+    kv = s.tokens * s.batch * s.kv_heads * (s.head_dim + s.v_head_dim)
     grad_shifts = visited if visited > 1 else 0  # from each visited step to the next, and home
-    return (visited - 1) * kv * elt, (visited - 1) * kv * elt + grad_shifts * kv * acc_elt
+    return (visited - 1) * kv * s.elt, (visited - 1) * kv * s.elt + grad_shifts * kv * s.acc_elt
 
 
 def rank_blocks(

@@ -15,6 +15,7 @@ import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import exchange_slots
+from ..comm.wire import WireShape
 from ..executor.blocks import encode_varlen
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..kernels.base import NO_WINDOW
@@ -109,23 +110,10 @@ def selective_varlen_attention(
     return out, lse.to(torch.float32), rng_state
 
 
-def wire_bytes(
-    tokens: int,
-    batch: int,
-    q_heads: int,
-    kv_heads: int,
-    head_dim: int,
-    v_head_dim: int,
-    world: int,
-    elt: int,
-    acc_elt: int,
-    lse: bool = False,
-    max_doc: int | None = None,
-    dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None,
-) -> tuple[int, int]:
+def wire_bytes(shape: WireShape) -> tuple[int, int]:
     """Bytes one rank sends per forward and per backward: C = min(L, max_doc) K/V token slots to each of the
     world - 1 others (the static capacity travels whatever the batch needs), then as many fp32 gradient slots
     back (`acc_elt`). The lse never travels."""
-    del q_heads, lse, dense_mask  # its traffic does not depend on the mask
-    kv = (world - 1) * capacity(tokens, max_doc) * batch * kv_heads * (head_dim + v_head_dim)
-    return kv * elt, kv * acc_elt
+    s = shape
+    kv = (s.world - 1) * capacity(s.tokens, s.max_doc) * s.batch * s.kv_heads * (s.head_dim + s.v_head_dim)
+    return kv * s.elt, kv * s.acc_elt

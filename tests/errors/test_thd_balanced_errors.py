@@ -52,8 +52,11 @@ def test_ring_is_refused_with_this_layout(no_comm):
 
 
 def test_a_comm_the_layout_does_not_know_is_refused(monkeypatch, no_comm):
-    """The layout's own list (PackedLayout.comms) catches a new comm that does not refuse it itself."""
-    other = dataclasses.replace(registry.COMMS["all_gather"], name="other")
+    """A new comm whose capabilities do not take the layout, and say nothing of it, is refused with the comms
+    that take it (comm/registry.packed_layout_problem)."""
+    gather = registry.COMMS["all_gather"]
+    caps = dataclasses.replace(gather.capabilities, packed_layouts=("thd", "thd_zigzag"))
+    other = dataclasses.replace(gather, name="other", capabilities=caps)
     monkeypatch.setitem(registry.COMMS, "other", other)
     with fake_group(0, 2):
         err = _compile(make_plan(CU, 2), comm="other")

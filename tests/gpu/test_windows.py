@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import cpcompile
+from cpcompile.comm.registry import comms_that
 from cpcompile.layouts import LAYOUTS, get_layout
 from cpcompile.layouts.heads import HeadSplit
 from cpcompile.layouts.ring import held_rank, ring_blocks
 from cpcompile.layouts.window import band
-from cpcompile.passes.plan_features import FEATURE_COMMS
 from cpcompile.regions.a2a import buffer_blocks
 from cpcompile.testing.distributed import run_ranks
 from tests.gpu.test_gpu import _rank_setup
@@ -26,6 +26,7 @@ from tests.support.roundings import roundings
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 SHAPE = (1, 8, 2, 768, 64)  # (batch, q heads, kv heads, global seq, head dim)
+WINDOW_COMMS = comms_that(lambda c: c.region is not None and "window" in c.capabilities.dense_features)
 WINDOWS = [(True, (100, 0)), (True, (300, 0)), (True, (0, 0)), (False, (64, 200)), (False, (-1, 40))]
 
 
@@ -105,7 +106,7 @@ def _sweep(rank, world):
         low = _reference(q, k, v, dout, mask, torch.bfloat16)
         for layout in sorted(LAYOUTS):
             shard = lambda t: cpcompile.shard(t, strategy=layout, seq_dim=2)  # noqa: E731, B023
-            for comm in FEATURE_COMMS:  # the comms whose dense regions take windows: all of them
+            for comm in WINDOW_COMMS:  # the comms whose dense regions take windows: all of them
                 partials = _partials(layout, comm, world, causal, window, seq)
                 got = _cp(q, k, v, dout, layout=layout, comm=comm, causal=causal, window=window)
                 for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):

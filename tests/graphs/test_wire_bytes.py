@@ -14,6 +14,7 @@ from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
 import cpcompile
 from cpcompile.comm.registry import get_comm
+from cpcompile.comm.wire import WireShape
 from cpcompile.testing.varlen_model import GQA
 from tests.support.fake_pg import capture_graphs, fake_group
 from tests.support.graphs import sent_bytes
@@ -59,7 +60,7 @@ def _expected(comm, dims, lse=False):
     tokens, batch, hq, hkv, d, dv, dtype = dims
     acc = torch.promote_types(dtype, torch.float32)
     return get_comm(comm).wire_bytes(
-        tokens, batch, hq, hkv, d, dv, WORLD, dtype.itemsize, acc.itemsize, lse
+        WireShape(tokens, batch, hq, hkv, d, dv, WORLD, dtype.itemsize, acc.itemsize, lse)
     )  # fmt: skip
 
 
@@ -100,7 +101,7 @@ def test_selective_wire_bytes_are_the_collectives(max_len):
     with fake_group(RANK, WORLD):
         be = cpcompile.backend(strategy="thd_balanced", comm="selective", inner="eager")
         graphs = capture_graphs(fn, be, q, k, v, plan)
-    expected = get_comm("selective").wire_bytes(8, 1, 4, 2, 8, 8, WORLD, 4, 4, False, max_doc=max_len)
+    expected = get_comm("selective").wire_bytes(WireShape(8, 1, 4, 2, 8, 8, WORLD, 4, 4, max_doc=max_len))
     assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == expected
     assert expected[0] == (WORLD - 1) * min(8, max_len) * 2 * 16 * 4
 
@@ -124,6 +125,6 @@ def test_windowed_ring_wire_bytes_are_the_collectives(layout, window, steps):
         graphs = capture_graphs(fn, cpcompile.backend(strategy=layout, comm="ring", inner="eager"), q, k, v)
     lay = get_layout(layout)
     visited = len(visited_steps(lay, WORLD, 16 // lay.chunks_per_rank, True, window))
-    expected = get_comm("ring").wire_bytes(16, 2, 4, 4, 8, 8, WORLD, 4, 4, dense_mask=(layout, True, window))
+    expected = get_comm("ring").wire_bytes(WireShape(16, 2, 4, 4, 8, 8, WORLD, 4, 4, dense_mask=(layout, True, window)))
     assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == expected
     assert visited == steps  # 2 and 3 of 4: the window saves shifts; 4: it reaches every step

@@ -1,0 +1,71 @@
+"""What a comm's regions can run, in one place: the packed layouts it takes, the windows, the lse, the head rule,
+the block features, the overlap, the regather, each with the refusal the planner raises when a site needs what
+the comm lacks.
+
+Every comm's registry entry (comm/registry.py) holds one Capabilities. The planners (passes/plan_*.py), the cost
+model (cost/model.py), the backend (its Inductor patch, its regather check), explain() (through the planners) and
+the bench (bench/gpu_speed.refused_by_design) read it there; nothing else lists which comm takes what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..kernels.base import NO_WINDOW
+from ..layouts import THD_LAYOUTS
+from ..layouts.heads import head_split_problem
+
+PackedWindows = Literal["causal_or_full", "sliding_causal", "any"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a comm's regions take. The defaults are the all-gather's: every packed layout, causal sliding windows,
+    no head split."""
+
+    packed_layouts: tuple[str, ...] = tuple(THD_LAYOUTS)
+    """The packed layouts (strategy=) its varlen region takes."""
+    packed_refusals: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """(rule broken, fix) for a packed layout it does not take, where it says why (the others get the registry's
+    generic refusal: comm/registry.packed_layout_problem)."""
+    packed_windows: PackedWindows = "sliding_causal"
+    """The varlen_attn windows its varlen region takes besides causal (-1, 0) and full (-1, -1): "causal_or_full"
+    none (one held chunk a step: a band is not aligned with the kernel's diagonal there), "sliding_causal" (w, 0)
+    (every rank's q pieces end their key ranges, so the bottom-right window is right), "any" (it attends with
+    cp=1's mask after an exchange)."""
+    lse_on_demand: bool = False
+    """Whether the varlen region takes `return_lse` (the lse costs it a collective, sent only when read)."""
+    splits_heads: bool = False
+    """Whether each rank attends a share of the heads (then the head counts must split over cp, and a flex site
+    must not read the lse or max scores, which it computes for a share of the heads of every token)."""
+    dense_features: tuple[str, ...] = ("window", "softcap")
+    """The block features (kernels.FEATURES) its dense region builds blocks for."""
+    dense_refusal: tuple[str, str] | None = None
+    """(rule, fix) for SDPA and flex sites when it has no dense region."""
+    overlaps: bool = False
+    """Whether its dense and varlen regions overlap collectives with blocks in program order (the backend then
+    turns off Inductor's peak-memory reordering, which would sink the collective to its wait: backend.py)."""
+    regathers: bool = False
+    """Whether its regions take `regather` (keep only the local K/V for backward, gather them again there)."""
+
+    def packed_window_problem(self, comm: str, window: tuple[int, int], causal: bool) -> tuple[str, str] | None:
+        """(rule, fix) when the varlen region cannot take varlen_attn's window_size `window`, else None."""
+        if window not in ((-1, 0), NO_WINDOW) and self.packed_windows == "causal_or_full":
+            return (
+                f"window_size={window}: comm={comm!r} attends one held chunk per step, and a sliding window's "
+                "band is not aligned with the kernel's diagonal on a chunk that is not the query's own",
+                "use comm='all_gather' (causal windows (w, 0)) or comm='a2a' with strategy='thd' (any window)",
+            )
+        if not causal and window != NO_WINDOW and self.packed_windows != "any":
+            return (
+                f"window_size={window}: a sliding window that reaches right of the diagonal is not supported by the "
+                f"{comm} THD region (causal (-1, 0), sliding causal (w, 0) and full (-1, -1) are)",
+                "use comm='a2a' (strategy='thd') for two-sided windows, or a causal window (w, 0)",
+            )
+        return None
+
+    def head_problem(self, q_heads: int, kv_heads: int, cp: int) -> tuple[str, str] | None:
+        """(rule, fix) when the comm splits heads and these do not split over cp ranks, else None."""
+        return head_split_problem(q_heads, kv_heads, cp) if self.splits_heads else None

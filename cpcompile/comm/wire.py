@@ -1,0 +1,33 @@
+"""WireShape: what a comm's `wire_bytes` reads of a site, declared once and read by name.
+
+Every comm's registry entry has `wire_bytes(shape: WireShape) -> (bytes one rank sends per forward, per
+backward)` (its region module writes it); the cost model (cost/model.py) builds the shape of a planned site.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WireShape:
+    """One rank's share of an attention site, as the collectives see it."""
+
+    tokens: int
+    """Local tokens a rank (packed: the rank's packed length)."""
+    batch: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    world: int
+    elt: int
+    """Bytes of one element of q/k/v (the activations' dtype)."""
+    acc_elt: int
+    """Bytes of one element of the accumulation dtype (fp32 partial gradients)."""
+    lse: bool = False
+    """Whether the lse travels (a packed site whose graph reads it, under a comm that sends it on demand)."""
+    max_doc: int | None = None
+    """Packed sites: varlen_attn's max_q/max_k (the longest document), when static."""
+    dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None
+    """Dense sites: (layout, causal, window), for comms whose traffic depends on the mask (the ring's steps)."""
