@@ -106,7 +106,7 @@ class FlexArgs:
     """Which of the call's outputs (0 out, 1 lse, 2 max_scores) the graph reads."""
 
 
-def _example(node: Any) -> torch.Tensor | None:
+def traced_tensor(node: Any) -> torch.Tensor | None:
     if isinstance(node, torch.fx.Node):
         val = node.meta.get("example_value", node.meta.get("val"))
         if isinstance(val, torch.Tensor):
@@ -125,7 +125,7 @@ def _schema_bound(node: torch.fx.Node, schema) -> dict:
 def cp_attention_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
     """Normalise a cpcompile::attention node (attention_op.py: SDPA plus window, softcap and token metadata)."""
     a = _schema_bound(node, torch.ops.cpcompile.attention.default._schema)
-    q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
+    q, k, v = (traced_tensor(a[n]) for n in ("query", "key", "value"))
     return AttentionSite(
         node=node,
         kind="sdpa",
@@ -167,7 +167,7 @@ def flex_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
     """Normalise a torch.ops.higher_order.flex_attention node (what Dynamo records for flex_attention)."""
     q, k, v, score_mod, mask, scale, kernel_options, *buffers = node.args
     score_buffers, mask_buffers = (tuple(b) for b in (*buffers, (), ())[:2])
-    qv, kv, vv = (_example(t) for t in (q, k, v))
+    qv, kv, vv = (traced_tensor(t) for t in (q, k, v))
     flex = FlexArgs(
         score_mod=score_mod,
         mask_mod=mask[-1],
@@ -204,7 +204,7 @@ def flex_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
 def varlen_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
     """Normalise a torch_attn._varlen_attn node (the op behind torch.nn.attention.varlen.varlen_attn)."""
     a = _varlen_signature(node)
-    q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
+    q, k, v = (traced_tensor(a[n]) for n in ("query", "key", "value"))
     return AttentionSite(
         node=node,
         kind="varlen",
@@ -233,7 +233,7 @@ def varlen_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
 def sdpa_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
     """Normalise a scaled_dot_product_attention node, whichever form Dynamo recorded it in."""
     a = _sdpa_signature(*node.args, **node.kwargs)
-    q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
+    q, k, v = (traced_tensor(a[n]) for n in ("query", "key", "value"))
     return AttentionSite(
         node=node,
         kind="sdpa",
