@@ -6,6 +6,7 @@ tests/unit/test_compat.py checks that against the installed torch: the unpatched
 - dtensor_cpu_sdpa: DTensor sharding rules for the CPU SDPA kernels (torch has them for CUDA only);
 - varlen_fake: varlen_attn's fake output takes v's head dim (torch's takes q's: MLA fails to trace);
 - eager_attention: hooks on F.scaled_dot_product_attention and varlen_attn's ops for the eager guard;
+- varlen_gqa: varlen_attn's enable_gqa keyword where torch has it;
 - compile_frames: which stack frames and wrapper attributes lead from a compiled call to its backend;
 - versions: the installed release as TORCH_VERSIONS name it.
 """

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from cpcompile.compat import compile_frames, dtensor_cpu_sdpa, eager_attention, varlen_fake
+from cpcompile.compat import compile_frames, dtensor_cpu_sdpa, eager_attention, varlen_fake, varlen_gqa
 from cpcompile.compat.versions import serves, torch_minor
 
 UNPATCHED = """
@@ -135,3 +135,8 @@ def test_eager_attention_is_installed_once():
     assert F.scaled_dot_product_attention is eager_attention.guarded_sdpa
     q = torch.randn(1, 2, 4, 8)  # no compiled call in progress: torch's own result
     torch.testing.assert_close(F.scaled_dot_product_attention(q, q, q), eager_attention.SDPA(q, q, q))
+
+
+def test_varlen_gqa_keyword_is_missing_where_stated():
+    """varlen_attn lacks enable_gqa on the releases varlen_gqa lists (and only there)."""
+    assert (varlen_gqa.VARLEN_GQA_KWARGS == {}) == serves(varlen_gqa.TORCH_VERSIONS)
