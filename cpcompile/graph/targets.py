@@ -48,8 +48,3 @@ def is_cp_attention(node: torch.fx.Node) -> bool:
 
 def is_flex(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in FLEX_TARGETS
-
-
-def is_attention(node: torch.fx.Node) -> bool:
-    """Any attention call the pass rewrites into a CP region."""
-    return is_sdpa(node) or is_varlen(node) or is_flex(node) or is_cp_attention(node)
