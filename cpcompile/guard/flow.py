@@ -9,6 +9,7 @@ are plain meta tensors with the graph's shapes: nothing is computed or communica
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -50,7 +51,7 @@ class Result:
     """Ops no rule covers that DTensor was asked about."""
 
 
-def tensors(args, kwargs):
+def tensors(args, kwargs) -> Iterator[torch.Tensor]:
     """The tensors among a call's arguments, lists and tuples opened."""
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterator
 
 import torch.fx
 
@@ -40,7 +41,7 @@ def preferred(dims: list[int]) -> list[int]:
     return sorted(dims, key=lambda d: (d != 1, d))
 
 
-def assignments(inputs, lengths: set[int], skip: set[str]):
+def assignments(inputs, lengths: set[int], skip: set[str]) -> Iterator[dict[str, int]]:
     """Seeds {placeholder: seq dim}: the preferred dims first, then the other choices of ambiguous inputs."""
     choices = []
     for node, value in inputs:

@@ -5,6 +5,8 @@ The local lengths the graph's regions run at (attention sites and token mixers) 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.fx
 from torch.distributed.tensor import DTensor
@@ -15,7 +17,7 @@ from ..mixers import TOKEN_REGION
 from .flow import concrete, leaves, traced
 
 
-def walk(gm: torch.fx.GraphModule):
+def walk(gm: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
     """Every node of the graph and of the bodies its higher-order ops call (get_attr GraphModules)."""
     for node in gm.graph.nodes:
         yield node
