@@ -114,7 +114,7 @@ def _attention(
     dropout_p: float = 0.0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if (  # only a call that computes (the same test as eager_guard._guarded_sdpa's, inline for the same reason)
+    if (  # only a call that computes (the test of compat/eager_attention.guarded_sdpa, inline for the same reason)
         not torch.compiler.is_compiling()
         and type(query) is torch.Tensor
         and query.device.type != "meta"

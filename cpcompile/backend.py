@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from . import eager_guard, passes
+from . import compat, eager_guard, passes
 from .comm.registry import COMMS, comms_that
 from .errors import CPCompileError
 from .inductor_cache import cache_key_patches
@@ -18,9 +18,7 @@ from .kernels import KERNEL_NAMES
 from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
 from .passes import CPConfig, CPPlan
-from .passes.dtensor_rules import register_cpu_sdpa_rules
 from .passes.plans import FlexPlan
-from .passes.varlen_fake import fix_varlen_fake
 
 INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
 """Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
@@ -30,8 +28,7 @@ those regions (comms whose capabilities say `overlaps`; not flex_attention's, wh
 compiled in program order, which already issues each collective before the blocks it overlaps and keeps at most
 two K/V chunks in flight; Inductor's other passes stay on."""
 
-register_cpu_sdpa_rules()  # at import: Dynamo traces SDPA on CPU DTensors before any backend is called
-fix_varlen_fake()  # at import: Dynamo traces varlen_attn with MLA head dims before any backend is called
+compat.install()  # at import: Dynamo traces the model (DTensor SDPA on CPU, MLA varlen) before any backend is called
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch.fx
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _NOT_USER = (
-    os.path.join(_HERE, "eager_guard.py"),  # its SDPA wrapper (Dynamo inlines it)
+    os.path.join(_HERE, "compat", "eager_attention.py"),  # the eager guard's SDPA wrapper (Dynamo inlines it)
     os.path.join(_HERE, "attention_op.py"),  # cpcompile.attention, which HF's "cpcompile" attention calls
     os.path.join(_HERE, "integrations", ""),  # the HF attention function: the model's line is the one to name
     os.path.join(_HERE, "mixers", ""),  # a declared token mixer's forward wrapper: the caller's line

@@ -1,6 +1,6 @@
 """`cpcompile.mark_token_local`: the escape hatch for code the token guard refuses but that is token-local.
 
-The guard (passes/guard_tokens.py) refuses any op that would need the CP-sharded sequence whole. An op it cannot
+The token guard (cpcompile/guard/) refuses any op that would need the CP-sharded sequence whole. An op it cannot
 analyse (a custom op with no DTensor sharding rule), or a function it reads wrongly, can be declared token-local:
 every output token depends only on the same token of the inputs, so running it on each rank's own tokens is
 exact. The guard then runs that code without looking inside and carries the sequence dim over to its outputs (the

@@ -5,7 +5,7 @@ arange over the local length makes local positions (`Local`)."""
 
 from __future__ import annotations
 
-from .rules import LOCAL_LENGTH, RULES, Verdict, _bind, _merge, _register, refuse
+from .rules import LOCAL_LENGTH, RULES, Verdict, bind_args, merge_inputs, refuse, register_rule
 from .tags import Local, Part, Seq, Share
 
 _BY_POSITION = "it reads tokens by index along the token axis (LOCAL positions)"
@@ -24,7 +24,7 @@ def _positions(t) -> Verdict | None:
 
 
 def embedding(func, args, kwargs, outs, tag) -> Verdict:
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     if tag(b["weight"]) is not None:
         return refuse("gather", "the table it reads holds tokens")
     return _positions(tag(b["indices"])) or Verdict((tag(b["indices"]),))
@@ -32,7 +32,7 @@ def embedding(func, args, kwargs, outs, tag) -> Verdict:
 
 def index(func, args, kwargs, outs, tag) -> Verdict:
     """x[i0, i1, ...] (aten.index.Tensor): the indexed dims become the indices' broadcast shape."""
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     src, idx = b["self"], list(b["indices"])
     t_src = tag(src)
     used = [d for d, i in enumerate(idx) if i is not None]
@@ -67,7 +67,7 @@ def index(func, args, kwargs, outs, tag) -> Verdict:
 
 
 def index_select(func, args, kwargs, outs, tag) -> Verdict:
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     src, dim, i = b["self"], b["dim"] % max(b["self"].dim(), 1), b["index"]
     t_src, t_i = tag(src), tag(i)
     if (v := _positions(t_i)) is not None:
@@ -83,20 +83,20 @@ def index_select(func, args, kwargs, outs, tag) -> Verdict:
 
 def gather(func, args, kwargs, outs, tag) -> Verdict:
     """gather(self, dim, index): the output has index's shape."""
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     src, dim, i = b["self"], b["dim"] % max(b["self"].dim(), 1), b["index"]
     t_src, t_i = tag(src), tag(i)
     if (v := _positions(t_i)) is not None:
         return v
     if isinstance(t_src, Seq) and dim in t_src.dims:
         return refuse("gather", _BY_POSITION)
-    return _merge(func, "gather", [(src, t_src), (i, t_i)], outs[0].dim())
+    return merge_inputs(func, "gather", [(src, t_src), (i, t_i)], outs[0].dim())
 
 
 def write(func, args, kwargs, outs, tag) -> Verdict:
     """copy_, index_put_, scatter, index_add, slice_scatter, masked_scatter, fill_: the destination (and the
     functional result) holds what is written: the source's tokens, placed where the destination's dims are."""
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     dest = b.get("self")
     dim = b.get("dim")
     name = func.__name__.split(".")[0]
@@ -122,7 +122,7 @@ def write(func, args, kwargs, outs, tag) -> Verdict:
                 return refuse("unknown", "it writes token data at token-holding indices")
         sources = [values]
     pieces = [(dest, t_dest)] + [(s, tag(s)) for s in sources if s is not None]
-    v = _merge(func, "copy", pieces, dest.dim() if dest is not None else 0)
+    v = merge_inputs(func, "copy", pieces, dest.dim() if dest is not None else 0)
     if v.kind:
         return v
     return Verdict(v.outs * max(len(outs), 1))
@@ -158,18 +158,18 @@ def to_python(func, args, kwargs, outs, tag) -> Verdict:
     return refuse("partial" if isinstance(t, Share) else "gather", f"{what} decides a Python value or a size here")
 
 
-_register(embedding, "embedding")
-_register(index, "index", "_unsafe_index")
-_register(index_select, "index_select")
-_register(gather, "gather", "take_along_dim")
-_register(write, "copy_", "copy", "index_put_", "index_put", "_index_put_impl_", "scatter", "scatter_",
+register_rule(embedding, "embedding")
+register_rule(index, "index", "_unsafe_index")
+register_rule(index_select, "index_select")
+register_rule(gather, "gather", "take_along_dim")
+register_rule(write, "copy_", "copy", "index_put_", "index_put", "_index_put_impl_", "scatter", "scatter_",
           "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_", "index_add", "index_add_",
           "index_copy", "index_copy_", "slice_scatter", "select_scatter", "masked_scatter", "masked_scatter_",
           "fill_", "zero_", "index_fill", "index_fill_", "_unsafe_index_put")  # fmt: skip
-_register(factory, "arange", "zeros", "ones", "empty", "full", "randn", "rand", "randint", "empty_strided",
+register_rule(factory, "arange", "zeros", "ones", "empty", "full", "randn", "rand", "randint", "empty_strided",
           "scalar_tensor", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "zeros_like",
           "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "eye", "linspace",
           "tensor", "_efficientzerotensor", "randperm")  # fmt: skip
-_register(to_python, "_local_scalar_dense", "nonzero", "unique", "_unique2", "unique_consecutive", "bincount",
+register_rule(to_python, "_local_scalar_dense", "nonzero", "unique", "_unique2", "unique_consecutive", "bincount",
           "histc", "masked_select", "argwhere", "nonzero_static")  # fmt: skip
 RULES.setdefault("lift_fresh_copy", RULES["lift_fresh"])

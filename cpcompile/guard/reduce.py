@@ -4,7 +4,7 @@ gives a per-rank Share and everything else needs other ranks' tokens (refused)."
 
 from __future__ import annotations
 
-from .rules import RULES, Verdict, _bind, _dims, _register, refuse
+from .rules import RULES, Verdict, bind_args, norm_dims, refuse, register_rule
 from .tags import Part, Seq, Share
 
 SHARE_OF = {"sum": "sum", "nansum": "sum", "mean": "avg", "nanmean": "avg", "amax": "max", "amin": "min",
@@ -20,8 +20,8 @@ def _dropped(t: Seq, dims: list[int], ndim: int, keepdim: bool) -> Seq:
 def reduction(func, args, kwargs, outs, tag) -> Verdict:
     src, t = args[0], tag(args[0])
     name = func.__name__.split(".")[0]
-    b = _bind(func, args, kwargs)
-    dims = _dims(b.get("dim"), src.dim())
+    b = bind_args(func, args, kwargs)
+    dims = norm_dims(b.get("dim"), src.dim())
     keep = bool(b.get("keepdim", False))
     if isinstance(t, Share):
         ok = SHARE_OF.get(name) == t.op or (t.op in ("sum", "avg") and name in ("sum", "mean", "nansum"))
@@ -45,7 +45,7 @@ def along(func, args, kwargs, outs, tag) -> Verdict:
         return refuse("partial", f"{t.describe()} goes through {func.__name__}")
     if not isinstance(t, Seq):
         return Verdict((t,) * len(outs))
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     dim = b.get("dim", -1) % max(src.dim(), 1)
     if dim in t.dims:
         return refuse("gather", f"{func.__name__.split('.')[0]} runs along the token axis (dim {dim})")
@@ -61,7 +61,7 @@ def norm(func, args, kwargs, outs, tag) -> Verdict:
         return refuse("partial", f"{t.describe()} is normalised")
     if not isinstance(t, Seq):
         return Verdict((t,) * len(outs))
-    name, b, n = func.__name__, _bind(func, args, kwargs), src.dim()
+    name, b, n = func.__name__, bind_args(func, args, kwargs), src.dim()
     if "normalized_shape" in b:
         mixed = set(range(n - len(b["normalized_shape"]), n))
     elif "group" in b:
@@ -77,7 +77,7 @@ def norm(func, args, kwargs, outs, tag) -> Verdict:
 
 def loss(func, args, kwargs, outs, tag) -> Verdict:
     """nll_loss and the pointwise losses: per token (reduction none) or a Share (sum, mean)."""
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     tagged = [tag(x) for x in (b.get("self"), b.get("target")) if x is not None]
     seq = next((x for x in tagged if isinstance(x, Seq)), None)
     if any(isinstance(x, Share) for x in tagged):
@@ -109,7 +109,7 @@ def _operands(b: dict) -> tuple:
 
 def matmul(func, args, kwargs, outs, tag) -> Verdict:
     """mm (m,k)@(k,n), bmm (b,m,k)@(b,k,n), their add* forms, mv, dot."""
-    a, c, bias = _operands(_bind(func, args, kwargs))
+    a, c, bias = _operands(bind_args(func, args, kwargs))
     ta, tc, tb = tag(a), tag(c), (tag(bias) if bias is not None else None)
     shares = [x for x in (ta, tc, tb) if isinstance(x, Share)]
     if shares:
@@ -138,7 +138,7 @@ _CONTRACT = "it contracts over the token axis (a sum over this rank's tokens onl
 
 
 def convolution(func, args, kwargs, outs, tag) -> Verdict:
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     x = b.get("input", args[0])
     t = tag(x)
     if tag(b.get("weight")) is not None:
@@ -170,7 +170,7 @@ def pad(func, args, kwargs, outs, tag) -> Verdict:
     src, t = args[0], tag(args[0])
     if not isinstance(t, Seq):
         return Verdict((t,))
-    widths = list(_bind(func, args, kwargs).get("pad", ()))
+    widths = list(bind_args(func, args, kwargs).get("pad", ()))
     for i in range(0, len(widths), 2):
         d = src.dim() - 1 - i // 2
         if d in t.dims and (widths[i] or widths[i + 1]):
@@ -180,8 +180,8 @@ def pad(func, args, kwargs, outs, tag) -> Verdict:
 
 def flip(func, args, kwargs, outs, tag) -> Verdict:
     src, t = args[0], tag(args[0])
-    b = _bind(func, args, kwargs)
-    dims = _dims(b.get("dims", b.get("dim", [])), src.dim())
+    b = bind_args(func, args, kwargs)
+    dims = norm_dims(b.get("dims", b.get("dim", [])), src.dim())
     if isinstance(t, Seq) and t.dims & set(dims):
         return refuse("gather", f"{func.__name__.split('.')[0]} moves tokens along the token axis")
     if isinstance(t, Seq) and func.__name__.startswith(("tril", "triu")) and t.dims & {src.dim() - 1, src.dim() - 2}:
@@ -193,7 +193,7 @@ def repeat(func, args, kwargs, outs, tag) -> Verdict:
     src, t = args[0], tag(args[0])
     if not isinstance(t, Seq):
         return Verdict((t,))
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     if func.__name__.startswith("repeat_interleave"):
         r, dim = b.get("repeats"), b.get("dim")
         if not isinstance(r, int) or dim is None:
@@ -203,24 +203,24 @@ def repeat(func, args, kwargs, outs, tag) -> Verdict:
     return Verdict((Seq(tuple(Part(p.dim + outs[0].dim() - src.dim(), p.lo, p.hi) for p in t.parts)),))
 
 
-_register(reduction, *SHARE_OF, "argmax", "argmin", "prod", "var", "std", "var_mean", "std_mean", "logsumexp",
+register_rule(reduction, *SHARE_OF, "argmax", "argmin", "prod", "var", "std", "var_mean", "std_mean", "logsumexp",
           "linalg_vector_norm", "norm", "median", "nanmedian")  # fmt: skip
 RULES["max"] = RULES["min"] = reduction
-_register(along, "_softmax", "softmax", "_log_softmax", "log_softmax", "cumsum", "cumprod", "cummax", "cummin",
+register_rule(along, "_softmax", "softmax", "_log_softmax", "log_softmax", "cumsum", "cumprod", "cummax", "cummin",
           "logcumsumexp", "sort", "argsort", "topk", "kthvalue", "mode", "_safe_softmax", "cumsum_",
           "msort")  # fmt: skip
-_register(norm, "native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm", "native_group_norm",
+register_rule(norm, "native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm", "native_group_norm",
           "group_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
           "_native_batch_norm_legit_functional", "batch_norm", "instance_norm")  # fmt: skip
-_register(loss, "nll_loss_forward", "nll_loss2d_forward", "nll_loss", "nll_loss_nd", "mse_loss", "l1_loss",
+register_rule(loss, "nll_loss_forward", "nll_loss2d_forward", "nll_loss", "nll_loss_nd", "mse_loss", "l1_loss",
           "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
           "kl_div")  # fmt: skip
-_register(matmul, "mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation")
-_register(convolution, "convolution", "_convolution", "conv1d", "conv2d", "conv3d")
-_register(pool, "avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", "max_pool3d",
+register_rule(matmul, "mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation")
+register_rule(convolution, "convolution", "_convolution", "conv1d", "conv2d", "conv3d")
+register_rule(pool, "avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", "max_pool3d",
           "max_pool2d_with_indices", "max_pool3d_with_indices", "_adaptive_avg_pool2d", "adaptive_avg_pool1d",
           "_adaptive_avg_pool3d", "adaptive_max_pool2d", "adaptive_max_pool1d")  # fmt: skip
-_register(pad, "constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d",
+register_rule(pad, "constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d",
           "_pad_circular", "pad")  # fmt: skip
-_register(flip, "flip", "roll", "tril", "triu", "diagonal", "diag_embed", "fliplr", "flipud", "rot90")
-_register(repeat, "repeat", "repeat_interleave", "tile")
+register_rule(flip, "flip", "roll", "tril", "triu", "diagonal", "diag_embed", "fliplr", "flipud", "rot90")
+register_rule(repeat, "repeat", "repeat_interleave", "tile")

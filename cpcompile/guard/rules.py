@@ -50,14 +50,14 @@ def refuse(kind: str, detail: str, pairwise: bool = False) -> Verdict:
     return Verdict((), kind, pairwise, detail)
 
 
-def _bind(func, args, kwargs) -> dict:
+def bind_args(func, args, kwargs) -> dict:
     out = dict(kwargs)
     for a, v in zip(func._schema.arguments, args):
         out[a.name] = v
     return out
 
 
-def _dims(dim, ndim: int) -> list[int]:
+def norm_dims(dim, ndim: int) -> list[int]:
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return list(range(ndim))
     dims = [dim] if isinstance(dim, int) else list(dim)
@@ -85,7 +85,7 @@ def _broadcast(tag: Seq, ndim_in: int, ndim_out: int) -> Seq:
     return Seq(tuple(T.Part(p.dim + shift, p.lo, p.hi) for p in tag.parts))
 
 
-def _merge(func, name: str, inputs: list, out_ndim: int) -> Verdict:
+def merge_inputs(func, name: str, inputs: list, out_ndim: int) -> Verdict:
     """Tokens of every input placed on the output (broadcast), shares combined where linear."""
     seqs, shares, locs, plain = [], [], [], 0
     for t, tag in inputs:
@@ -121,7 +121,7 @@ def _merge(func, name: str, inputs: list, out_ndim: int) -> Verdict:
 def pointwise(func, args, kwargs, outs, tag) -> Verdict:
     name = func.__name__.split(".")[0]
     inputs = [(t, tag(t)) for t in _tensor_args(args, kwargs)]
-    v = _merge(func, name, inputs, max((o.dim() for o in outs), default=0))
+    v = merge_inputs(func, name, inputs, max((o.dim() for o in outs), default=0))
     return v if v.kind else Verdict(v.outs * len(outs))
 
 
@@ -161,7 +161,7 @@ def permute(func, args, kwargs, outs, tag) -> Verdict:
     src, t = args[0], tag(args[0])
     if not isinstance(t, Seq):
         return Verdict((t,))
-    n, b = src.dim(), _bind(func, args, kwargs)
+    n, b = src.dim(), bind_args(func, args, kwargs)
     if "dims" in b:
         order = [d % n for d in b["dims"]]
     elif "dim0" in b:
@@ -194,7 +194,7 @@ def _cut(t: Seq, dim: int, start: int, end: int, step: int, size: int) -> str | 
 
 def slice_(func, args, kwargs, outs, tag) -> Verdict:
     src, t = args[0], tag(args[0])
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     dim = b.get("dim", 0) % max(src.dim(), 1)
     size = src.shape[dim] if src.dim() else 1
     start, end, step = b.get("start") or 0, b.get("end"), b.get("step", 1)
@@ -212,7 +212,7 @@ def select(func, args, kwargs, outs, tag) -> Verdict:
     src, t = args[0], tag(args[0])
     if not isinstance(t, Seq):
         return Verdict((t,))
-    dim = _bind(func, args, kwargs)["dim"] % src.dim()
+    dim = bind_args(func, args, kwargs)["dim"] % src.dim()
     if dim in t.dims:
         return refuse("gather", f"it takes one token by its LOCAL position (dim {dim})")
     return Verdict((t.moved({d: d - (d > dim) for d in range(src.dim()) if d != dim}),))
@@ -222,7 +222,7 @@ def split(func, args, kwargs, outs, tag) -> Verdict:
     src, t = args[0], tag(args[0])
     if not isinstance(t, Seq):
         return Verdict(_identity(t, len(outs)))
-    dim = _bind(func, args, kwargs).get("dim", 0) % src.dim()
+    dim = bind_args(func, args, kwargs).get("dim", 0) % src.dim()
     if func.__name__.startswith("unbind"):
         if dim in t.dims:
             return refuse("gather", f"it takes tokens apart by LOCAL position (dim {dim})")
@@ -238,14 +238,14 @@ def split(func, args, kwargs, outs, tag) -> Verdict:
 
 
 def cat(func, args, kwargs, outs, tag) -> Verdict:
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     tensors = [x for x in b["tensors"] if x.numel() or x.dim() > 1]
     out = outs[0]
     dim = b.get("dim", 0) % out.dim()
     tagged = [(x, tag(x)) for x in tensors]
     seqs = {t for _, t in tagged if isinstance(t, Seq)}
     if not seqs or all(dim not in s.dims for s in seqs):
-        return _merge(func, "cat", tagged, out.dim())
+        return merge_inputs(func, "cat", tagged, out.dim())
     if len(seqs) > 1 or any(t is None for _, t in tagged):
         return refuse("gather", f"it joins tokens with other values along the token axis (dim {dim})")
     t = seqs.pop()
@@ -257,7 +257,7 @@ def cat(func, args, kwargs, outs, tag) -> Verdict:
 def trailing(func, args, kwargs, outs, tag) -> Verdict:
     """Ops that add or change only dims after the input's (one_hot, unfold over another dim)."""
     t = tag(args[0])
-    b = _bind(func, args, kwargs)
+    b = bind_args(func, args, kwargs)
     if isinstance(t, Seq) and "dimension" in b and b["dimension"] % args[0].dim() in t.dims:
         return refuse("gather", "it takes windows along the token axis")
     return Verdict(_identity(t, len(outs)))
@@ -267,22 +267,22 @@ RULES: dict[str, Callable] = {}
 """aten op name (packet) -> rule; filled in rules_more.py's families too."""
 
 
-def _register(rule, *names: str) -> None:
+def register_rule(rule, *names: str) -> None:
     for n in names:
         RULES[n] = rule
 
 
-_register(reshape, "view", "_unsafe_view", "reshape", "view_as_real", "view_as_complex", "squeeze", "unsqueeze",
+register_rule(reshape, "view", "_unsafe_view", "reshape", "view_as_real", "view_as_complex", "squeeze", "unsqueeze",
           "alias", "detach", "clone", "_to_copy", "lift_fresh", "lift_fresh_copy", "contiguous", "flatten",
           "unflatten", "view_as", "_reshape_alias", "squeeze_", "unsqueeze_", "_to_dense")  # fmt: skip
-_register(permute, "permute", "transpose", "t", "transpose_", "t_", "numpy_T", "mT", "swapaxes", "swapdims")
-_register(expand, "expand", "expand_as", "broadcast_to")
-_register(slice_, "slice")
-_register(select, "select")
-_register(split, "split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split",
+register_rule(permute, "permute", "transpose", "t", "transpose_", "t_", "numpy_T", "mT", "swapaxes", "swapdims")
+register_rule(expand, "expand", "expand_as", "broadcast_to")
+register_rule(slice_, "slice")
+register_rule(select, "select")
+register_rule(split, "split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split",
           "unsafe_split_with_sizes")  # fmt: skip
-_register(cat, "cat", "concat", "concatenate")
-_register(trailing, "one_hot", "unfold")
+register_rule(cat, "cat", "concat", "concatenate")
+register_rule(trailing, "one_hot", "unfold")
 
 STATE: set[int] = set()
 """ids of the model state tensors (parameters, buffers) while a graph is analysed: a slice of one to the local

@@ -22,12 +22,12 @@ raises it rather than Dynamo wrapping it).
 
 from __future__ import annotations
 
-import inspect
 import types
 
 import torch
 
 from ..attention_op import attention
+from ..compat.varlen_gqa import VARLEN_GQA_KWARGS
 from ..eager_guard import cp_call_in_progress, eager_attention_error
 from ..errors import CPCompileError
 from ..refusal import refused
@@ -124,7 +124,7 @@ def _packed(module, query, key, value, window, is_causal, scaling, softcap, s_au
     pass runs on the packed layouts (thd_balanced, thd, thd_zigzag). q (1, Hq, T, D) -> ((1, T, Hq, D), None)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    gqa = {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen_attn).parameters else {}  # (2.11: none)
+    gqa = VARLEN_GQA_KWARGS  # torch 2.11's varlen_attn has no enable_gqa
     if softcap or s_aux is not None or dropout:
         what = "softcapped scores" if softcap else "attention sinks" if s_aux is not None else "attention dropout"
         raise _refuse(

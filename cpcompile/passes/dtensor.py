@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from ..errors import site_error
 from ..layouts import get_layout
 from ..mesh import CPGroup, cp_mesh_dim, group_of, no_cp_dim_problem, resolve_group
-from .match import AttentionSite, _example
+from .match import AttentionSite, traced_tensor
 
 SEQ_DIM = 2
 """SDPA inputs are (batch, heads, seq, head_dim): CP shards dim 2."""
@@ -24,7 +24,7 @@ SEQ_DIM = 2
 
 def is_dtensor_site(site: AttentionSite) -> bool:
     """True when the site's query was traced as a DTensor."""
-    return isinstance(_example(site.query), DTensor)
+    return isinstance(traced_tensor(site.query), DTensor)
 
 
 def _describe(p) -> str:
@@ -34,7 +34,7 @@ def _describe(p) -> str:
 def localize_dtensor_site(site: AttentionSite, strategy: str, mesh=None, group=None) -> tuple[AttentionSite, CPGroup]:
     """Check a DTensor site's placements and return (site with local shapes, CP group of its mesh)."""
     node = site.node
-    vals = {name: _example(n) for name, n in (("query", site.query), ("key", site.key), ("value", site.value))}
+    vals = {name: traced_tensor(n) for name, n in (("query", site.query), ("key", site.key), ("value", site.value))}
     if not all(isinstance(v, DTensor) for v in vals.values()):
         kinds = {name: type(v).__name__ for name, v in vals.items()}
         raise site_error(
@@ -101,6 +101,6 @@ def region_example_value(site: AttentionSite):
 
     (Dynamo traced SDPA with DTensor's own rule, which redistributes to Replicate; the region keeps Shard(2).)
     """
-    q, out = _example(site.query), _example(site.node)
+    q, out = traced_tensor(site.query), traced_tensor(site.node)
     local = out._local_tensor.new_empty(q._local_tensor.shape[:-1] + out.shape[-1:])
     return DTensor.from_local(local, q.device_mesh, q.placements, run_check=False)

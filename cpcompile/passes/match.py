@@ -7,19 +7,9 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 
-from ..attention_op import TARGETS as CP_ATTENTION_TARGETS
-from .bodies import Body, bodies
-
-SDPA_TARGETS = frozenset(
-    {
-        torch._C._nn.scaled_dot_product_attention,
-        F.scaled_dot_product_attention,
-        torch.ops.aten.scaled_dot_product_attention,
-        torch.ops.aten.scaled_dot_product_attention.default,
-    }
-)
+from ..graph.bodies import Body, bodies
+from ..graph.targets import is_cp_attention, is_flex, is_sdpa, is_varlen
 
 
 def _sdpa_signature(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -35,17 +25,6 @@ def _sdpa_signature(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     )
 
 
-def _varlen_targets() -> frozenset:
-    try:
-        import torch.nn.attention.varlen  # noqa: F401  (registers torch.ops.torch_attn._varlen_attn)
-
-        op = torch.ops.torch_attn._varlen_attn
-    except (ImportError, AttributeError):
-        return frozenset()
-    return frozenset({op, op.default})
-
-
-VARLEN_TARGETS = _varlen_targets()
 VARLEN_INFERENCE_ARGS = (
     "seqused_k",
     "block_table",
@@ -102,7 +81,7 @@ class AttentionSite:
     sinks: Any = None
     """cpcompile.attention: the attention sinks node (one logit a q head in every row's denominator), or None."""
     body: Body | None = None
-    """The graph the node lives in: the top-level graph, or a higher-order op's body (passes/bodies.py)."""
+    """The graph the node lives in: the top-level graph, or a higher-order op's body (graph/bodies.py)."""
     flex: FlexArgs | None = None
     """kind "flex": the flex_attention call's mods, BlockMask and options."""
 
@@ -127,24 +106,12 @@ class FlexArgs:
     """Which of the call's outputs (0 out, 1 lse, 2 max_scores) the graph reads."""
 
 
-def _example(node: Any) -> torch.Tensor | None:
+def traced_tensor(node: Any) -> torch.Tensor | None:
     if isinstance(node, torch.fx.Node):
         val = node.meta.get("example_value", node.meta.get("val"))
         if isinstance(val, torch.Tensor):
             return val
     return None
-
-
-def is_sdpa(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target in SDPA_TARGETS
-
-
-def is_varlen(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target in VARLEN_TARGETS
-
-
-def is_cp_attention(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target in CP_ATTENTION_TARGETS
 
 
 def _schema_bound(node: torch.fx.Node, schema) -> dict:
@@ -158,7 +125,7 @@ def _schema_bound(node: torch.fx.Node, schema) -> dict:
 def cp_attention_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
     """Normalise a cpcompile::attention node (attention_op.py: SDPA plus window, softcap and token metadata)."""
     a = _schema_bound(node, torch.ops.cpcompile.attention.default._schema)
-    q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
+    q, k, v = (traced_tensor(a[n]) for n in ("query", "key", "value"))
     return AttentionSite(
         node=node,
         kind="sdpa",
@@ -184,13 +151,6 @@ def cp_attention_site(node: torch.fx.Node, body: Body | None = None) -> Attentio
     )
 
 
-FLEX_TARGETS = frozenset(t for t in (getattr(torch.ops.higher_order, "flex_attention", None),) if t is not None)
-
-
-def is_flex(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target in FLEX_TARGETS
-
-
 def _outputs_read(node: torch.fx.Node) -> frozenset:
     import operator
 
@@ -207,7 +167,7 @@ def flex_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
     """Normalise a torch.ops.higher_order.flex_attention node (what Dynamo records for flex_attention)."""
     q, k, v, score_mod, mask, scale, kernel_options, *buffers = node.args
     score_buffers, mask_buffers = (tuple(b) for b in (*buffers, (), ())[:2])
-    qv, kv, vv = (_example(t) for t in (q, k, v))
+    qv, kv, vv = (traced_tensor(t) for t in (q, k, v))
     flex = FlexArgs(
         score_mod=score_mod,
         mask_mod=mask[-1],
@@ -244,7 +204,7 @@ def flex_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
 def varlen_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
     """Normalise a torch_attn._varlen_attn node (the op behind torch.nn.attention.varlen.varlen_attn)."""
     a = _varlen_signature(node)
-    q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
+    q, k, v = (traced_tensor(a[n]) for n in ("query", "key", "value"))
     return AttentionSite(
         node=node,
         kind="varlen",
@@ -273,7 +233,7 @@ def varlen_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
 def sdpa_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
     """Normalise a scaled_dot_product_attention node, whichever form Dynamo recorded it in."""
     a = _sdpa_signature(*node.args, **node.kwargs)
-    q, k, v = (_example(a[n]) for n in ("query", "key", "value"))
+    q, k, v = (traced_tensor(a[n]) for n in ("query", "key", "value"))
     return AttentionSite(
         node=node,
         kind="sdpa",
@@ -297,7 +257,7 @@ def sdpa_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
 def find_attention_sites(gm: torch.fx.GraphModule) -> list[AttentionSite]:
     """Every SDPA, varlen_attn, flex_attention and cpcompile.attention call in graph order, whichever form Dynamo
     recorded it in, in the graph and in every higher-order-op body reachable from it (activation checkpoint, cond,
-    ...: passes/bodies.py)."""
+    ...: graph/bodies.py)."""
     sites = []
     for body in bodies(gm):
         for node in body.module.graph.nodes:

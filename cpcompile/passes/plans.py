@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..comm.registry import get_comm
+from ..graph.region_call import DenseCall, FlexCall, VarlenCall
 from ..kernels.base import NO_WINDOW
 from ..mesh import CPGroup
 from .match import AttentionSite
-from .region_call import DenseCall, FlexCall, VarlenCall
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class CPPlan:
         return get_comm(self.comm).region
 
     def region_call(self) -> DenseCall:
-        """The region's positional inputs, by name (passes/region_call.py)."""
+        """The region's positional inputs, by name (graph/region_call.py)."""
         return DenseCall(self.site.query, self.site.key, self.site.value)
 
     def region_args(self) -> tuple:

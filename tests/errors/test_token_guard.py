@@ -208,12 +208,12 @@ def test_cu_seqlens_is_global():
 def test_analysis_failure_is_a_refusal(no_comm, monkeypatch):
     """A graph the checker itself fails on (a bug, an op meta tensors cannot run) is refused, not compiled
     unchecked: it could be silently wrong."""
-    from cpcompile.passes import guard_tokens
+    from cpcompile.guard import infer
 
     def broken(*args):
         raise RuntimeError("meta kernel missing")
 
-    monkeypatch.setattr(guard_tokens, "track", broken)
+    monkeypatch.setattr(infer, "track", broken)
     msg = refusal(cumsum, torch.randn(B, L, D))
     assert "could not analyse this graph (RuntimeError: meta kernel missing)" in msg, msg
 
@@ -296,7 +296,7 @@ def test_token_wise_subgraph_and_wrap_bodies_compile():
 
 
 def test_attention_in_a_checkpoint_body_is_rewritten_and_passes_the_guard():
-    """The pass rewrites attention inside activation-checkpoint bodies (passes/bodies.py); the guard then sees
+    """The pass rewrites attention inside activation-checkpoint bodies (graph/bodies.py); the guard then sees
     a region there, not an SDPA left on local tokens, and lets the model through."""
 
     def checkpointed(x):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import cpcompile
-from cpcompile.passes.guard_tokens import check_graph
+from cpcompile.guard import check_graph
 from cpcompile.passes.match import find_attention_sites
 from cpcompile.passes.plan import plan_site
 from cpcompile.passes.rewrite import rewrite_graph

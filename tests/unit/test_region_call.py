@@ -1,4 +1,4 @@
-"""The region call's schema (passes/region_call.py) is every comm's region signature: each region of a family
+"""The region call's schema (graph/region_call.py) is every comm's region signature: each region of a family
 takes exactly the schema's fields as its positional parameters, in order, so a reader of a rewritten region node
 that takes them by name (read_call) reads what the region reads."""
 
@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from cpcompile.comm.registry import COMMS
-from cpcompile.passes.region_call import DenseCall, FlexCall, VarlenCall, read_call
+from cpcompile.graph.region_call import DenseCall, FlexCall, VarlenCall, read_call
 
 FAMILIES = {"region": DenseCall, "varlen_region": VarlenCall, "flex_region": FlexCall}
 

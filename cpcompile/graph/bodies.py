@@ -23,18 +23,35 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-ONCE = frozenset(
-    {
-        "tag_activation_checkpoint",
-        "wrap_activation_checkpoint",
-        "wrap",
-        "wrap_with_autocast",
-        "wrap_with_set_grad_enabled",
-        "invoke_subgraph",
-        "hints_wrapper",
-    }
-)
-"""Higher-order ops that run their body exactly once per call, in place: attention inside is rewritten."""
+
+@dataclass(frozen=True)
+class Call:
+    """Where a higher-order op's body and the operands its placeholders take sit in the op's args."""
+
+    body: int
+    """Index of the body (a get_attr GraphModule)."""
+    operands: int
+    """Index of the first operand; the body's placeholders take the operands from there on."""
+    packed: bool = False
+    """The operands are one tuple at index `operands` (hints_wrapper), not the remaining args."""
+
+    def split(self, args: tuple) -> tuple[object, tuple]:
+        """(the body, the operands its placeholders take) of a call's args (nodes, or the values they hold)."""
+        operands = args[self.operands] if self.packed else args[self.operands :]
+        return args[self.body], tuple(operands)
+
+
+ONCE: dict[str, Call] = {
+    "tag_activation_checkpoint": Call(0, 1),
+    "wrap_activation_checkpoint": Call(0, 1),
+    "wrap": Call(0, 1),
+    "wrap_with_autocast": Call(4, 5),  # (device_type, dtype, enabled, cache_enabled, body, *operands)
+    "wrap_with_set_grad_enabled": Call(1, 2),  # (enabled, body, *operands)
+    "invoke_subgraph": Call(0, 2),  # (body, identifier, *operands)
+    "hints_wrapper": Call(0, 1, packed=True),  # (body, operands, kwargs); hints= as a keyword
+}
+"""Higher-order ops that run their body exactly once per call, in place: attention inside is rewritten, and the
+token guard runs the body on the call's operands. Argument positions as Dynamo records them (torch 2.11-2.14)."""
 
 MODS = frozenset({"flex_attention", "flex_attention_backward"})
 """Higher-order ops whose graph operands are score/mask functions, not bodies: they hold no attention (a
@@ -60,7 +77,7 @@ class Body:
     @property
     def refused_hop(self) -> str | None:
         """The first enclosing higher-order op whose body's attention the pass cannot rewrite, or None."""
-        return next((n for n in self.enclosing if n not in ONCE | BRANCHES), None)
+        return next((n for n in self.enclosing if n not in ONCE and n not in BRANCHES), None)
 
     @property
     def branches(self) -> tuple[torch.fx.Node, ...]:

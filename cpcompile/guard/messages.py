@@ -1,0 +1,86 @@
+"""The token guard's CPCompileErrors: for each kind of Flag, why the op is wrong under CP and what to do."""
+
+from __future__ import annotations
+
+from ..errors import CPCompileError, site_error
+from ..graph.targets import is_cp_attention, is_sdpa, is_varlen
+from .flow import Flag
+
+SDPA_FIX = (
+    "compute attention with torch.nn.functional.scaled_dot_product_attention or "
+    "torch.nn.attention.varlen.varlen_attn (sliding windows, softcap: cpcompile.attention), which cpcompile "
+    'rewrites into CP regions (Hugging Face: attn_implementation="cpcompile", registered by `import cpcompile`)'
+)
+MARK_FIX = (
+    "if the op is in fact token-local (each output token depends only on its own token), mark it or the "
+    "function around it: cpcompile.mark_token_local(fn_or_op)"
+)
+
+
+def refusal(flag: Flag) -> CPCompileError:
+    """The CPCompileError for a flagged op: which op and node, why it is wrong under CP, what to do."""
+    op, node = flag.op, flag.node
+    if is_sdpa(node) or is_varlen(node) or is_cp_attention(node):
+        rule = (
+            "this attention call was not rewritten into a CP region (it sits inside a higher-order op the rewrite "
+            "does not enter), so it would attend over this rank's tokens only"
+        )
+        fix = "call it outside torch.utils.checkpoint / wrap / invoke_subgraph in the compiled graph"
+        return site_error(node, rule, fix)
+    if flag.kind == "flex_buffer":
+        rule = (
+            f"{op} holds this rank's tokens only ({flag.detail}), but under CP the score_mod/mask_mod index it by "
+            "GLOBAL position, so it would be read out of range or at the wrong tokens"
+        )
+        fix = "pass the whole tensor (built for the global sequence, as for one GPU), not its shard_batch shard"
+        return site_error(node, rule, fix)
+    rule, fix = _explain(flag)
+    return site_error(node, rule, fix, what="node", action="run")
+
+
+def _explain(flag: Flag) -> tuple[str, str]:
+    """(rule, fix) of a flagged op that is not attention."""
+    op = flag.op
+    if flag.kind == "partial":
+        rule = (
+            f"{op} uses a reduction over tokens before it is summed across ranks ({flag.detail}): each rank "
+            "reduces only its own tokens, so this use sees a partial value and its result would be silently wrong"
+        )
+        fix = (
+            "return reductions over tokens (a loss sum) from the compiled graph and combine them across ranks "
+            "afterwards (dist.all_reduce, README's loss recipe); normalise per token, not over tokens; " + MARK_FIX
+        )
+        return rule, fix
+    if flag.kind == "unknown":
+        rule = f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens ({flag.detail})"
+        return rule, MARK_FIX
+    if flag.kind == "positions":
+        rule = (
+            f"{op} uses positions made from this rank's LOCAL sequence length ({flag.detail}): every rank would "
+            "number its own tokens 0..L-1, so positions (RoPE, learned or sinusoidal position embeddings, "
+            "position-dependent scaling) would be wrong on every rank but one"
+        )
+        fix = (
+            "pass the tokens' GLOBAL position ids into the model and build positions from them "
+            "(cpcompile.shard_batch adds position_ids when the batch has none; torchtitan: pass positions=); "
+            + MARK_FIX
+        )
+        return rule, fix
+    if flag.kind == "hop":
+        rule = f"the higher-order op {op} takes sequence-sharded values and cpcompile cannot look inside it"
+        if flag.detail:
+            rule = f"the higher-order op {op} takes sequence-sharded values and {flag.detail}"
+        return rule, SDPA_FIX + "; " + MARK_FIX
+    how = "it relates tokens to each other, as attention does" if flag.pairwise else "it needs other ranks' tokens"
+    rule = (
+        f"{op} mixes tokens along the sequence dim that CP shards ({flag.detail}: {how}), so on this rank's "
+        "tokens alone its result would be silently wrong"
+    )
+    fix = (
+        f"{SDPA_FIX}; a head- or channel-local token mixer (a short causal depthwise conv, a linear-attention, "
+        "gated-delta or SSM scan whose every head reads only its own head) runs head-parallel once declared: "
+        "cpcompile.token_mixer(module_or_fn, heads_dim=...) (its code must read head counts and the length "
+        "from its inputs); other token mixing (a mixer that mixes heads, pooling, sorting tokens, state passing "
+        f"between ranks) is not supported: keep it out of the CP-compiled model; {MARK_FIX}"
+    )
+    return rule, fix

@@ -1,0 +1,123 @@
+"""Run one FX graph on meta tensors under the tracker, node by node, and follow this rank's tokens through it.
+
+cpcompile's region calls are not run: stand_ins.py gives their outputs. A higher-order op that runs its body
+once (graph/bodies.py ONCE: the same table find rewrites by) runs its body on the call's operands with the same
+tracking; torch.cond runs both of its branches (the ranks agree on the predicate at run time: passes/agree.py);
+any other higher-order op with a token-holding operand is a Flag (it cannot be looked into). Code marked with
+cpcompile.mark_token_local runs without tracking and hands the tokens on to its outputs (token_local.py). The
+run-time guards the rewrite inserted (regions/guards.py) are token-local and not run (they would communicate).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from ..graph.bodies import BRANCHES, ONCE
+from ..mixers import TOKEN_REGION
+from ..regions.guards import agree_condition, check_packed_metadata
+from ..token_local import is_token_local_node
+from . import rules
+from .flow import NodeTracker, Result, fresh, leaves, tensors, traced
+from .stand_ins import region, token_region
+from .tags import whole
+
+RUN_TIME_GUARDS = frozenset({agree_condition, check_packed_metadata})
+"""The pass's run-time checks (regions/guards.py): token-local, not run here (they would communicate)."""
+
+
+class Runner(torch.fx.Interpreter):
+    """Runs a graph (or a higher-order op's body) node by node under the tracker."""
+
+    def __init__(self, gm: torch.fx.GraphModule, tracker: NodeTracker) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.tracker = tracker
+
+    def run_node(self, n: torch.fx.Node):
+        if n.meta.get("cpcompile_check"):  # a run-time guard the rewrite inserted (regions/guards.py): no tokens out
+            return None
+        prev, self.tracker.node = self.tracker.node, n
+        try:
+            if n.op in ("call_function", "call_method", "call_module") and not n.meta.get("cpcompile_plan"):
+                if is_token_local_node(n):
+                    return self._token_local(n)
+            return super().run_node(n)
+        finally:
+            self.tracker.node = prev
+
+    def _token_local(self, n: torch.fx.Node):
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        self.tracker.suspended += 1
+        try:
+            out = getattr(self, n.op)(n.target, args, kwargs)
+        finally:
+            self.tracker.suspended -= 1
+        self.tracker.carry(list(tensors(args, kwargs)), leaves(out))
+        return out
+
+    def call_function(self, target, args, kwargs):
+        node = self.tracker.node
+        plan = node.meta.get("cpcompile_plan")
+        if plan is not None:
+            return region(self.tracker, plan, node, args)
+        if (seq := node.meta.get(TOKEN_REGION)) is not None:
+            return token_region(self.tracker, node, args, kwargs, seq)
+        if target in RUN_TIME_GUARDS:  # they communicate (a few ints) and hand back their checked input
+            return args[0]
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            return self._higher_order(target, node, args)
+        return super().call_function(target, args, kwargs)
+
+    def _higher_order(self, hop, node: torch.fx.Node, args):
+        name = hop.name()
+        if name in ONCE:
+            body, operands = ONCE[name].split(args)
+            if isinstance(body, torch.fx.GraphModule):
+                return Runner(body, self.tracker).run(*operands)
+        if name in BRANCHES and all(isinstance(b, torch.fx.GraphModule) for b in args[1:3]):
+            return self._cond(*args[1:4])
+        if any(self.tracker.tag(t) is not None for t in tensors(args, {})):
+            self.tracker.flag(name, "hop")
+        return fresh(traced(node))
+
+    def _cond(self, true_fn, false_fn, operands):
+        """Both branches run on the same operands. An output carries the tokens where either branch's does (a
+        branch may return a token-wise constant instead); the two must not put them on different dims."""
+        outs = [Runner(body, self.tracker).run(*operands) for body in (true_fn, false_fn)]
+        for first, second in zip(*(leaves(o) for o in outs)):
+            p, q = self.tracker.tag(first), self.tracker.tag(second)
+            if p is not None and q is not None and p != q:
+                detail = f"its two branches place the sequence dim differently ({p.describe()} and {q.describe()})"
+                self.tracker.flag("cond", "hop", detail=detail)
+            self.tracker.place(first, p if p is not None else q)
+        return outs[0]
+
+
+def track(
+    gm: torch.fx.GraphModule, seeds: dict[str, int], length: int | None = None, state: frozenset[str] = frozenset()
+) -> Result:
+    """Run `gm` on meta tensors like its traced inputs, placeholder `name` holding tokens on dim seeds[name]
+    (`length`: the local sequence length, for the local-length checks; `state`: the placeholders that are model
+    state); what it found."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = [traced(n) for n in placeholders]
+    tracker = NodeTracker()
+    rules.LOCAL_LENGTH.clear()
+    rules.STATE.clear()
+    if length:
+        rules.LOCAL_LENGTH[0] = length
+    try:
+        with torch.no_grad():
+            inputs = [fresh(v) for v in values]
+            for n, t in zip(placeholders, inputs):
+                if n.name in state:
+                    rules.STATE.add(id(t))
+                if n.name in seeds:
+                    tracker.place(t, whole(seeds[n.name], t.shape[seeds[n.name]]))
+            with tracker:
+                Runner(gm, tracker).run(*inputs)
+    finally:
+        rules.LOCAL_LENGTH.clear()
+        rules.STATE.clear()
+    tracker.result.fallbacks = tracker.fallbacks
+    return tracker.result
