@@ -35,7 +35,7 @@ def _hybrids(rank, world):
     results = {}
     for name in ("jamba", "qwen3_next"):
         torch.manual_seed(0)
-        model = hf_hybrid(name, world, VOCAB).cuda()
+        model = hf_hybrid(name, world, VOCAB, attn_head_dim=16).cuda()  # flex_softcap: fp32, head dims >= 16
         g = torch.Generator().manual_seed(1)
         ids, labels = (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g).cuda() for _ in range(2))
         positions = torch.arange(SEQ, device="cuda").expand(BATCH, SEQ)

@@ -107,18 +107,18 @@ class HybridModel(nn.Module):
         return self.head(x)
 
 
-def hf_hybrid(name: str, cp: int, vocab: int = 32) -> nn.Module:
+def hf_hybrid(name: str, cp: int, vocab: int = 32, attn_head_dim: int = 8) -> nn.Module:
     """A tiny HF hybrid (transformers 5.24), one linear/SSM layer then one attention layer, its token mixers declared by
     cpcompile.hf_token_mixers; (B, L) ids [, position ids] -> logits. qwen3_next: a Gated DeltaNet layer
     (k:v heads 1:2) and MoE MLPs; bamba: a Mamba2 layer (SSD, cp groups of B/C); granitemoehybrid: Mamba2 and
-    MoE."""
+    MoE. `attn_head_dim`: the attention head dim of qwen3_next and jamba (CUDA's fp32 provider takes 16 and up)."""
     import transformers
 
     if name == "qwen3_next":
         cfg = transformers.Qwen3NextConfig(
             vocab_size=vocab, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
             shared_expert_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=8, linear_num_key_heads=cp, linear_num_value_heads=2 * cp, linear_key_head_dim=8,
+            head_dim=attn_head_dim, linear_num_key_heads=cp, linear_num_value_heads=2 * cp, linear_key_head_dim=8,
             linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
             layer_types=["linear_attention", "full_attention"],
         )  # fmt: skip
@@ -154,8 +154,9 @@ def hf_hybrid(name: str, cp: int, vocab: int = 32) -> nn.Module:
         cls = transformers.NemotronHForCausalLM
     elif name == "jamba":  # Mamba1 (B/C shared by every channel: all-gathered) then attention, MoE MLPs
         cfg = transformers.JambaConfig(
-            vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+            vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=32 // attn_head_dim, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1,
+            expert_layer_period=2,
             expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
             mamba_expand=2, mamba_dt_rank=4, num_logits_to_keep=None,
         )  # fmt: skip
