@@ -99,7 +99,11 @@ class Background:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--commit", help="the commit of cpcompile/ being checked (default: git log -1 -- cpcompile)")
+    p.add_argument(
+        "--commit",
+        help="the commit of cpcompile/ being checked, computed where the tree was committed (default: git log -1 -- "
+        "cpcompile here; the device machine's copy carries the working tree's files but a stale .git)",
+    )
     p.add_argument("--skip-tests", action="store_true", help="leave out tests/gpu (while iterating)")
     p.add_argument("--deadline", type=float, default=420, help="seconds; unfinished sections fail")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "bench/results/logs"), "gpu_check.txt"))
