@@ -56,11 +56,6 @@ def _covered_side(starts, ends, live: torch.Tensor, length: int) -> torch.Tensor
     return (ids >= 0) & live[ids.clamp(min=0)]
 
 
-def _covered_rows(ranges: torch.Tensor, tq: int) -> torch.Tensor:
-    qs, qe, ks, ke = ranges
-    return _covered_side(qs, qe, (qe > qs) & (ke > ks), tq)
-
-
 def _masks(ranges, tq: int, tk: int, covers: tuple[bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The (row, key) masks a block needs: None on a side it vouches it covers (nothing to mask there, nothing
     computed: each side is a scatter and a scan over its buffer, paid per block on the host)."""
@@ -88,7 +83,7 @@ def attend_varlen_blocks(
     if len(ranges) == 1:  # one kernel call: its out and lse are final, up to the rows it does not cover
         b, r = decode_varlen(blocks)[0], ranges[0]
         o, l = impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs())
-        rows = None if b.covers_rows else _covered_rows(r, q.shape[0])
+        rows, _ = _masks(r, q.shape[0], ks[b.source].shape[0], (b.covers_rows, True))  # keys: unused here
         if rows is None:
             lse = _as_returned(l, acc_t, None)
         else:  # written into a contiguous buffer: kernels return views (cuDNN: (Hq, Tq) of its token-major
@@ -100,7 +95,7 @@ def attend_varlen_blocks(
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
     for r, b in zip(ranges, decode_varlen(blocks)):
         o, l = impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs())
-        rows = _covered_rows(r, q.shape[0])
+        rows, _ = _masks(r, q.shape[0], ks[b.source].shape[0], (False, True))
         l = torch.where(rows, l.to(acc_t), float("-inf"))
         merged = torch.logaddexp(lse, l)
         safe = torch.where(torch.isinf(merged), 0, merged)

@@ -45,10 +45,13 @@ def _back(x: torch.Tensor, perm: list[int]) -> torch.Tensor:
     return x.permute(inverse)
 
 
-def _reorder(x: torch.Tensor, order: list[int]) -> torch.Tensor:
-    """(h, n*C, ...) with chunk i of the result = chunk order[i] of x: one copy."""
-    chunks = x.unflatten(1, (len(order), -1))
-    return torch.cat([chunks[:, i] for i in order], dim=1)
+def _reorder(x: torch.Tensor, order: list[int] | None, dim: int = 1) -> torch.Tensor:
+    """x with n*C along `dim` (default: (h, n*C, ...)), chunk i of the result = chunk order[i] of x: one copy
+    (None: x as it is)."""
+    if order is None:
+        return x
+    chunks = x.unflatten(dim, (len(order), -1))
+    return torch.cat([chunks.select(dim, i) for i in order], dim=dim)
 
 
 def _orders(layout: ChunkLayout, world: int) -> tuple[list[int], list[int]] | None:
@@ -107,14 +110,6 @@ def to_tokens(
     return out
 
 
-def _chunks_reordered(x: torch.Tensor, order: list[int] | None) -> torch.Tensor:
-    """(n*C, ...) with chunk i of the result = chunk order[i] of x (None: x as it is)."""
-    if order is None:
-        return x
-    chunks = x.unflatten(0, (len(order), -1))
-    return torch.cat([chunks[i] for i in order], dim=0)
-
-
 class _GatherTokens(torch.autograd.Function):
     """All of a shared input's tokens, in global order, on every rank; backward sums the ranks' gradients and
     hands each rank its own tokens' (a reduce-scatter), since every rank's heads read every token."""
@@ -124,13 +119,13 @@ class _GatherTokens(torch.autograd.Function):
         ctx.args = (seq_dim, layout, group_name, world)
         orders = _orders(layout, world)
         rank_major = all_gather_dim0(x.movedim(seq_dim, 0), group_name)
-        return _chunks_reordered(rank_major, None if orders is None else orders[0]).movedim(0, seq_dim).contiguous()
+        return _reorder(rank_major, None if orders is None else orders[0], dim=0).movedim(0, seq_dim).contiguous()
 
     @staticmethod
     def backward(ctx, grad):
         seq_dim, layout, group_name, world = ctx.args
         orders = _orders(layout, world)
-        rank_major = _chunks_reordered(grad.movedim(seq_dim, 0), None if orders is None else orders[1])
+        rank_major = _reorder(grad.movedim(seq_dim, 0), None if orders is None else orders[1], dim=0)
         return reduce_scatter_dim0(rank_major, group_name).movedim(0, seq_dim).contiguous(), None, None, None, None
 
 

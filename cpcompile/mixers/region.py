@@ -42,10 +42,11 @@ def mixer_region(
         weights.append(w)
 
     call_kwargs = dict(call_kwargs)
-    for name in spec.shared_inputs:  # every head reads all of their tokens
-        if isinstance(call_kwargs.get(name), torch.Tensor):
-            call_kwargs[name] = gather_tokens(call_kwargs[name], spec.seq_dim, lay, group_name, world)
     shared = {name: call_kwargs.pop(name) for name in spec.shared_inputs if name in call_kwargs}
+    shared = {  # every head reads all of their tokens
+        name: gather_tokens(t, spec.seq_dim, lay, group_name, world) if isinstance(t, torch.Tensor) else t
+        for name, t in shared.items()
+    }
     inputs, spec_in = pytree.tree_flatten((tuple(flat[n:]), call_kwargs))
     tensors = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
     moved = to_heads([inputs[i] for i in tensors], spec.heads_dim, spec.seq_dim, lay, group_name, world)

@@ -16,15 +16,12 @@ import torch.nn.functional as F
 import cpcompile
 from cpcompile.testing.distributed import run_ranks
 from tests.gpu.test_gpu import _rank_setup
+from tests.support.parity import rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 FP32_TOL = 1e-4  # relative to the largest reference value: fp32 on both sides, TF32 off
 SEQ, BATCH, VOCAB = 16, 2, 32
-
-
-def _rel(a, b) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-6)).item()
 
 
 def _hybrids(rank, world):
@@ -55,8 +52,8 @@ def _hybrids(rank, world):
         dist.all_reduce(summed)  # through host memory (gloo)
         ref_loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / labels.numel()
         errors = {
-            "logits": _rel(out.detach().cpu(), local(logits.detach()).cpu()),
-            "loss": _rel(summed, ref_loss.cpu()),
+            "logits": rel_err(out.detach().cpu(), local(logits.detach()).cpu()),
+            "loss": rel_err(summed, ref_loss.cpu()),
         }
         grads = dict(model.named_parameters())
         for n, p in cp_model.named_parameters():
@@ -65,7 +62,7 @@ def _hybrids(rank, world):
                 continue
             total = p.grad.detach().cpu()
             dist.all_reduce(total)
-            errors[n] = _rel(total, grads[n].grad.cpu())
+            errors[n] = rel_err(total, grads[n].grad.cpu())
         results[name] = errors
     return results
 

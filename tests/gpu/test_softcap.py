@@ -18,7 +18,7 @@ import cpcompile
 from cpcompile.kernels import PROVIDERS
 from cpcompile.testing.distributed import run_ranks
 from tests.gpu.test_gpu import _rank_setup
-from tests.support.parity import bf16_rule, max_err
+from tests.support.parity import bf16_rule, max_err, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -54,10 +54,6 @@ def test_gpu_flex_softcap_block_matches_fp64_math(causal, window):
 FP32_TOL = 1e-4  # relative to the largest reference value: fp32 flex kernels against fp32 math
 
 
-def _rel(a, b) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-6)).item()
-
-
 def _gemma2(rank, world):
     _rank_setup()
     from tests.support.hf_zoo import batch, build
@@ -79,9 +75,12 @@ def _gemma2(rank, world):
         return t
 
     logits = cpcompile.shard(ref.logits.detach(), strategy="flat", seq_dim=1)
-    errors = {"logits": _rel(out.logits.detach().cpu(), logits.cpu()), "loss": _rel(summed(out.loss), ref.loss.cpu())}
+    errors = {
+        "logits": rel_err(out.logits.detach().cpu(), logits.cpu()),
+        "loss": rel_err(summed(out.loss), ref.loss.cpu()),
+    }
     for (n, p), (_, r) in zip(model.named_parameters(), ref_model.named_parameters()):
-        errors[n] = _rel(summed(p.grad), r.grad.cpu())
+        errors[n] = rel_err(summed(p.grad), r.grad.cpu())
     return errors, sorted({p.kernel for p in be.plans})
 
 

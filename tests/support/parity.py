@@ -25,6 +25,11 @@ def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest |a - b| relative to the largest |b| (floored at 1e-6), in fp64."""
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-6)).item()
+
+
 def sdpa_case(seed: int, b: int, hq: int, hkv: int, s: int, d: int):
     """Full-sequence q, k, v and an output gradient, identical on every rank."""
     g = torch.Generator().manual_seed(seed)
