@@ -69,9 +69,7 @@ class _WindowedFlash(torch.autograd.Function):
 @torch.compiler.disable
 def windowed_reference(q, k, v, left: int) -> torch.Tensor:
     if q.is_cuda:
-        kv_rep = q.shape[1] // k.shape[1]
-        k, v = (t.repeat_interleave(kv_rep, dim=1) for t in (k, v))  # FA2's window path takes no GQA switch here
-        return _WindowedFlash.apply(q, k, v, left)
+        return _WindowedFlash.apply(q, k, v, left)  # FA2 takes GQA's fewer K/V heads as they are
     return cpcompile.attention(q, k, v, is_causal=True, window=(left, 0))
 
 
