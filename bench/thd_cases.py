@@ -19,7 +19,7 @@ import time
 import torch
 
 from bench.common import DTYPE, HKV, HQ, D
-from cpcompile.executor import decode_varlen, encode_varlen  # (registers torch.ops.cpcompile.*)
+from cpcompile.executor import decode_varlen, encode_varlen, prepare_blocks  # (registers torch.ops.cpcompile.*)
 from cpcompile.kernels import get_varlen_kernel
 from cpcompile.kernels.base import NO_WINDOW, range_ids
 from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens
@@ -93,16 +93,25 @@ _fold = torch.compile(fold_key_grads, fullgraph=True)
 """Inductor-compiled, as in the region's backward graph under the default backend (one fused kernel)."""
 
 
+def _block_tensors(q, gathered, key_index, ranges, spec, kernel) -> list[torch.Tensor]:
+    """The ranges and metadata `attend_gathered` takes (regions.all_gather_varlen.gathered_blocks' tensors)."""
+    keys = gathered.shape[0] if key_index is None else key_index.shape[0]
+    return list(ranges) + prepare_blocks(ranges, spec, q.shape[0], [keys], kernel)
+
+
 def region_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
-    """The region's work between its collectives, in its order: the key-buffer copy, the executor ops (kernel
-    call, masks; nothing to merge with one block) and the gradient fold/cast that feeds the reduce-scatter."""
+    """The region's work between its collectives, in its order: the blocks' metadata (eager here; the region
+    compiles it), the key-buffer copy, the executor ops (kernel call, masks; nothing to merge with one block)
+    and the gradient fold/cast that feeds the reduce-scatter."""
     key_index, key_fold = key_maps
     ops = torch.ops.cpcompile
 
     def run():
-        out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, SCALE, kernel)
-        ks, vs = [keys[:, 0]], [keys[:, 1]]
-        _, (dk,), (dv,) = ops.attend_varlen_blocks_backward(dout, q, ks, vs, out, lse, ranges, spec, SCALE, kernel)
+        tensors = _block_tensors(q, gathered, key_index, ranges, spec, kernel)
+        out, lse, keys = attend_gathered(q, gathered, key_index, tensors, spec, SCALE, kernel)
+        ks, vs, meta = [keys[:, 0]], [keys[:, 1]], tensors[len(ranges) :]
+        args = (ranges, spec, SCALE, kernel, meta)
+        _, (dk,), (dv,) = ops.attend_varlen_blocks_backward(dout, q, ks, vs, out, lse, *args)
         _fold(dk, dv, key_fold)  # attend_gathered_backward's fold, compiled as in the region
 
     return run
@@ -112,7 +121,8 @@ def kernels_only_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     """The executor's kernel calls alone, on a ready key buffer: no copy, masking, merging or gradient fold."""
     impl = get_varlen_kernel(kernel)
     blocks = decode_varlen(spec)
-    out, lse, keys = attend_gathered(q, gathered, key_maps[0], ranges, spec, SCALE, kernel)
+    tensors = _block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
+    out, lse, keys = attend_gathered(q, gathered, key_maps[0], tensors, spec, SCALE, kernel)
     ks, vs = [keys[:, 0]], [keys[:, 1]]
 
     def run():
@@ -130,7 +140,8 @@ def split_kernels_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     top-left, the rest bottom-right (the other call's rows and keys left out of each), with the selects that
     put the two calls' rows and keys together: the alternative to one bottom-right call over a mixed block."""
     impl, (b,), (r,) = get_varlen_kernel(kernel), decode_varlen(spec), ranges
-    out, lse, keys = attend_gathered(q, gathered, key_maps[0], ranges, spec, SCALE, kernel)
+    tensors = _block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
+    out, lse, keys = attend_gathered(q, gathered, key_maps[0], tensors, spec, SCALE, kernel)
     k, v = keys[:, 0], keys[:, 1]
     qs, qe, ks, ke = r
     sq = qe - qs == ke - ks

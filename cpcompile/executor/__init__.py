@@ -1,7 +1,8 @@
 """The block executor: custom ops that run a rank's attention blocks on a kernel provider and merge them.
 
 Importing this package registers `torch.ops.cpcompile.attend_blocks(_backward)` (dense blocks, dense.py) and
-`torch.ops.cpcompile.attend_varlen_blocks(_backward)` (packed documents, varlen.py). The names below are the
+`torch.ops.cpcompile.attend_varlen_blocks(_backward)` (packed documents, varlen.py; their per-block metadata,
+built by the caller once per batch: `prepare_blocks`, varlen_meta.py). The names below are the
 surface other code (regions, bench/, tests) uses; the modules' private helpers are not.
 """
 
@@ -11,6 +12,7 @@ from .calls import Call, plan_calls
 from .dense import attend_blocks, attend_blocks_backward, backward_thunks, call_work, forward_thunks, planned_calls
 from .merge import merge_outputs, sum_into
 from .varlen import attend_varlen_blocks, attend_varlen_blocks_backward
+from .varlen_meta import prepare_blocks
 
 __all__ = [
     "BlockTuple",
@@ -30,6 +32,7 @@ __all__ = [
     "merge_outputs",
     "plan_calls",
     "planned_calls",
+    "prepare_blocks",
     "streams",
     "sum_into",
 ]

@@ -1,8 +1,10 @@
 """The varlen block executor: one custom op that runs a rank's varlen blocks and merges them by log-sum-exp.
 
-`cpcompile::attend_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel)`: q (Tq, Hq, D) packed tokens,
-sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base) and eight ints per
-block (blocks.encode_varlen: source, causal, max_q, max_k, window, covers rows, covers keys, square).
+`cpcompile::attend_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel, meta)`: q (Tq, Hq, D) packed
+tokens, sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base), nine ints
+per block (blocks.encode_varlen: source, causal, max_q, max_k, window, covers rows, covers keys, square) and
+the blocks' metadata (`varlen_meta.prepare_blocks`: masks, cu_seqlens, index maps), which the caller builds
+from the ranges once per batch, in its graph, so that each call's host work is the kernel's own.
 Block metadata lives in tensors computed on device, so documents can change every batch without recompiling
 or syncing. Rows a block does not cover are masked out of the merge (kernels may leave garbage there); rows no
 block covers get out = 0, lse = -inf. The registered backward calls each block's kernel backward with the FINAL
@@ -20,9 +22,9 @@ from __future__ import annotations
 import torch
 
 from ..kernels import get_varlen_kernel
-from ..kernels.base import range_ids
 from ..precision import acc_dtype
 from .blocks import decode_varlen
+from .varlen_meta import split_blocks
 
 
 def _grad_dtype(impl, dtype: torch.dtype, contributions: int) -> torch.dtype:
@@ -39,33 +41,18 @@ def _contributions(blocks: list[int], n_sources: int) -> tuple[int, list[int]]:
 def _as_returned(part: torch.Tensor, dtype: torch.dtype, mask: torch.Tensor | None) -> torch.Tensor:
     """`part` where `mask` (rows on dim 0; None: everywhere), else 0, contiguous in `dtype`: the kernel's own
     buffer when nothing needs doing, else one pass (garbage, even NaN, outside the mask never gets through)."""
-    if mask is None and part.dtype == dtype and part.is_contiguous():
+    ready = part.dtype == dtype and part.is_contiguous()
+    if mask is None and ready:
         return part
+    if ready:  # a new buffer laid out like `part`: contiguous
+        return torch.where(mask.view(-1, 1, 1), part, 0)
     buf = part.new_empty(part.shape, dtype=dtype)
     if mask is None:
         return buf.copy_(part)
-    mask = mask[:, None, None]
+    mask = mask.view(-1, 1, 1)
     if part.dtype == dtype:
         return torch.where(mask, part, part.new_zeros(()), out=buf)
     return buf.copy_(part).masked_fill_(~mask, 0)
-
-
-def _covered_side(starts, ends, live: torch.Tensor, length: int) -> torch.Tensor:
-    """(length,) bool: rows (keys) of this side inside a `live` range (one with both queries and keys)."""
-    ids = range_ids(starts, ends, length)
-    return (ids >= 0) & live[ids.clamp(min=0)]
-
-
-def _masks(ranges, tq: int, tk: int, covers: tuple[bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The (row, key) masks a block needs: None on a side it vouches it covers (nothing to mask there, nothing
-    computed: each side is a scatter and a scan over its buffer, paid per block on the host)."""
-    if all(covers):
-        return None, None
-    qs, qe, ks, ke = ranges
-    live = (qe > qs) & (ke > ks)
-    rows = None if covers[0] else _covered_side(qs, qe, live, tq)
-    keys = None if covers[1] else _covered_side(ks, ke, live, tk)
-    return rows, keys
 
 
 @torch.library.custom_op("cpcompile::attend_varlen_blocks", mutates_args=())
@@ -77,13 +64,15 @@ def attend_varlen_blocks(
     blocks: list[int],
     scale: float,
     kernel: str,
+    meta: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = get_varlen_kernel(kernel)
     acc_t = acc_dtype(q.dtype)
+    specs = decode_varlen(blocks)
+    metas = split_blocks(meta, specs, impl)
     if len(ranges) == 1:  # one kernel call: its out and lse are final, up to the rows it does not cover
-        b, r = decode_varlen(blocks)[0], ranges[0]
-        o, l = impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs())
-        rows, _ = _masks(r, q.shape[0], ks[b.source].shape[0], (b.covers_rows, True))  # keys: unused here
+        (b,), (r,), ((rows, _, prepared),) = specs, ranges, metas  # keys: unused here
+        o, l = _forward(impl, q, ks, vs, r, b, scale, prepared)
         if rows is None:
             lse = _as_returned(l, acc_t, None)
         else:  # written into a contiguous buffer: kernels return views (cuDNN: (Hq, Tq) of its token-major
@@ -91,22 +80,31 @@ def attend_varlen_blocks(
             lse = l.new_empty(l.shape, dtype=acc_t)
             torch.where(rows, l.to(acc_t), l.new_full((), float("-inf"), dtype=acc_t), out=lse)
         return _as_returned(o, q.dtype, rows), lse
-    acc = q.new_zeros((*q.shape[:-1], vs[0].shape[-1]), dtype=acc_t)
-    lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc_t)
-    for r, b in zip(ranges, decode_varlen(blocks)):
-        o, l = impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs())
-        rows, _ = _masks(r, q.shape[0], ks[b.source].shape[0], (False, True))
-        l = torch.where(rows, l.to(acc_t), float("-inf"))
+    acc = lse = None
+    for r, b, (rows, _, prepared) in zip(ranges, specs, metas):
+        o, l = _forward(impl, q, ks, vs, r, b, scale, prepared)
+        # rows a block does not cover are masked out of the merge; a block that covers every row has none
+        l = l.to(acc_t) if rows is None else torch.where(rows, l.to(acc_t), float("-inf"))
+        o = o if rows is None else torch.where(rows.view(-1, 1, 1), o, 0)
+        if acc is None:  # the first block is the running result (what merging it into nothing gives, exactly)
+            acc, lse = o.to(acc_t), l
+            continue
         merged = torch.logaddexp(lse, l)
         safe = torch.where(torch.isinf(merged), 0, merged)
         keep, add = torch.exp(lse - safe).T.unsqueeze(-1), torch.exp(l - safe).T.unsqueeze(-1)
-        acc.mul_(keep).addcmul_(torch.where(rows[:, None, None], o, 0), add)  # in place: fewer passes
+        acc = acc.mul_(keep).addcmul_(o, add)  # in place: fewer passes
         lse = merged
-    return acc.to(q.dtype), lse
+    return _as_returned(acc, q.dtype, None), _as_returned(lse, acc_t, None)
+
+
+def _forward(impl, q, ks, vs, r, b, scale, prepared):
+    """One block's kernel forward on its source, with its prepared metadata."""
+    kw = b.kernel_kwargs()
+    return impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, scale, **kw, prepared=prepared)
 
 
 @attend_varlen_blocks.register_fake
-def _attend_varlen_blocks_fake(q, ks, vs, ranges, blocks, scale, kernel):
+def _attend_varlen_blocks_fake(q, ks, vs, ranges, blocks, scale, kernel, meta):
     out = q.new_empty((*q.shape[:-1], vs[0].shape[-1]))
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=acc_dtype(q.dtype))
 
@@ -123,6 +121,7 @@ def attend_varlen_blocks_backward(
     blocks: list[int],
     scale: float,
     kernel: str,
+    meta: list[torch.Tensor],
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     impl = get_varlen_kernel(kernel)
     acc_t = acc_dtype(q.dtype)
@@ -136,14 +135,15 @@ def attend_varlen_blocks_backward(
         """The running sum of the masked parts: in the kernel's dtype when `part` is the only one, else fp32."""
         if total is None:
             return _as_returned(part, _grad_dtype(impl, q.dtype, n), mask)
-        return total.add_(part if mask is None else torch.where(mask[:, None, None], part, 0))  # fp32 (fp64) sum
+        return total.add_(part if mask is None else torch.where(mask.view(-1, 1, 1), part, 0))  # fp32 (fp64) sum
 
-    for r, b in zip(ranges, decode_varlen(blocks)):
-        src = b.source
+    specs = decode_varlen(blocks)
+    metas = split_blocks(meta, specs, impl)
+    for r, b, (rows, keys, prepared) in zip(ranges, specs, metas):
+        src, kw = b.source, b.kernel_kwargs()
         dq_b, dk_b, dv_b = impl.backward(
-            dout, q, ks[src], vs[src], out, kernel_lse, r, b.max_q, b.max_k, b.causal, scale, **b.kernel_kwargs()
+            dout, q, ks[src], vs[src], out, kernel_lse, r, b.max_q, b.max_k, b.causal, scale, **kw, prepared=prepared
         )
-        rows, keys = _masks(r, q.shape[0], ks[src].shape[0], (b.covers_rows, b.covers_keys))
         dq = add(dq, dq_b, rows, n_dq)
         dks[src] = add(dks[src], dk_b, keys, n_src[src])
         dvs[src] = add(dvs[src], dv_b, keys, n_src[src])
@@ -154,7 +154,7 @@ def attend_varlen_blocks_backward(
 
 
 @attend_varlen_blocks_backward.register_fake
-def _attend_varlen_blocks_backward_fake(dout, q, ks, vs, out, lse, ranges, blocks, scale, kernel):
+def _attend_varlen_blocks_backward_fake(dout, q, ks, vs, out, lse, ranges, blocks, scale, kernel, meta):
     impl = get_varlen_kernel(kernel)
     n_dq, n_src = _contributions(blocks, len(ks))
     like = lambda t, n: t.new_empty(t.shape, dtype=_grad_dtype(impl, q.dtype, n))  # noqa: E731  (contiguous)
@@ -162,24 +162,24 @@ def _attend_varlen_blocks_backward_fake(dout, q, ks, vs, out, lse, ranges, block
 
 
 def _setup_context(ctx, inputs, output):
-    q, ks, vs, ranges, blocks, scale, kernel = inputs
+    q, ks, vs, ranges, blocks, scale, kernel, meta = inputs
     out, lse = output
-    ctx.save_for_backward(q, out, lse, *ks, *vs, *ranges)
+    ctx.save_for_backward(q, out, lse, *ks, *vs, *ranges, *meta)
     ctx.n_sources, ctx.n_blocks = len(ks), len(ranges)
     ctx.blocks, ctx.scale, ctx.kernel = blocks, scale, kernel
 
 
 def _backward(ctx, dout, _dlse):
     q, out, lse, *rest = ctx.saved_tensors
-    n = ctx.n_sources
-    ks, vs, ranges = rest[:n], rest[n : 2 * n], rest[2 * n :]
+    n, nb = ctx.n_sources, ctx.n_blocks
+    ks, vs, ranges, meta = rest[:n], rest[n : 2 * n], rest[2 * n : 2 * n + nb], rest[2 * n + nb :]
     dq, dks, dvs = torch.ops.cpcompile.attend_varlen_blocks_backward(
-        dout.contiguous(), q, ks, vs, out, lse, ranges, ctx.blocks, ctx.scale, ctx.kernel
+        dout.contiguous(), q, ks, vs, out, lse, ranges, ctx.blocks, ctx.scale, ctx.kernel, meta
     )
     dq = dq.to(q.dtype)
     dks = [g.to(k.dtype) for g, k in zip(dks, ks)]
     dvs = [g.to(v.dtype) for g, v in zip(dvs, vs)]
-    return dq, dks, dvs, [None] * ctx.n_blocks, None, None, None
+    return dq, dks, dvs, [None] * nb, None, None, None, [None] * len(meta)
 
 
 attend_varlen_blocks.register_autograd(_backward, setup_context=_setup_context)

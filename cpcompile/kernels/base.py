@@ -83,6 +83,11 @@ class VarlenAttentionKernel(Protocol):
     them unless the block vouches that there are none (`covers_rows`). GQA: Hkv divides Hq, q head h uses kv
     head h // (Hq // Hkv).
 
+    prepare(ranges, tq, tk, max_q, window, tiled, square) returns the tensors the provider derives from the
+    ranges alone (cu_seqlens, index maps; `prepared_count(window)` of them, a static number): device ops with
+    static shapes and no host sync, which the regions run once per batch in their graph and hand to every call
+    of the block as `prepared=` (forward and backward). Without it a call prepares them itself.
+
     backward gets the FINAL merged out and lse of every q row (ring-attention identity) and returns (dq, dk,
     dv) shaped like q, k, v, in `grad_dtype` (the executor sums several blocks in fp32). Every key in the key
     range of a sequence WITH q rows gets a written gradient, 0 where no row sees it (window, causal); keys of a
@@ -102,6 +107,21 @@ class VarlenAttentionKernel(Protocol):
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype backward returns dq/dk/dv in for inputs of `dtype` (static: graphs are traced with it)."""
 
+    def prepared_count(self, window: tuple[int, int] = (-1, -1)) -> int:
+        """How many tensors `prepare` returns for a block with `window` (static)."""
+
+    def prepare(
+        self,
+        ranges: torch.Tensor,
+        tq: int,
+        tk: int,
+        max_q: int,
+        window: tuple[int, int] = (-1, -1),
+        tiled: bool = False,
+        square: bool = False,
+    ) -> list[torch.Tensor]:
+        """The block's metadata for `prepared=`, from its ranges alone (device ops, no sync)."""
+
     def forward(
         self,
         q: torch.Tensor,
@@ -114,6 +134,8 @@ class VarlenAttentionKernel(Protocol):
         scale: float,
         window: tuple[int, int] = (-1, -1),
         tiled: bool = False,
+        square: bool = False,
+        prepared: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse) for one varlen block."""
 
@@ -132,6 +154,8 @@ class VarlenAttentionKernel(Protocol):
         scale: float,
         window: tuple[int, int] = (-1, -1),
         tiled: bool = False,
+        square: bool = False,
+        prepared: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dq, dk, dv) for one varlen block, given the final out and lse of its q rows."""
 

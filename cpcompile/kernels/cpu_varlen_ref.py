@@ -72,14 +72,24 @@ class CPUVarlenReference:
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return acc_dtype(dtype)  # partial gradients stay in the accumulation dtype
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False):
+    def prepared_count(self, window: tuple[int, int] = (-1, -1)) -> int:
+        return 0
+
+    def prepare(self, ranges, tq, tk, max_q, window=(-1, -1), tiled=False, square=False) -> list[torch.Tensor]:
+        """Nothing: the reference builds its dense mask from the ranges at every call."""
+        return []
+
+    def forward(
+        self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False, prepared=None
+    ):
         probs, lse, _, _, groups = self._probs(q, k, ranges, causal, scale, window)
         out = probs @ _heads_first(v, groups, probs.dtype)
         return out.transpose(0, 1), lse
 
     def backward(
-        self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False
-    ):
+        self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False,
+        square=False, prepared=None,
+    ):  # fmt: skip
         probs, _, qh, kh, groups = self._probs(q, k, ranges, causal, scale, window, lse.to(acc_dtype(q.dtype)))
         acc = probs.dtype
         do, vh = dout.to(acc).transpose(0, 1), _heads_first(v, groups, acc)

@@ -18,7 +18,10 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
   faster there (1.7-3.8x under a 4K window). Blocks mixing square and rectangular ranges stay one bottom-right
   call: split by shape into two calls measured slower in most rows (docs/benchmarks.md, "cuDNN THD").
 - LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
-  takes it PADDED (sequences, Hq, max_q, 1): `padded_lse` scatters the final lse there per range.
+  takes it PADDED (sequences, Hq, max_q, 1): `padded_at` scatters the final lse to its `lse_slots`.
+- prepared metadata: cu_seqlens, the lse slots and a window's unseen keys depend on the ranges alone;
+  `prepare` computes them as device ops, which the regions run once per batch in their graph (Inductor), so a
+  ring step's kernel call does only the kernel's own work on the host.
 - graphs: the op caches one graph per shape (sequence count, max lengths, strides; backward also the packed
   totals rounded to 64). All are static per block (the ranges' length, the block's bounds), so new documents
   never build a graph (checked on the GPU by tests/gpu/test_cudnn_varlen.py).
@@ -77,18 +80,28 @@ def band(causal: bool, window: tuple[int, int], square: bool = False) -> dict:
     return kw
 
 
-def padded_lse(lse: torch.Tensor, ranges: torch.Tensor, sequences: int, max_q: int, tiled: bool) -> torch.Tensor:
-    """The (Hq, Tq) lse as the backward wants it: (sequences, Hq, max_q, 1) fp32, row t of range i at
-    [i (tiled) or 2i (adjacent: gaps are odd sequences), :, t - start]. Only rows in ranges are written (rows past
-    a sequence's length, and gap sequences, are never read for the ranges' results); no host sync."""
+def lse_slots(ranges: torch.Tensor, tq: int, sequences: int, max_q: int, tiled: bool) -> list[torch.Tensor]:
+    """[slot, position], each (Tq,) int64: where `padded_lse` puts each row of the (Hq, Tq) lse. Row t of range i
+    goes to [i (tiled) or 2i (adjacent: gaps are odd sequences), t - start]; rows outside every range to the
+    spare slot `sequences`. Depends on the ranges only: computed once per block (in the graph)."""
     qs, qe = ranges[0], ranges[1]
-    tq = lse.shape[1]
     rid = range_ids(qs, qe, tq)
     seq = torch.where(rid >= 0, rid * (1 if tiled else 2), sequences)  # rows outside every range: a spare slot
-    pos = (torch.arange(tq, device=lse.device) - qs[rid.clamp(min=0)]).clamp(0, max_q - 1)
+    pos = (torch.arange(tq, device=ranges.device) - qs[rid.clamp(min=0)]).clamp(0, max_q - 1)
+    return [seq, pos]
+
+
+def padded_at(lse: torch.Tensor, slots: list[torch.Tensor], sequences: int, max_q: int) -> torch.Tensor:
+    """The (Hq, Tq) lse scattered to its `lse_slots`: (sequences, Hq, max_q, 1) fp32, only rows in ranges written
+    (rows past a sequence's length, and gap sequences, are never read for the ranges' results); no host sync."""
     padded = lse.new_empty((sequences + 1, lse.shape[0], max_q), dtype=torch.float32)
-    padded[seq, :, pos] = lse.t().float()
+    padded[slots[0], :, slots[1]] = lse.t().float()
     return padded[:sequences].unsqueeze(-1)  # a contiguous prefix: the op takes it without a copy
+
+
+def padded_lse(lse: torch.Tensor, ranges: torch.Tensor, sequences: int, max_q: int, tiled: bool) -> torch.Tensor:
+    """The (Hq, Tq) lse as the backward wants it: (sequences, Hq, max_q, 1) fp32 (`lse_slots`, `padded_at`)."""
+    return padded_at(lse, lse_slots(ranges, lse.shape[1], sequences, max_q, tiled), sequences, max_q)
 
 
 def unseen_keys(ranges: torch.Tensor, tk: int, left: int) -> torch.Tensor:
@@ -116,27 +129,44 @@ class CuDNNVarlenKernel:
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return dtype  # the op writes dq/dk/dv in the io dtype (its graph accumulates in fp32, rounds once)
 
-    def _args(self, ranges, max_q, max_k, causal, window, tiled, square) -> dict:
-        cu_q, cu_k = cu_seqlens(ranges, tiled)
-        bounds = dict(max_seqlen_q=max(max_q, 1), max_seqlen_kv=max(max_k, 1))
-        return dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, **bounds, **band(causal, window, square))
+    def prepared_count(self, window: tuple[int, int] = (-1, -1)) -> int:
+        """How many tensors `prepare` returns for a block with this window (static)."""
+        return 5 if window[0] >= 0 else 4
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False):
-        args = self._args(ranges, max_q, max_k, causal, window, tiled, square)
+    def prepare(self, ranges, tq, tk, max_q, window=(-1, -1), tiled=False, square=False) -> list[torch.Tensor]:
+        """cu_seqlens q and k (int32), the backward's `lse_slots`, and with a left window the keys no row sees:
+        device ops on the ranges alone, so a region computes them once per batch, in its graph."""
+        cu_q, cu_k = cu_seqlens(ranges, tiled)
+        prepared = [cu_q, cu_k, *lse_slots(ranges, tq, cu_q.numel() - 1, max(max_q, 1), tiled)]
+        if window[0] >= 0:
+            prepared.append(unseen_keys(ranges, tk, window[0])[:, None, None])  # broadcast over heads, dims
+        return prepared
+
+    def _args(self, prepared, max_q, max_k, causal, window, square) -> dict:
+        bounds = dict(max_seqlen_q=max(max_q, 1), max_seqlen_kv=max(max_k, 1))
+        return dict(cu_seqlens_q=prepared[0], cu_seqlens_kv=prepared[1], **bounds, **band(causal, window, square))
+
+    def forward(
+        self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False, prepared=None
+    ):
+        prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
+        args = self._args(prepared, max_q, max_k, causal, window, square)
         out, stats = _ops().sdpa_fwd(q, k, v, scale, return_lse=True, **args)
         return out, stats.squeeze(-1).t()  # (Tq, Hq, 1) token-major -> (Hq, Tq), a view
 
     def backward(
-        self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False
-    ):
+        self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False,
+        square=False, prepared=None,
+    ):  # fmt: skip
         # dense inputs: on the H200 the op's backward gave wrong dq/dk (inf/NaN for GQA) on the a2a region's
         # strided q/k/v views while its forward was right on them; a copy is cheap next to the attention
         dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
-        args = self._args(ranges, max_q, max_k, causal, window, tiled, square)
-        stats = padded_lse(lse, ranges, args["cu_seqlens_q"].numel() - 1, args["max_seqlen_q"], tiled)
+        prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
+        args = self._args(prepared, max_q, max_k, causal, window, square)
+        stats = padded_at(lse, prepared[2:4], prepared[0].numel() - 1, args["max_seqlen_q"])
         deterministic = torch.are_deterministic_algorithms_enabled()
         dq, dk, dv = _ops().sdpa_bwd(dout, q, k, v, out, stats, scale, is_deterministic=deterministic, **args)
         if window[0] >= 0:  # leading keys of a range may be out of every row's reach: make them exact zeros
-            unseen = unseen_keys(ranges, k.shape[0], window[0])[:, None, None]
+            unseen = prepared[4]
             dk, dv = dk.masked_fill(unseen, 0), dv.masked_fill(unseen, 0)
         return dq, dk, dv

@@ -48,8 +48,18 @@ class FlashVarlenKernel:
     def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
         return head_dim_reason(head_dim, "FlashAttention-2 varlen", v_head_dim)
 
-    def forward(self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False):
-        cu_q, cu_k = cu_seqlens(ranges, tiled)
+    def prepared_count(self, window: tuple[int, int] = (-1, -1)) -> int:
+        """How many tensors `prepare` returns (static)."""
+        return 2
+
+    def prepare(self, ranges, tq, tk, max_q, window=(-1, -1), tiled=False, square=False) -> list[torch.Tensor]:
+        """cu_seqlens q and k (int32): device ops on the ranges, computed once per batch in a region's graph."""
+        return list(cu_seqlens(ranges, tiled))
+
+    def forward(
+        self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False, prepared=None
+    ):
+        cu_q, cu_k = prepared or cu_seqlens(ranges, tiled)
         out, lse, *_ = _aten._flash_attention_forward(
             _unit_last(q), _unit_last(k), _unit_last(v), cu_q, cu_k, max(max_q, 1), max(max_k, 1),
             0.0, causal, False, scale=scale, **_window_kwargs(window, causal),
@@ -57,9 +67,10 @@ class FlashVarlenKernel:
         return out, lse
 
     def backward(
-        self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False
-    ):
-        cu_q, cu_k = cu_seqlens(ranges, tiled)
+        self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False,
+        square=False, prepared=None,
+    ):  # fmt: skip
+        cu_q, cu_k = prepared or cu_seqlens(ranges, tiled)
         rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
         unused = q.new_empty(0)
         return _aten._flash_attention_backward(

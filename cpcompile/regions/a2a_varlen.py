@@ -17,6 +17,7 @@ from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import exchange_first
 from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back
 from ..executor.blocks import encode_varlen
+from ..executor.varlen_meta import prepare_blocks
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
 from ..layouts.thd import get_packed_layout, whole_sequence_blocks
@@ -86,14 +87,16 @@ def a2a_varlen_attention(
         q_b, k_b, v_b = (t.index_select(0, order) for t in (q_b, k_b, v_b))
         cu_seqlens = lay.offsets(cu_seqlens, world)
     blocks = whole_sequence_blocks(cu_seqlens, total, causal, tuple(window), max_doc)
+    spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
     out, lse = torch.ops.cpcompile.attend_varlen_blocks(
         _as_thd(q_b, split.q_per_rank),
         [_as_thd(k_b, split.kv_per_rank)],
         [_as_thd(v_b, split.kv_per_rank)],
-        [b.ranges for b in blocks],
-        encode_varlen(blocks),
+        ranges,
+        spec,
         scale,
         kernel,
+        prepare_blocks(ranges, spec, total, [total], kernel),
     )
     if where is not None:  # back to rank-major order
         out, lse = out.index_select(0, where), lse.index_select(1, where)

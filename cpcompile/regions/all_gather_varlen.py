@@ -14,8 +14,9 @@ from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import all_gather_dim0 as _gather
 from ..comm.collectives import reduce_scatter_dim0 as _reduce
 from ..comm.pending import in_backward
-from ..executor.blocks import encode_varlen
+from ..executor.blocks import decode_varlen, encode_varlen
 from ..executor.packed_kv import pack_kv, unpack_kv
+from ..executor.varlen_meta import prepare_blocks
 from ..kernels.base import NO_WINDOW
 from ..layouts.thd import get_packed_layout
 from ..precision import acc_dtype
@@ -40,19 +41,35 @@ def fold_key_grads(dk: torch.Tensor, dv: torch.Tensor, key_fold: torch.Tensor | 
     return torch.where(held, parts, 0).sum(0)
 
 
-def attend_gathered(q, gathered, key_index, ranges, spec, scale, kernel):
-    """(out, lse, keys) of the rank's block over the gathered K/V (no communication)."""
+def gathered_blocks(blocks: list, q_len: int, keys_len: int, kernel: str) -> tuple[list[int], list[torch.Tensor]]:
+    """(spec, tensors) of the rank's blocks for `attend_gathered`: their encoding and, as one list, their
+    ranges then their metadata (executor.varlen_meta), built once per batch in the region's graph."""
+    spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
+    return spec, ranges + prepare_blocks(ranges, spec, q_len, [keys_len], kernel)
+
+
+def _cut(spec: list[int], tensors) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`gathered_blocks`' tensors back into (ranges, metadata): one ranges tensor a block."""
+    n = len(decode_varlen(spec))
+    return list(tensors[:n]), list(tensors[n:])
+
+
+def attend_gathered(q, gathered, key_index, tensors, spec, scale, kernel):
+    """(out, lse, keys) of the rank's block over the gathered K/V (no communication); `tensors`: the ranges and
+    metadata of `gathered_blocks`."""
     keys = read_keys(gathered, key_index)
     k, v = unpack_kv(keys, 1, q.shape[-1])
-    out, lse = torch.ops.cpcompile.attend_varlen_blocks(q, [k], [v], list(ranges), spec, scale, kernel)
+    ranges, meta = _cut(spec, tensors)
+    out, lse = torch.ops.cpcompile.attend_varlen_blocks(q, [k], [v], ranges, spec, scale, kernel, meta)
     return out, lse, keys
 
 
-def attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, spec, scale, kernel):
+def attend_gathered_backward(dout, q, keys, out, lse, key_fold, tensors, spec, scale, kernel):
     """(dq, the gathered buffer's gradient in the reduce dtype), no communication."""
     k, v = unpack_kv(keys, 1, q.shape[-1])
+    ranges, meta = _cut(spec, tensors)
     dq, (dk,), (dv,) = torch.ops.cpcompile.attend_varlen_blocks_backward(
-        dout.contiguous(), q, [k], [v], out, lse, list(ranges), spec, scale, kernel
+        dout.contiguous(), q, [k], [v], out, lse, ranges, spec, scale, kernel, meta
     )
     return dq, fold_key_grads(dk, dv, key_fold)
 
@@ -62,24 +79,25 @@ class _GatherAttend(torch.autograd.Function):
     the K/V gradient in fp32 from the kernel through the reduce-scatter and rounds once."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_index, key_fold, spec, scale, kernel, group_name, regather, *ranges):
+    def forward(ctx, q, k, v, key_index, key_fold, spec, scale, kernel, group_name, regather, *tensors):
         packed = pack_kv(k, v, 1)  # (L, 2, Hkv, D); MLA: (L, Hkv, D + Dv)
         gathered = _gather(packed, group_name)
-        out, lse, keys = attend_gathered(q, gathered, key_index, ranges, spec, scale, kernel)
+        out, lse, keys = attend_gathered(q, gathered, key_index, tensors, spec, scale, kernel)
         # regather: only the local K/V stay alive until backward (keys: the key buffer, T or more tokens)
-        ctx.save_for_backward(q, packed if regather else keys, out, lse, key_index, key_fold, *ranges)
+        ctx.save_for_backward(q, packed if regather else keys, out, lse, key_index, key_fold, *tensors)
         ctx.spec, ctx.scale, ctx.kernel, ctx.group_name, ctx.regather = spec, scale, kernel, group_name, regather
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, keys, out, lse, key_index, key_fold, *ranges = ctx.saved_tensors  # None index/fold: saved as None
+        q, keys, out, lse, key_index, key_fold, *tensors = ctx.saved_tensors  # None index/fold: saved as None
         if ctx.regather:  # the local K/V tied to a backward value, or the partitioner saves the forward's gather
             keys = read_keys(_gather(in_backward(keys, dout), ctx.group_name), key_index)
-        dq, dkeys = attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, ctx.spec, ctx.scale, ctx.kernel)
+        args = (tensors, ctx.spec, ctx.scale, ctx.kernel)
+        dq, dkeys = attend_gathered_backward(dout, q, keys, out, lse, key_fold, *args)
         dkv = _reduce(dkeys, ctx.group_name).to(keys.dtype)  # (L, 2, Hkv, D): this rank's K/V gradient
-        return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (7 + len(ranges))))
+        return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (7 + len(tensors))))
 
 
 def rank_blocks(
@@ -127,8 +145,8 @@ def all_gather_varlen_attention(
     local = q.shape[0]
     blocks = rank_blocks(layout, causal, rank, world, local, cu_seqlens, max_doc, window)
     key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)
-    spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
+    spec, tensors = gathered_blocks(blocks, local, world * local if key_index is None else key_index.shape[0], kernel)
     args = (key_index, key_fold, spec, scale, kernel, group_name, regather)
-    out, lse = _GatherAttend.apply(q, k, v, *args, *ranges)
+    out, lse = _GatherAttend.apply(q, k, v, *args, *tensors)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state

@@ -1,9 +1,11 @@
 """The ring CP region for packed documents (varlen_attn under thd / thd_zigzag, comm="ring").
 
-The same ring as regions/ring.py over the packed (L, 2, Hkv, D) K/V (MLA: (L, Hkv, D + Dv)): at each step the
+The same ring as regions/ring.py over the packed (2, L, Hkv, D) K/V (MLA: (L, Hkv, D + Dv)): at each step the
 held rank's K/V are attended with that step's varlen blocks (layouts/ring.py, computed from the GLOBAL
 cu_seqlens with device ops, so documents change without recompiling), the partial outputs merged by LSE in
-fp32; backward sends each held chunk's K/V gradient on with the chunk, in fp32, home after one circle.
+fp32. Every step's blocks and kernel metadata (masks, cu_seqlens, lse slots: executor.varlen_meta) are built
+before the step loop, in the graph, so a step's host work is its kernel call, its merge and its shift.
+Backward sends each held chunk's K/V gradient on with the chunk, in fp32, home after one circle.
 """
 
 from __future__ import annotations
@@ -14,54 +16,60 @@ from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.pending import in_backward, start_shift, wait
 from ..executor.blocks import encode_varlen
 from ..executor.packed_kv import pack_kv, unpack_kv
+from ..executor.varlen_meta import prepare_blocks
 from ..kernels.base import NO_WINDOW
 from ..layouts.ring import packed_step_blocks
 from .partials import add_part, merge_step
 
+KV_DIM = 0
+"""K and V stack on dim 0 of the held buffer, (2, L, Hkv, D): each is a contiguous view, which cuDNN's THD
+backward needs (it copies strided q/k/v first: two K/V copies at every backward step with them on dim 1)."""
+
 
 def _step_inputs(spec: list[int], ranges, held, qk_dim):
-    k, v = unpack_kv(held, 1, qk_dim)
+    k, v = unpack_kv(held, KV_DIM, qk_dim)
     return [k], [v], list(ranges), spec
 
 
 class _RingVarlenAttention(torch.autograd.Function):
-    """Forward and backward of the packed ring; `counts[s]` ranges tensors belong to step s (0: no work)."""
+    """Forward and backward of the packed ring; step s has `counts[s]` = (ranges tensors, metadata tensors) of
+    the trailing tensors (0 ranges: no work), its metadata prepared once per batch (executor.varlen_meta)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, specs, counts, scale, kernel, group_name, rank, world, *ranges):
-        held = mine = pack_kv(k, v, 1)
+    def forward(ctx, q, k, v, specs, counts, scale, kernel, group_name, rank, world, *tensors):
+        held = mine = pack_kv(k, v, KV_DIM)
         d = q.shape[-1]
         acc = lse = None
-        for s, (spec, rs) in enumerate(zip(specs, _per_step(ranges, counts))):
+        for s, (spec, (rs, meta)) in enumerate(zip(specs, _per_step(tensors, counts))):
             pending = start_shift(held, group_name, rank, world) if s + 1 < world else None
             if rs:
                 ks, vs, rl, spec = _step_inputs(spec, rs, held, d)
-                o, l = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, rl, spec, scale, kernel)
+                o, l = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, rl, spec, scale, kernel, list(meta))
                 acc, lse = merge_step(acc, lse, o, l, lse_last=False)
             if pending is not None:
                 held = wait(pending).view(held.shape)
         out = acc.to(q.dtype)
-        ctx.save_for_backward(q, mine, out, lse, *ranges)
+        ctx.save_for_backward(q, mine, out, lse, *tensors)
         ctx.args = (specs, counts, scale, kernel, group_name, rank, world)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, held, out, lse, *ranges = ctx.saved_tensors
+        q, held, out, lse, *tensors = ctx.saved_tensors
         specs, counts, scale, kernel, group_name, rank, world = ctx.args
         dout, d = dout.contiguous(), q.shape[-1]
         held = in_backward(held, dout)  # keeps the K/V shifts in the backward graph (comm/pending.py)
         dq = travel = pending_grad = None
-        for s, (spec, rs) in enumerate(zip(specs, _per_step(ranges, counts))):
+        for s, (spec, (rs, meta)) in enumerate(zip(specs, _per_step(tensors, counts))):
             pending = start_shift(held, group_name, rank, world) if s + 1 < world else None
             part = None
             if rs:
                 ks, vs, rl, spec = _step_inputs(spec, rs, held, d)
                 dq_s, (dk,), (dv,) = torch.ops.cpcompile.attend_varlen_blocks_backward(
-                    dout, q, ks, vs, out, lse, rl, spec, scale, kernel
+                    dout, q, ks, vs, out, lse, rl, spec, scale, kernel, list(meta)
                 )
-                dq, part = add_part(dq, dq_s), add_part(None, pack_kv(dk, dv, 1))
+                dq, part = add_part(dq, dq_s), add_part(None, pack_kv(dk, dv, KV_DIM))
             if pending_grad is None:  # step 0: the rank's own K/V
                 travel = part
             else:  # the held chunk's gradient so far arrived with it: add this rank's part, send it on
@@ -70,15 +78,16 @@ class _RingVarlenAttention(torch.autograd.Function):
             if pending is not None:
                 held = wait(pending).view(held.shape)
         home = travel if pending_grad is None else wait(pending_grad).view(held.shape)
-        dk, dv = unpack_kv(home.to(held.dtype), 1, d)
-        return dq.to(q.dtype), dk, dv, *([None] * (7 + len(ranges)))
+        dk, dv = unpack_kv(home.to(held.dtype), KV_DIM, d)
+        return dq.to(q.dtype), dk, dv, *([None] * (7 + len(tensors)))
 
 
-def _per_step(ranges: tuple, counts: tuple[int, ...]) -> list[tuple]:
+def _per_step(tensors: tuple, counts: tuple[tuple[int, int], ...]) -> list[tuple[tuple, tuple]]:
+    """Each step's (ranges, metadata) out of the flat trailing tensors."""
     out, at = [], 0
-    for n in counts:
-        out.append(tuple(ranges[at : at + n]))
-        at += n
+    for n_ranges, n_meta in counts:
+        out.append((tuple(tensors[at : at + n_ranges]), tuple(tensors[at + n_ranges : at + n_ranges + n_meta])))
+        at += n_ranges + n_meta
     return out
 
 
@@ -105,9 +114,14 @@ def ring_varlen_attention(
     local = q.shape[0]
     steps = [packed_step_blocks(layout, cu_seqlens, local, world, rank, s, causal, max_doc) for s in range(world)]
     specs = tuple(encode_varlen(blocks) for blocks in steps)
-    counts = tuple(len(blocks) for blocks in steps)
-    ranges = [b.ranges for blocks in steps for b in blocks]
-    out, lse = _RingVarlenAttention.apply(q, k, v, specs, counts, scale, kernel, group_name, rank, world, *ranges)
+    tensors, counts = [], []
+    for blocks, spec in zip(steps, specs):  # every step's metadata, here in the graph: none in the step loop
+        ranges = [b.ranges for b in blocks]
+        meta = prepare_blocks(ranges, spec, local, [k.shape[0]], kernel)
+        tensors += ranges + meta
+        counts.append((len(ranges), len(meta)))
+    args = (specs, tuple(counts), scale, kernel, group_name, rank, world)
+    out, lse = _RingVarlenAttention.apply(q, k, v, *args, *tensors)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state
 

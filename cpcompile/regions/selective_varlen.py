@@ -16,12 +16,11 @@ import torch
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ..comm.collectives import exchange_slots
 from ..comm.wire import WireShape
-from ..executor.blocks import encode_varlen
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..kernels.base import NO_WINDOW
 from ..layouts.selective import capacity, global_key_buffer, held_len, select, select_thd
 from ..layouts.thd import get_packed_layout
-from .all_gather_varlen import attend_gathered, attend_gathered_backward
+from .all_gather_varlen import attend_gathered, attend_gathered_backward, gathered_blocks
 
 TOO_SMALL = (
     "cpcompile: comm='selective' this batch's plan needs more than C=min(T/cp, max_q) tokens from one rank; "
@@ -50,24 +49,25 @@ class _SelectAttend(torch.autograd.Function):
     the received K/V's gradient back in fp32 and sums it into the owners' gradient, rounding once."""
 
     @staticmethod
-    def forward(ctx, q, k, v, send_index, key_index, key_fold, back, spec, scale, kernel, group_name, splits, *ranges):
+    def forward(ctx, q, k, v, send_index, key_index, key_fold, back, spec, scale, kernel, group_name, splits, *tensors):
         packed = pack_kv(k, v, 1)  # (L, 2, Hkv, D); MLA: (L, Hkv, D + Dv)
         received = exchange_slots(packed.index_select(0, send_index), splits, group_name)
         held = torch.cat((packed, received))
-        out, lse, keys = attend_gathered(q, held, key_index, ranges, spec, scale, kernel)
-        ctx.save_for_backward(q, keys, out, lse, key_fold, back, *ranges)
+        out, lse, keys = attend_gathered(q, held, key_index, tensors, spec, scale, kernel)
+        ctx.save_for_backward(q, keys, out, lse, key_fold, back, *tensors)
         ctx.spec, ctx.scale, ctx.kernel, ctx.group_name, ctx.splits = spec, scale, kernel, group_name, splits
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, keys, out, lse, key_fold, back, *ranges = ctx.saved_tensors
-        dq, dheld = attend_gathered_backward(dout, q, keys, out, lse, key_fold, ranges, ctx.spec, ctx.scale, ctx.kernel)
+        q, keys, out, lse, key_fold, back, *tensors = ctx.saved_tensors
+        args = (tensors, ctx.spec, ctx.scale, ctx.kernel)
+        dq, dheld = attend_gathered_backward(dout, q, keys, out, lse, key_fold, *args)
         local = q.shape[0]
         returned = exchange_slots(dheld[local:], ctx.splits, ctx.group_name)  # fp32: what my tokens got
         dkv = returned_grad(dheld, back, returned, local).to(keys.dtype)
-        return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (10 + len(ranges))))
+        return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (10 + len(tensors))))
 
 
 def selective_varlen_attention(
@@ -103,9 +103,9 @@ def selective_varlen_attention(
         sel = select_thd(cu_seqlens, local, world, rank, causal, cap)
         key_index, key_fold = global_key_buffer(sel, held)
     blocks = lay.blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
-    spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
+    spec, tensors = gathered_blocks(blocks, local, key_index.shape[0], kernel)
     args = (sel.send_index, key_index, key_fold, sel.back, spec, scale, kernel, group_name, _splits(world, rank, cap))
-    out, lse = _SelectAttend.apply(q, k, v, *args, *ranges)
+    out, lse = _SelectAttend.apply(q, k, v, *args, *tensors)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import cpcompile
-from cpcompile.executor.blocks import encode_varlen
+from cpcompile.executor import encode_varlen, prepare_blocks
 from cpcompile.kernels import get_kernel, get_varlen_kernel
 from cpcompile.kernels.base import NO_WINDOW
 from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
@@ -90,8 +90,10 @@ def _single_gpu(q, k, v, dout, cu, causal, window):
     cu = cu.to(CUDA)
     (b,) = whole_sequence_blocks(cu, q.shape[0], causal, win, int((cu[1:] - cu[:-1]).max()))
     scale = 1 / math.sqrt(q.shape[-1])
+    spec, n = encode_varlen([b]), q.shape[0]
+    meta = prepare_blocks([b.ranges], spec, n, [n], "cudnn_varlen")
     out, _ = OPS.attend_varlen_blocks(
-        leaves[0], [leaves[1]], [leaves[2]], [b.ranges], encode_varlen([b]), scale, "cudnn_varlen"
+        leaves[0], [leaves[1]], [leaves[2]], [b.ranges], spec, scale, "cudnn_varlen", meta
     )
     out.backward(dout.to(torch.bfloat16))
     return [out.detach()] + [t.grad for t in leaves]
@@ -315,8 +317,10 @@ def test_gpu_new_documents_build_no_cudnn_graph():
             spec = encode_varlen([block])
             torch.cuda.synchronize()
             start = time.perf_counter()
-            out, lse = OPS.attend_varlen_blocks(q, [k], [v], [block.ranges], spec, 0.1, "cudnn_varlen")
-            OPS.attend_varlen_blocks_backward(do, q, [k], [v], out, lse, [block.ranges], spec, 0.1, "cudnn_varlen")
+            meta = prepare_blocks([block.ranges], spec, q.shape[0], [k.shape[0]], "cudnn_varlen")
+            args = ([block.ranges], spec, 0.1, "cudnn_varlen", meta)
+            out, lse = OPS.attend_varlen_blocks(q, [k], [v], *args)
+            OPS.attend_varlen_blocks_backward(do, q, [k], [v], out, lse, *args)
             torch.cuda.synchronize()
             times.append(1e3 * (time.perf_counter() - start))
             sizes.append(None if cache is None else set(cache))

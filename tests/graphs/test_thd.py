@@ -134,16 +134,36 @@ class GraphModule(torch.nn.Module):
         clamp_2: "i64[2]" = torch.ops.aten.clamp.default(slice_4, None, 16)
         where_1: "i64[2]" = torch.ops.aten.where.self(gt, clamp_2, slice_3)
         stack_1: "i64[4, 2]" = torch.ops.aten.stack.default([clamp, clamp_1, slice_3, where_1])
+        unbind = torch.ops.aten.unbind.int(stack_1)
+        getitem: "i64[2]" = unbind[0]
+        getitem_1: "i64[2]" = unbind[1]
+        getitem_2: "i64[2]" = unbind[2]
+        getitem_3: "i64[2]" = unbind[3]
+        gt_1: "b8[2]" = torch.ops.aten.gt.Tensor(getitem_1, getitem)
+        gt_2: "b8[2]" = torch.ops.aten.gt.Tensor(getitem_3, getitem_2)
+        bitwise_and_4: "b8[2]" = torch.ops.aten.bitwise_and.Tensor(gt_1, gt_2)
+        arange_1: "i64[2]" = torch.ops.aten.arange.start(1, 3, dtype = torch.int64, device = device(type='cpu'), pin_memory = False)
+        zeros: "i64[17]" = torch.ops.aten.zeros.default([17], dtype = torch.int64, device = device(type='cpu'), pin_memory = False)
+        scatter_add: "i64[17]" = torch.ops.aten.scatter_add.default(zeros, 0, getitem_2, arange_1)
+        neg: "i64[2]" = torch.ops.aten.neg.default(arange_1)
+        scatter_add_1: "i64[17]" = torch.ops.aten.scatter_add.default(scatter_add, 0, getitem_3, neg)
+        cumsum: "i64[17]" = torch.ops.aten.cumsum.default(scatter_add_1, 0)
+        slice_5: "i64[16]" = torch.ops.aten.slice.Tensor(cumsum, 0, 0, 16)
+        sub_3: "i64[16]" = torch.ops.aten.sub.Tensor(slice_5, 1)
+        ge_1: "b8[16]" = torch.ops.aten.ge.Scalar(sub_3, 0)
+        clamp_3: "i64[16]" = torch.ops.aten.clamp.default(sub_3, 0)
+        index: "b8[16]" = torch.ops.aten.index.Tensor(bitwise_and_4, [clamp_3])
+        bitwise_and_5: "b8[16]" = torch.ops.aten.bitwise_and.Tensor(ge_1, index)
         stack_2: "f32[8, 2, 2, 4]" = torch.ops.aten.stack.default([primals_2, primals_3], 1)
         all_gather_into_tensor_1: "f32[16, 2, 2, 4]" = torch.ops._c10d_functional.all_gather_into_tensor.default(stack_2, 2, '0')
         wait_tensor_1: "f32[16, 2, 2, 4]" = torch.ops._c10d_functional.wait_tensor.default(all_gather_into_tensor_1)
         select_6: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor_1, 1, 0)
         select_7: "f32[16, 2, 4]" = torch.ops.aten.select.int(wait_tensor_1, 1, 1)
-        attend_varlen_blocks = torch.ops.cpcompile.attend_varlen_blocks.default(primals_1, [select_6], [select_7], [stack_1], [0, 1, 8, 16, -1, -1, 1, 0, 0], 0.5, 'cpu_varlen_ref')
-        getitem: "f32[8, 2, 4]" = attend_varlen_blocks[0]
-        getitem_1: "f32[2, 8]" = attend_varlen_blocks[1]
-        detach: "f32[8, 2, 4]" = torch.ops.aten.detach.default(getitem)
-        return (getitem, primals_1, wait_tensor, stack_1, wait_tensor_1, getitem_1, detach)
+        attend_varlen_blocks = torch.ops.cpcompile.attend_varlen_blocks.default(primals_1, [select_6], [select_7], [stack_1], [0, 1, 8, 16, -1, -1, 1, 0, 0], 0.5, 'cpu_varlen_ref', [bitwise_and_5])
+        getitem_4: "f32[8, 2, 4]" = attend_varlen_blocks[0]
+        getitem_5: "f32[2, 8]" = attend_varlen_blocks[1]
+        detach: "f32[8, 2, 4]" = torch.ops.aten.detach.default(getitem_4)
+        return (getitem_4, primals_1, wait_tensor, stack_1, bitwise_and_5, wait_tensor_1, getitem_5, detach)
 """,
         )
         # one for K/V, one for the cu_seqlens check (2 int64 a rank, regions/guards.py)
@@ -182,7 +202,7 @@ class GraphModule(torch.nn.Module):
         detach_1: "f32[8, 2, 4]" = torch.ops.aten.detach.default(detach)
         select_8: "f32[20, 2, 4]" = torch.ops.aten.select.int(index_select, 1, 0)
         select_9: "f32[20, 2, 4]" = torch.ops.aten.select.int(index_select, 1, 1)
-        attend_varlen_blocks_backward = torch.ops.cpcompile.attend_varlen_blocks_backward.default(tangents_1, primals_1, [select_8], [select_9], detach_1, getitem_1, [stack_5], [0, 1, 4, 16, -1, -1, 1, 1, 0], 0.5, 'cpu_varlen_ref')
+        attend_varlen_blocks_backward = torch.ops.cpcompile.attend_varlen_blocks_backward.default(tangents_1, primals_1, [select_8], [select_9], detach_1, getitem_1, [stack_5], [0, 1, 4, 16, -1, -1, 1, 1, 0], 0.5, 'cpu_varlen_ref', [])
         getitem_2: "f32[8, 2, 4]" = attend_varlen_blocks_backward[0]
         getitem_3 = attend_varlen_blocks_backward[1]
         getitem_5 = attend_varlen_blocks_backward[2]

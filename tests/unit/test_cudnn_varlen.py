@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from cpcompile import CPCompileError
-from cpcompile.executor.blocks import encode_varlen
+from cpcompile.executor import encode_varlen, prepare_blocks
 from cpcompile.kernels import VARLEN_AUTO_ORDER, get_varlen_kernel, resolve_kernel
 from cpcompile.kernels import cudnn_varlen as cv
 from cpcompile.kernels.cpu_varlen_ref import _mask
@@ -226,12 +226,15 @@ def _layout_case(layout_name, lengths, cp, rank, causal, window, g, max_doc=None
 def _both_kernels(q, k, v, dout, block):
     """(out, lse, dq, dk, dv) through the varlen executor on the cuDNN provider (stand-in) and on the reference."""
     spec, ranges = encode_varlen([block]), [block.ranges]
-    results = []
-    for kernel in ("cudnn_varlen", "cpu_varlen_ref"):
-        out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, 0.3, kernel)
-        dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, ranges, spec, 0.3, kernel)
-        results.append((out, lse, dq, dk, dv))
-    return results
+    return [_through_executor(q, k, v, dout, ranges, spec, kernel) for kernel in ("cudnn_varlen", "cpu_varlen_ref")]
+
+
+def _through_executor(q, k, v, dout, ranges, spec, kernel):
+    """(out, lse, dq, dk, dv) of the executor ops on `kernel`, with the blocks' metadata prepared as a region does."""
+    meta = prepare_blocks(ranges, spec, q.shape[0], [k.shape[0]], kernel)
+    out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, 0.3, kernel, meta)
+    dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, ranges, spec, 0.3, kernel, meta)
+    return out, lse, dq, dk, dv
 
 
 LAYOUT_LENGTHS = {"thd_zigzag": [8, 0, 24, 8, 16, 0], "thd_balanced": [1, 0, 29, 6, 1, 11]}
@@ -284,9 +287,7 @@ def test_graph_keys_do_not_depend_on_the_documents(stand_in):
         for lengths in (first, second):
             stand_in.graphs.clear()
             q, k, v, dout, block = _layout_case(name, lengths, 2, 1, True, (-1, -1), g, max_doc=28)  # a static bound
-            spec = encode_varlen([block])
-            out, lse = OPS.attend_varlen_blocks(q, [k], [v], [block.ranges], spec, 0.3, "cudnn_varlen")
-            OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, [block.ranges], spec, 0.3, "cudnn_varlen")
+            _through_executor(q, k, v, dout, [block.ranges], encode_varlen([block]), "cudnn_varlen")
             keys.append(set(stand_in.graphs))
         assert keys[0] == keys[1] and len(keys[0]) == 2, name
 
@@ -307,11 +308,8 @@ def test_ring_diagonal_squares_run_top_left_and_equal_the_reference(stand_in, st
         q, k, v, dout = _tensors(g, local, local)
         spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
         stand_in.graphs.clear()
-        results = []
-        for kernel in ("cudnn_varlen", "cpu_varlen_ref"):
-            out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, 0.3, kernel)
-            dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, ranges, spec, 0.3, kernel)
-            results.append((out, lse, dq, dk, dv))
+        kernels = ("cudnn_varlen", "cpu_varlen_ref")
+        results = [_through_executor(q, k, v, dout, ranges, spec, kernel) for kernel in kernels]
         assert ("fwd", True) in {(key[0], key[-1]) for key in stand_in.graphs}, "the squares ran top-left"
         for got, want in zip(*results):
             torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-6)

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from cpcompile.executor.blocks import encode_varlen
+from cpcompile.executor import encode_varlen, prepare_blocks
 from cpcompile.layouts.thd import THD_LAYOUTS
 from tests.support.thd_parity import cu_of
 
@@ -20,13 +20,12 @@ OPS = torch.ops.cpcompile
 SCALE = 0.3
 
 
-def _run(q, keys, dout, blocks):
+def _run(q, keys, dout, blocks, kernel="cpu_varlen_ref"):
     ranges, spec = [b.ranges for b in blocks], encode_varlen(blocks)
     k, v = keys[:, 0], keys[:, 1]
-    out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "cpu_varlen_ref")
-    dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(
-        dout, q, [k], [v], out, lse, ranges, spec, SCALE, "cpu_varlen_ref"
-    )
+    meta = prepare_blocks(ranges, spec, q.shape[0], [k.shape[0]], kernel)
+    out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, kernel, meta)
+    dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(dout, q, [k], [v], out, lse, ranges, spec, SCALE, kernel, meta)
     return out, lse, dq, dk, dv
 
 
@@ -100,8 +99,9 @@ def test_outputs_are_contiguous_whatever_the_kernel_returns(monkeypatch, split):
         blocks = [dataclasses.replace(blocks[0], ranges=r) for r in (block.ranges[:, :half], block.ranges[:, half:])]
     ranges, spec = [b.ranges for b in blocks], encode_varlen(blocks)
     k, v = keys[:, 0], keys[:, 1]
-    got = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "transposed")
-    want = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "cpu_varlen_ref")
+    meta = prepare_blocks(ranges, spec, q.shape[0], [k.shape[0]], "cpu_varlen_ref")
+    got = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "transposed", meta)
+    want = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "cpu_varlen_ref", meta)
     for g, w in zip(got, want):
         assert g.is_contiguous(), g.stride()
         torch.testing.assert_close(g, w, rtol=0, atol=0)
@@ -109,20 +109,36 @@ def test_outputs_are_contiguous_whatever_the_kernel_returns(monkeypatch, split):
 
 @pytest.mark.parametrize("covers", [(False, True), (True, False), (False, False), (True, True)])
 def test_a_side_the_block_vouches_for_costs_nothing(monkeypatch, covers):
-    """Each mask side is a scatter and a scan over its buffer, paid per block and per ring step on the host (the
-    H200 profile: ring over thd_zigzag is host-bound); the executor builds only the sides a block does not vouch
-    for, and the result is the same as with every mask built."""
-    import cpcompile.executor.varlen as executor
+    """Each mask side is a scatter and a scan over its buffer (the H200 profile: ring over thd_zigzag is
+    host-bound): `prepare_blocks` builds only the sides a block does not vouch for, once, and the ops build none
+    (they read the prepared list at every call); the result is the same as with every mask built."""
+    import cpcompile.executor.varlen_meta as varlen_meta
 
     calls = []
-    real = executor.range_ids
-    monkeypatch.setattr(executor, "range_ids", lambda *a: calls.append(a[-1]) or real(*a))
+    real = varlen_meta.range_ids
+    monkeypatch.setattr(varlen_meta, "range_ids", lambda *a: calls.append(a[-1]) or real(*a))
     q, keys, dout, block = _case("thd", causal=True)
     vouched = dataclasses.replace(block, covers_rows=covers[0], covers_keys=covers[1])
-    got = _run(q, keys, dout, [vouched])
-    forward_calls, backward_calls = calls[: int(not covers[0])], calls[int(not covers[0]) :]
-    assert forward_calls == [q.shape[0]] * (not covers[0])  # rows only: the forward masks no keys
-    assert sorted(backward_calls) == sorted([q.shape[0]] * (not covers[0]) + [keys.shape[0]] * (not covers[1]))
+    ranges, spec = [vouched.ranges], encode_varlen([vouched])
+    k, v = keys[:, 0], keys[:, 1]
+    meta = prepare_blocks(ranges, spec, q.shape[0], [k.shape[0]], "cpu_varlen_ref")
+    assert calls == [q.shape[0]] * (not covers[0]) + [keys.shape[0]] * (not covers[1])
+    assert len(meta) == (not covers[0]) + (not covers[1])  # cpu_varlen_ref prepares nothing of its own
+    calls.clear()
+    out, lse = OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "cpu_varlen_ref", meta)
+    dq, (dk,), (dv,) = OPS.attend_varlen_blocks_backward(
+        dout, q, [k], [v], out, lse, ranges, spec, SCALE, "cpu_varlen_ref", meta
+    )
+    assert calls == [], "the ops build no mask: the caller prepared them"
     masked = dataclasses.replace(block, covers_rows=False, covers_keys=False)
-    for g, w in zip(got, _run(q, keys, dout, [masked])):
+    for g, w in zip((out, lse, dq, dk, dv), _run(q, keys, dout, [masked])):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_metadata_of_other_blocks_is_refused():
+    """The ops cut the flat list by the blocks' static encoding: a list made for other blocks is an error."""
+    q, keys, dout, block = _case("thd", causal=True)
+    ranges, spec = [block.ranges], encode_varlen([block])
+    k, v = keys[:, 0], keys[:, 1]
+    with pytest.raises(AssertionError, match="metadata tensors for blocks that take"):
+        OPS.attend_varlen_blocks(q, [k], [v], ranges, spec, SCALE, "cpu_varlen_ref", [])

@@ -1,0 +1,46 @@
+"""The host work of a packed region's kernel calls stays a handful of ops a ring step.
+
+Compiled, a region's own ops are Inductor kernels; the inside of the executor's custom ops runs eagerly, op by
+op, at every ring step. On the H200 ring over thd_zigzag at 32K/cp=8 was host-bound (28.3 ms wall against 8.5
+ms of GPU work a step) with the block metadata (masks, cu_seqlens, cuDNN's lse slots: scatters, scans, casts)
+built inside the ops: 43 + 66 ops a step (forward + backward, rank 0, counted by tests/support/host_ops.py).
+The regions now build it once per batch in their graph (executor.prepare_blocks); the ops only read it.
+Counted on cudnn_varlen's CPU stand-in (its kernel one op), causal, cp=8.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.host_ops import count_region
+
+METADATA_OPS = ("scatter", "cumsum", "arange", "stack", "cat", "clamp", "unbind", "index.Tensor")
+"""What building block metadata dispatches (range_ids, cu_seqlens, lse slots); an op call must run none."""
+
+# (comm, layout, rank) -> most ops a step may dispatch inside the executor ops (forward, backward), steps after
+# the first; then the first step's. Measured now: ring thd_zigzag rank 0 (10, 11) / (30, 34), rank 7 (6, 13) /
+# (30, 34); ring thd rank 7 (10, 15) / (6, 9); all_gather, one step: (6, 11), thd rank 7 (6, 15). Before the
+# metadata moved out: ring thd_zigzag rank 0 (43, 66) / (102, 133), rank 7 (18, 71); ring thd rank 7 (43, 90);
+# all_gather (14, 39).
+BUDGETS = {
+    ("ring", "thd_zigzag", 0): ((12, 14), (32, 36)),
+    ("ring", "thd_zigzag", 7): ((8, 15), (32, 36)),
+    ("ring", "thd", 7): ((12, 17), (8, 11)),
+    ("all_gather", "thd_zigzag", 0): (None, (8, 13)),
+    ("all_gather", "thd_balanced", 0): (None, (8, 13)),
+    ("all_gather", "thd", 7): (None, (8, 17)),
+}
+
+
+@pytest.mark.parametrize("comm,layout,rank", list(BUDGETS))
+def test_each_kernel_call_reads_prepared_metadata(comm, layout, rank):
+    later, first = BUDGETS[(comm, layout, rank)]
+    count = count_region(comm, layout, world=8, rank=rank)
+    forward, backward = count.per_call("attend_varlen_blocks"), count.per_call("attend_varlen_blocks_backward")
+    steps = 8 if comm == "ring" else 1
+    assert len(forward) == len(backward) == steps, (forward, backward)  # every step has blocks at these ranks
+    built = {name for names in count.call_names for name in names if any(op in name for op in METADATA_OPS)}
+    assert not built, f"an executor op built block metadata on the host: {sorted(built)}"
+    assert forward[0] <= first[0] and backward[0] <= first[1], f"the first step: {forward}, {backward}"
+    for f, b in zip(forward[1:], backward[1:]):
+        assert f <= later[0] and b <= later[1], f"a ring step dispatches {f} + {b} ops: {forward}, {backward}"
