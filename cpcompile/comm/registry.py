@@ -13,9 +13,19 @@ from dataclasses import dataclass, field
 from ..errors import CPCompileError
 from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS
-from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex, ring, ring_varlen, selective_varlen
+from ..regions import (
+    a2a,
+    a2a_varlen,
+    all_gather,
+    all_gather_varlen,
+    flex,
+    hierarchical,
+    ring,
+    ring_varlen,
+    selective_varlen,
+)
 from .capabilities import Capabilities
-from .wire import WireShape
+from .wire import LevelBytes, WireShape
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,9 @@ class Comm:
     layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
     capabilities: Capabilities = field(default_factory=Capabilities)
     """What its regions take (layouts, windows, lse, heads, features, overlap, regather) and why not."""
+    level_bytes: Callable[[WireShape], tuple[LevelBytes, ...]] | None = None
+    """A comm on a 2-D CP mesh (capabilities.levels): what a rank sends on each level (`wire_bytes` is their sum);
+    the cost model and explain() state them."""
 
 
 RING_PACKED = ("thd", "thd_zigzag")
@@ -132,6 +145,21 @@ COMMS: dict[str, Comm] = {
                 "one dense sequence is read whole by every rank",
                 "use comm='all_gather', 'a2a' or 'ring' for scaled_dot_product_attention / flex_attention",
             ),
+        ),
+    ),
+    "hierarchical": Comm(
+        name="hierarchical",
+        region=hierarchical.hierarchical_attention,
+        rank_blocks=hierarchical.rank_blocks,
+        wire_bytes=hierarchical.wire_bytes,
+        level_bytes=hierarchical.level_bytes,
+        auto_option=False,  # its gain is the slower link across nodes, which the cost model (one link) does not see
+        overhead_as="a2a",  # the same pack and unpack of q/k/v and the output around the exchange
+        capabilities=Capabilities(
+            packed_layouts=(),  # no varlen region yet: the varlen planner refuses it by that
+            splits_heads=True,
+            overlaps=True,
+            levels=True,
         ),
     ),
 }

@@ -72,7 +72,14 @@ class CPPlan:
             kwargs["regather"] = True
         if self.sinks:
             kwargs["sinks"] = self.site.sinks
+        kwargs.update(self._level_kwargs())
         return kwargs
+
+    def _level_kwargs(self) -> dict:
+        """`levels` for a comm on a 2-D CP mesh: ((inter group, rank, size), (intra group, rank, size))."""
+        if not get_comm(self.comm).capabilities.levels:
+            return {}
+        return {"levels": tuple((lv.name, lv.rank, lv.size) for lv in self.group.levels)}
 
     def _common_kwargs(self) -> dict:
         return dict(
@@ -92,6 +99,8 @@ class CPPlan:
         """How many attention blocks this rank runs (what the logs report)."""
         local, rank, world = self.site.q_shape[-2], self.group.rank, self.group.size
         windowed = {} if self.window is None else {"window": self.window}  # (comms without windows refuse them)
+        if get_comm(self.comm).capabilities.levels:
+            windowed["levels"] = self.group.level_sizes
         return len(get_comm(self.comm).rank_blocks(self.layout, self.causal, rank, world, local, **windowed))
 
 
