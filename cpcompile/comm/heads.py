@@ -8,6 +8,8 @@ The dense (regions/a2a.py) and packed (regions/a2a_varlen.py) regions share thes
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..layouts.heads import HeadSplit
@@ -52,13 +54,21 @@ def replicate_kv(k: torch.Tensor, v: torch.Tensor, split: HeadSplit) -> tuple[to
 
 
 def send_heads(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: HeadSplit, group_name: str
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    split: HeadSplit,
+    group_name: str,
+    arrange: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """ONE all-to-all of (B, H, n, D) q/k/v (k/v already replicated): each rank gets its heads of every
-    rank's n tokens, returned as token-major (cp*n, B, h*D) views of the received buffer (rank-major)."""
+    rank's n tokens, returned as token-major (cp*n, B, h*D) views of the received buffer (rank-major; `arrange`:
+    of that buffer with its tokens rearranged, e.g. into global order)."""
     widths = [split.q_per_rank * q.shape[-1], split.kv_per_rank * k.shape[-1], split.kv_per_rank * v.shape[-1]]
     parts = [_heads_to_ranks(t, split.cp) for t in (q, k, v)]
     tokens = exchange_first(torch.cat(parts, dim=-1), group_name).flatten(0, 1)  # (cp*n, B, W)
+    if arrange is not None:
+        tokens = arrange(tokens)
     return tokens.split(widths, dim=-1)
 
 

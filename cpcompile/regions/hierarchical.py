@@ -8,8 +8,9 @@ ranks (mesh.py), so shard_batch shards for it as for any group of that size. For
 1. inside the node: ONE all-to-all trades q/k/v heads for tokens (send_heads, GQA's kv heads replicated where the
    node has more ranks than kv heads): each rank then holds every token of its node for Hq/intra q heads;
 2. across the nodes: the ring passes the K/V of those heads only (Hkv/intra of them) around the nodes' ranks of the
-   same intra index, the blocks of each step running while the next chunk is in flight; the node's tokens are the
-   chunks layouts/levels.py lists, in the exchanged buffer's order, so no reorder copy exists;
+   same intra index, the blocks of each step running while the next chunk is in flight; the node's tokens, put in
+   global order by one copy of the received buffer (none under flat, where it is in order already), are one rank of
+   flat or zigzag over the nodes to the ring (layouts/levels.py);
 3. inside the node: the output goes back by the inverse all-to-all.
 
 Backward is the composition's: the ring's backward (K/V and their fp32 gradients around the nodes), then the
@@ -25,7 +26,7 @@ from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_ba
 from ..comm.wire import LevelBytes, WireShape
 from ..layouts import Block, get_layout
 from ..layouts.heads import HeadSplit
-from ..layouts.levels import level_layout
+from ..layouts.levels import level_layout, sorted_order
 from ..layouts.ring import ring_blocks
 from ..mesh import CP_LEVEL_NAMES
 from . import a2a
@@ -65,15 +66,44 @@ def hierarchical_attention(
     if sinks is not None:
         sinks = sinks.narrow(0, index * split.q_per_rank, split.q_per_rank)
     k, v = replicate_kv(k, v, split)
-    q_n, k_n, v_n = send_heads(q, k, v, split, intra_name)  # (per_node * L, B, h * D): the node's tokens
-    lay = level_layout(get_layout(layout), nodes, per_node)
+    base = get_layout(layout)
+    chunk = q.shape[-2] // base.chunks_per_rank
+    order = sorted_order(base, node, nodes, per_node)
+    # (per_node * L, B, h * D) views of the node's tokens, put in global order by one copy of the received buffer
+    q_n, k_n, v_n = send_heads(q, k, v, split, intra_name, lambda t: _reorder(t, order, chunk))
     out = ring_over(
         tokens_to_bhsd(q_n, split.q_per_rank), tokens_to_bhsd(k_n, split.kv_per_rank),
-        tokens_to_bhsd(v_n, split.kv_per_rank), lay, causal=causal, scale=scale, kernel=kernel,
-        group_name=inter_name, rank=node, world=nodes, window=window, softcap=softcap, sinks=sinks,
+        tokens_to_bhsd(v_n, split.kv_per_rank), level_layout(base, nodes, per_node), causal=causal, scale=scale,
+        kernel=kernel, group_name=inter_name, rank=node, world=nodes, window=window, softcap=softcap, sinks=sinks,
     )  # fmt: skip
-    back = send_tokens_back(out.permute(2, 0, 1, 3), per_node, intra_name)  # (per_node, L, B, h * Dv)
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    back = _reorder(out.permute(2, 0, 1, 3), inverse, chunk)  # the exchanged buffer's order again
+    back = send_tokens_back(back, per_node, intra_name)  # (per_node, L, B, h * Dv)
     return heads_to_bshd(back, q.shape[1]).transpose(1, 2)
+
+
+class _Reorder(torch.autograd.Function):
+    """Chunks of `chunk` tokens (dim 0) taken in `order`: one copy each way (the gradient by the inverse order,
+    not a zero-filled buffer per chunk as narrow + cat would make)."""
+
+    @staticmethod
+    def forward(ctx, tokens: torch.Tensor, order: list[int], chunk: int) -> torch.Tensor:
+        ctx.inverse, ctx.chunk = sorted(range(len(order)), key=order.__getitem__), chunk
+        return _take(tokens, order, chunk)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _take(grad, ctx.inverse, ctx.chunk), None, None
+
+
+def _take(tokens: torch.Tensor, order: list[int], chunk: int) -> torch.Tensor:
+    return torch.cat([tokens.narrow(0, i * chunk, chunk) for i in order])
+
+
+def _reorder(tokens: torch.Tensor, order: list[int], chunk: int) -> torch.Tensor:
+    """Chunks of `chunk` tokens (dim 0) taken in `order` (buffer positions): one copy, or `tokens` as it is when
+    the order is already the buffer's (flat)."""
+    return tokens if order == sorted(order) else _Reorder.apply(tokens, order, chunk)
 
 
 def rank_blocks(
