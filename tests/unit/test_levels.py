@@ -17,9 +17,14 @@ MESHES = [(1, 2), (2, 1), (2, 2), (2, 3), (3, 2), (4, 4), (2, 8)]
 def test_a_node_is_one_rank_of_the_layout_over_the_nodes(name, nodes, per_node):
     base = LAYOUTS[name]
     lay = level_layout(base, nodes, per_node)
-    assert lay.chunks_per_rank == base.chunks_per_rank
     for p in range(nodes):
-        assert lay.rank_chunks(p, nodes) == base.rank_chunks(p, nodes)
+        fine = [c * lay.join + i for c in lay.rank_chunks(p, nodes) for i in range(lay.join)]
+        assert fine == sorted(node_chunks(base, p, nodes, per_node))
+        if nodes > 1:  # one node holds the whole sequence as one run
+            assert (lay.rank_chunks(p, nodes), lay.chunks_per_rank) == (
+                base.rank_chunks(p, nodes),
+                base.chunks_per_rank,
+            )
 
 
 @pytest.mark.parametrize("nodes, per_node", MESHES)
