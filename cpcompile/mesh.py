@@ -76,8 +76,7 @@ def no_cp_dim_problem(mesh) -> tuple[str, str]:
     """(rule broken, fix) for a mesh without a CP dim, worded once for every caller."""
     return (
         f"the DeviceMesh has {mesh.ndim} dims named {mesh.mesh_dim_names}, none named '{CP_DIM_NAME}'",
-        f"pass a 1-D mesh or name the context-parallel dim '{CP_DIM_NAME}' (mesh_dim_names=(..., '{CP_DIM_NAME}')), "
-        f"or name two dims {CP_LEVEL_NAMES} for a 2-D CP mesh",
+        f"pass a 1-D mesh or name the context-parallel dim '{CP_DIM_NAME}' (mesh_dim_names=(..., '{CP_DIM_NAME}'))",
     )
 
 
@@ -102,7 +101,8 @@ def group_of(pg: dist.ProcessGroup) -> CPGroup:
 
 
 def resolve_group(mesh=None, group: dist.ProcessGroup | None = None) -> CPGroup:
-    """Return the CP group from a 1-D DeviceMesh, a mesh with a dim named "cp", a ProcessGroup or the default.
+    """Return the CP group from a 1-D DeviceMesh, a mesh with a dim named "cp", a 2-D CP mesh (dims "cp_inter"
+    and "cp_intra", flattened), a ProcessGroup or the default.
 
     Exactly one of `mesh` and `group` may be given; neither means the default (world) group.
     """
@@ -114,8 +114,11 @@ def resolve_group(mesh=None, group: dist.ProcessGroup | None = None) -> CPGroup:
         )
     if mesh is not None and cp_level_dims(mesh) is not None:
         return _levels_group(mesh)
+    if mesh is not None and cp_mesh_dim(mesh) is None:
+        rule, fix = no_cp_dim_problem(mesh)
+        raise CPCompileError(f"{rule}. Fix: {fix}, or name two dims {CP_LEVEL_NAMES} for a 2-D CP mesh.")
     if mesh is not None:
-        pg = mesh.get_group(require_cp_mesh_dim(mesh))
+        pg = mesh.get_group(cp_mesh_dim(mesh))
     else:
         pg = group if group is not None else dist.group.WORLD
     return group_of(pg)
