@@ -1,18 +1,22 @@
 """comm="hierarchical" on a 2-D CP mesh ("cp_inter", "cp_intra") against one process: 4 gloo ranks as 2x2, 6 as
 2x3 and 3x2; flat and zigzag, causal and full, GQA (kv heads split, and replicated where a node has more ranks than
 kv heads), a sliding window with softcap and sinks, forward and backward in fp64, sharded with the mesh itself
-(CP rank = inter rank * intra size + intra rank); and the 2-D mesh's flattened group under a 1-D comm. One pool of
-ranks per world size (aot_eager, tiny shapes)."""
+(CP rank = inter rank * intra size + intra rank); and the 2-D mesh's flattened group under a 1-D comm. FSDP2 with
+a "dp" dim before the two CP dims ((dp, cp_inter, cp_intra) = (2, 2, 1) on 4 ranks, (2, 1, 3) on 6): TinyLlama
+trains like one process on the whole batch. One pool of ranks per world size (aot_eager, tiny shapes)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 import cpcompile
 from cpcompile.testing.distributed import RankPool
+from cpcompile.testing.model import TinyConfig, TinyLlama, token_loss_sum
 from tests.support.parity import max_err
 
 pytestmark = pytest.mark.multirank
@@ -80,4 +84,75 @@ def _run(rank, world):
 def test_hierarchical_parity(pool):
     per_rank = pool.run(_run, timeout=600)
     bad = {(r, c): e for r, found in enumerate(per_rank) for c, e in found.items() if max(e.values()) > 1e-10}
+    assert not bad, bad
+
+
+FSDP_MESH = {4: (2, 2, 1), 6: (2, 1, 3)}  # (dp, cp_inter, cp_intra): every dim of size > 1 somewhere
+CFG = TinyConfig(dim=48, heads=6, kv_heads=3, hidden=64)
+ROWS, STEPS = 2, 2  # rows a dp rank, SGD steps
+
+
+def _batch(dp: int):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, CFG.vocab, (dp * ROWS, SEQ), generator=g)
+    labels = torch.cat([ids[:, 1:], torch.full((dp * ROWS, 1), -100)], 1)
+    labels[0, :5] = -100  # uneven targets across ranks: each rank divides by the global count
+    return ids, labels
+
+
+def _steps(model, loss_of) -> list:
+    """(loss, every parameter's gradient) of STEPS SGD steps; the parameters after them."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    out = []
+    for _ in range(STEPS):
+        loss = loss_of()
+        loss.backward()
+        out.append((loss.detach().clone(), {k: p.grad.detach().clone() for k, p in model.named_parameters()}))
+        opt.step()
+        opt.zero_grad()
+    return out, dict(model.named_parameters())
+
+
+def _fsdp_errors(rank, world) -> dict:
+    """FSDP2 over the flattened (dp, cp_inter, cp_intra) mesh (its reduce-scatter sums the CP ranks' partial grads and
+    the dp replicas'), the 3-D mesh given as it is to shard_batch and the backend (its two CP dims are the CP group)."""
+    dp, inter, intra = FSDP_MESH[world]
+    mesh = init_device_mesh("cpu", (dp, inter, intra), mesh_dim_names=("dp", "cp_inter", "cp_intra"))
+    ids, labels = _batch(dp)
+    count = (labels != -100).sum()
+    torch.manual_seed(0)
+    ref = TinyLlama(CFG).double()
+    pos = torch.arange(SEQ).expand(dp * ROWS, SEQ)
+    ref_steps, ref_params = _steps(ref, lambda: token_loss_sum(ref(ids, pos), labels) / count)
+
+    torch.manual_seed(0)
+    model = TinyLlama(CFG).double()
+    be = cpcompile.backend(strategy="zigzag", comm="hierarchical", mesh=mesh, inner="aot_eager")
+    for block in model.blocks:
+        block.compile(backend=be, fullgraph=True)
+    flat = mesh._flatten("dp_cp")
+    for module in (*model.blocks, model):
+        fully_shard(module, mesh=flat)
+    for m in model.modules():
+        if hasattr(m, "set_gradient_divide_factor"):
+            m.set_gradient_divide_factor(1.0)  # sum over ranks: each rank's loss is already / the global count
+    mine = slice(mesh.get_local_rank("dp") * ROWS, (mesh.get_local_rank("dp") + 1) * ROWS)
+    local = cpcompile.shard_batch({"input_ids": ids[mine], "labels": labels[mine]}, strategy="zigzag", mesh=mesh)
+    steps, params = _steps(model, lambda: token_loss_sum(model(local["input_ids"], local["position_ids"]),
+                                                         local["labels"]) / count)  # fmt: skip
+    errors = {"plans": float(not be.plans or any(p.comm != "hierarchical" for p in be.plans))}
+    for (loss, grads), (ref_loss, ref_grads) in zip(steps, ref_steps):
+        dist.all_reduce(loss)  # the ranks' shares sum to the global mean loss
+        errors["loss"] = max(errors.get("loss", 0.0), abs(loss.item() - ref_loss.item()))
+        grad = max((g.full_tensor() - ref_grads[k]).abs().max().item() for k, g in grads.items())
+        errors["grads"] = max(errors.get("grads", 0.0), grad)
+    errors["params"] = max((p.detach().full_tensor() - ref_params[k]).abs().max().item() for k, p in params.items())
+    return errors
+
+
+def test_fsdp2_on_a_dp_dim_before_the_cp_dims(pool):
+    per_rank = pool.run(_fsdp_errors, timeout=600)
+    # the loss is summed in fp32 (token_loss_sum), everything else is fp64
+    bad = [(r, e) for r, e in enumerate(per_rank) if not (e["plans"] == 0 and e["loss"] < 1e-5 and
+                                                       max(e["grads"], e["params"]) < 1e-12)]  # fmt: skip
     assert not bad, bad
