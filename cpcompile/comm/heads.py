@@ -41,6 +41,22 @@ def _heads_to_ranks(x: torch.Tensor, world: int) -> torch.Tensor:
     return x.unflatten(1, (world, heads // world)).permute(1, 3, 0, 2, 4).reshape(world, n, b, heads // world * d)
 
 
+def thd_as_bhsd(x: torch.Tensor) -> torch.Tensor:
+    """Packed (T, H, D) -> a (1, H, T, D) view, the layout these helpers take."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+def tokens_as_thd(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """A received token-major (T, 1, heads*D) buffer -> a (T, heads, D) view (no copy)."""
+    return x.squeeze(1).unflatten(-1, (heads, -1))
+
+
+def send_lse_back(lse: torch.Tensor, world: int, group_name: str) -> torch.Tensor:
+    """(h, world*n) lse of every token of this rank's heads -> (world*h, n): every head's lse of this rank's n
+    tokens, heads rank-major (one small all-to-all; the lse is not differentiable)."""
+    return exchange_first(lse.detach().unflatten(1, (world, -1)).transpose(0, 1), group_name).flatten(0, 1)
+
+
 def tokens_to_bhsd(x: torch.Tensor, heads: int) -> torch.Tensor:
     """(S, B, heads*D) token-major -> a (B, heads, S, D) view (no copy)."""
     return x.unflatten(-1, (heads, -1)).permute(1, 2, 0, 3)

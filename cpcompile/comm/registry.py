@@ -20,6 +20,7 @@ from ..regions import (
     all_gather_varlen,
     flex,
     hierarchical,
+    hierarchical_varlen,
     ring,
     ring_varlen,
     selective_varlen,
@@ -153,10 +154,24 @@ COMMS: dict[str, Comm] = {
         rank_blocks=hierarchical.rank_blocks,
         wire_bytes=hierarchical.wire_bytes,
         level_bytes=hierarchical.level_bytes,
+        varlen_region=hierarchical_varlen.hierarchical_varlen_attention,
+        varlen_rank_blocks=hierarchical_varlen.rank_blocks,
         auto_option=False,  # its gain is the slower link across nodes, which the cost model (one link) does not see
         overhead_as="a2a",  # the same pack and unpack of q/k/v and the output around the exchange
         capabilities=Capabilities(
-            packed_layouts=(),  # no varlen region yet: the varlen planner refuses it by that
+            packed_layouts=("thd",),
+            packed_refusals={
+                name: (
+                    f"comm='hierarchical' runs the packed ring across nodes over each node's tokens, which are one "
+                    f"contiguous run in global order only under strategy='thd' ({name!r} interleaves the pieces of "
+                    "every document across a node's ranks)",
+                    f"use strategy='thd' with comm='hierarchical', or a 1-D comm on the same mesh with {name!r}",
+                )
+                for name in THD_LAYOUTS
+                if name != "thd"
+            },
+            packed_windows="causal_or_full",
+            lse_on_demand=True,
             splits_heads=True,
             overlaps=True,
             levels=True,

@@ -78,7 +78,8 @@ class SiteShape:
         if plan.site.kind == "sdpa":
             levels = plan.group.level_sizes if world == plan.group.size else None
             return cls.of_site(plan.site, plan.causal, world, window=plan.window or NO_WINDOW, levels=levels)
-        extra = dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse)
+        levels = plan.group.level_sizes if world == plan.group.size else None
+        extra = dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse, levels=levels)
         return cls.of_site(plan.site, plan.causal, world, **extra)
 
     @property
@@ -140,12 +141,12 @@ def _rank_heads(shape: SiteShape, caps) -> tuple[int, int]:
 
 def _rank_work(shape: SiteShape, layout: str, comm, rank: int, cu: torch.Tensor | None) -> tuple[int, CallWork]:
     """(blocks, their counts) of one rank."""
+    levels = {"levels": shape.levels} if comm.capabilities.levels else {}  # a comm on a 2-D CP mesh
     if shape.kind == "sdpa":
-        levels = {"levels": shape.levels} if comm.capabilities.levels else {}
         blocks = comm.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens, shape.block_window, **levels)
         return len(blocks), dense_work(blocks, shape.batch)
     blocks = comm.varlen_rank_blocks(
-        layout, shape.causal, rank, shape.world, shape.tokens, cu, shape.max_doc, shape.window
+        layout, shape.causal, rank, shape.world, shape.tokens, cu, shape.max_doc, shape.window, **levels
     )
     total = CallWork()
     for block in blocks:

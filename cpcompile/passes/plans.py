@@ -125,7 +125,7 @@ class VarlenPlan(CPPlan):
         extra = dict(max_doc=self.max_doc, window=self.window)
         if get_comm(self.comm).capabilities.lse_on_demand:
             extra["return_lse"] = self.return_lse
-        return {**self._common_kwargs(), **extra}
+        return {**self._common_kwargs(), **extra, **self._level_kwargs()}
 
     def block_count(self) -> int:
         return 1  # every packed region runs one varlen block a rank (layouts.thd)

@@ -125,15 +125,18 @@ def rank_blocks(
 
 
 def level_bytes(shape: WireShape) -> tuple[LevelBytes, LevelBytes]:
-    """Bytes one rank sends per forward and per backward on each level: inside the node the a2a's (q/k/v heads
-    of its tokens in, the output back; reversed in backward), across the nodes the ring's (the K/V of its
+    """Bytes one rank sends per forward and per backward on each level (dense and packed sites alike): inside the
+    node the a2a's (q/k/v heads of its tokens in, the output back, a packed site's lse when read; reversed in
+    backward), across the nodes the ring's (the K/V of its
     Hkv/intra heads of the node's tokens, once per step but the last; backward the K/V again and their fp32
     gradient)."""
     s = shape
     nodes, per_node = s.levels
     split = HeadSplit(s.q_heads, s.kv_heads, per_node)
     base = dict(batch=s.batch, head_dim=s.head_dim, v_head_dim=s.v_head_dim, elt=s.elt, acc_elt=s.acc_elt)
-    intra = a2a.wire_bytes(WireShape(s.tokens, q_heads=s.q_heads, kv_heads=s.kv_heads, world=per_node, **base))
+    intra = a2a.wire_bytes(
+        WireShape(s.tokens, q_heads=s.q_heads, kv_heads=s.kv_heads, world=per_node, lse=s.lse, **base)
+    )  # the lse only for a packed site whose graph reads it
     lay = None
     if s.dense_mask is not None:
         lay = level_layout(get_layout(s.dense_mask[0]), nodes, per_node)

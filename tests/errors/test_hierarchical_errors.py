@@ -83,17 +83,24 @@ def test_the_same_heads_run_on_a_1d_comm_over_the_2d_mesh():
     assert (plan.comm, plan.group.rank, plan.group.size, plan.group.level_sizes) == ("all_gather", 1, 4, (2, 2))
 
 
-def test_packed_documents_are_refused(no_collective):
-    cu = torch.tensor([0, 5, 16], dtype=torch.int32)
+@pytest.mark.parametrize(
+    "strategy, window, message",
+    [
+        ("thd_zigzag", (-1, 0), "contiguous run in global order only under strategy='thd' ('thd_zigzag' interleaves"),
+        ("thd", (3, 0), "window_size=(3, 0): comm='hierarchical' attends one held chunk per step"),
+    ],
+)
+def test_packed_layouts_and_windows_it_cannot_take_are_refused(no_collective, strategy, window, message):
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
 
     def fn(q, k, v, cu):
-        return varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-1, 0))
+        return varlen_attn(q, k, v, cu, cu, 16, 16, window_size=window)
 
     with fake_group(0, 4):
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("cp_inter", "cp_intra"))
         qkv = [torch.randn(4, 2, 8) for _ in range(3)]
-        err = _compile(fn, *qkv, cu, strategy="thd", mesh=mesh)
-    assert "comm='hierarchical' has no varlen region yet" in str(err), str(err)
+        err = _compile(fn, *qkv, cu, strategy=strategy, mesh=mesh)
+    assert message in str(err) and "cpcompile cannot rewrite attention node" in str(err), str(err)
 
 
 def test_a_mesh_with_only_one_level_names_the_fix():

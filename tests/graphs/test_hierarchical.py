@@ -178,6 +178,8 @@ def _per_group_sent(gm, levels: dict, rank_in: dict) -> dict:
     sent = dict.fromkeys(levels, 0)
     by_name = {name: dim for dim, name in levels.items()}
     for node in _collectives(gm):
+        if node.args[-1] not in by_name:  # the packed-metadata check's all-gather over the flattened group
+            continue
         dim = by_name[node.args[-1]]
         x = node.args[0].meta["val"]
         size = x.numel() * x.element_size()
@@ -206,3 +208,40 @@ def test_level_bytes_are_each_levels_collectives(layout, heads, mesh_shape, rank
     got_fw, got_bw = (_per_group_sent(graphs[g], levels, rank_in) for g in ("fw", "bw"))
     assert {d: (got_fw[d], got_bw[d]) for d in levels} == expected
     assert get_comm("hierarchical").wire_bytes(shape) == (sum(got_fw.values()), sum(got_bw.values()))
+
+
+def _packed_graphs(heads, mesh_shape, rank, lse):
+    from torch.nn.attention.varlen import AuxRequest, varlen_attn
+
+    from cpcompile.testing.varlen_model import GQA
+
+    world = mesh_shape[0] * mesh_shape[1]
+    cu = torch.tensor([0, 5, 20, 8 * world], dtype=torch.int32)
+    aux = {"return_aux": AuxRequest(lse=True)} if lse else {}
+
+    def fn(q, k, v, cu):
+        return varlen_attn(q, k, v, cu, cu, 8 * world, 8 * world, window_size=(-1, 0), **GQA, **aux)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, h, 8, generator=g, requires_grad=True) for h in (heads[0], heads[1], heads[1]))
+    with fake_group(rank=rank, world=world):
+        mesh = _mesh(mesh_shape)
+        be = cpcompile.backend(strategy="thd", comm="hierarchical", mesh=mesh, inner="eager")
+        graphs = capture_graphs(fn, be, q, k, v, cu)
+        levels = {"cp_inter": mesh.get_group("cp_inter").group_name, "cp_intra": mesh.get_group("cp_intra").group_name}
+    return graphs, levels
+
+
+@pytest.mark.parametrize(
+    "heads, mesh_shape, rank, lse",
+    [((4, 2), (2, 2), 1, False), ((4, 1), (2, 2), 2, True), ((6, 3), (2, 3), 4, True), ((4, 2), (3, 2), 3, False)],
+)
+def test_packed_level_bytes_are_each_levels_collectives(heads, mesh_shape, rank, lse):
+    graphs, levels = _packed_graphs(heads, mesh_shape, rank, lse)
+    inter, intra = mesh_shape
+    rank_in = {"cp_inter": rank // intra, "cp_intra": rank % intra}
+    shape = WireShape(8, 1, heads[0], heads[1], 8, 8, inter * intra, 4, 4, lse, max_doc=8 * inter * intra,
+                      levels=mesh_shape)  # fmt: skip
+    expected = {lv.dim: (lv.fwd, lv.bwd) for lv in get_comm("hierarchical").level_bytes(shape)}
+    got_fw, got_bw = (_per_group_sent(graphs[g], levels, rank_in) for g in ("fw", "bw"))
+    assert {d: (got_fw[d], got_bw[d]) for d in levels} == expected

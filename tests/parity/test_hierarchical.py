@@ -1,7 +1,8 @@
 """comm="hierarchical" on a 2-D CP mesh ("cp_inter", "cp_intra") against one process: 4 gloo ranks as 2x2, 6 as
 2x3 and 3x2; flat and zigzag, causal and full, GQA (kv heads split, and replicated where a node has more ranks than
 kv heads), a sliding window with softcap and sinks, forward and backward in fp64, sharded with the mesh itself
-(CP rank = inter rank * intra size + intra rank); and the 2-D mesh's flattened group under a 1-D comm. FSDP2 with
+(CP rank = inter rank * intra size + intra rank); packed documents under thd (causal and full, the lse read
+through return_aux); and the 2-D mesh's flattened group under a 1-D comm. FSDP2 with
 a "dp" dim before the two CP dims ((dp, cp_inter, cp_intra) = (2, 2, 1) on 4 ranks, (2, 1, 3) on 6): TinyLlama
 trains like one process on the whole batch. One pool of ranks per world size (aot_eager, tiny shapes)."""
 
@@ -18,6 +19,7 @@ import cpcompile
 from cpcompile.testing.distributed import RankPool
 from cpcompile.testing.model import TinyConfig, TinyLlama, token_loss_sum
 from tests.support.parity import max_err
+from tests.support.thd_parity import compare_packed, cu_of, packed_case, window_mask
 
 pytestmark = pytest.mark.multirank
 
@@ -77,13 +79,67 @@ def _errors(mesh_shape, strategy, causal, heads, comm, feature) -> dict:
     return errs
 
 
+DOCS = [5, 1, 20, 3, 7, 12, 24]  # 72 tokens: 18 a rank at 4, 12 at 6; documents span ranks and nodes
+PACKED = {  # world: [(mesh, causal, (hq, hkv))]
+    4: [((2, 2), True, (4, 2)), ((2, 2), False, (4, 1))],
+    6: [((2, 3), True, (6, 3)), ((3, 2), True, (4, 2))],
+}
+
+
+def _packed_errors(mesh_shape, causal, heads) -> dict:
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("cp_inter", "cp_intra"))
+    be = cpcompile.backend(strategy="thd", comm="hierarchical", mesh=mesh, inner="aot_eager")
+    report = compare_packed("thd", causal, torch.float64, DOCS, heads=heads, backend=be)
+    (plan,) = be.plans
+    assert plan.comm == "hierarchical" and plan.group.level_sizes == mesh_shape, (plan.comm, plan.group)
+    return {name: err for name, (err, _) in report.items()}
+
+
+def _lse_errors(mesh_shape, heads) -> dict:
+    """(out, lse) of causal varlen_attn with return_aux against per-document attention in fp64."""
+    from torch.nn.attention.varlen import AuxRequest, varlen_attn
+
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("cp_inter", "cp_intra"))
+    cu = cu_of(DOCS)
+    q, k, v, _ = packed_case(3, int(cu[-1]), *heads, D)
+
+    def fn(q, k, v, cu):
+        aux = AuxRequest(lse=True)
+        return varlen_attn(q, k, v, cu, cu, 24, 24, window_size=(-1, 0), enable_gqa=True, return_aux=aux)
+
+    shard = lambda t, dim=0: cpcompile.shard(t, strategy="thd", seq_dim=dim, cu_seqlens=cu, mesh=mesh)  # noqa: E731
+    be = cpcompile.backend(strategy="thd", comm="hierarchical", mesh=mesh, inner="aot_eager")
+    torch._dynamo.reset()
+    out, lse = torch.compile(fn, backend=be, fullgraph=True)(shard(q), shard(k), shard(v), cu)
+    ref_out, ref_lse = torch.zeros_like(q), torch.zeros(heads[0], q.shape[0], dtype=q.dtype)
+    groups = heads[0] // heads[1]
+    for a, b in zip(cu.tolist(), cu.tolist()[1:]):
+        qd, kd, vd = q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)
+        kd, vd = kd.repeat_interleave(groups, 0), vd.repeat_interleave(groups, 0)
+        scores = (qd @ kd.transpose(1, 2) / D**0.5).masked_fill(~window_mask(b - a, (-1, 0)), float("-inf"))
+        ref_lse[:, a:b] = scores.logsumexp(-1)
+        ref_out[a:b] = (scores.softmax(-1) @ vd).transpose(0, 1)
+    return {"out": max_err(out, shard(ref_out)), "lse": max_err(lse, shard(ref_lse, 1))}
+
+
 def _run(rank, world):
-    return {case: _errors(*case) for case in CASES[world]}
+    results = {case: _errors(*case) for case in CASES[world]}
+    results.update({("thd", *case): _packed_errors(*case) for case in PACKED[world]})
+    mesh_shape, _, heads = PACKED[world][0]
+    results[("thd lse", mesh_shape)] = _lse_errors(mesh_shape, heads)
+    return results
 
 
 def test_hierarchical_parity(pool):
     per_rank = pool.run(_run, timeout=600)
-    bad = {(r, c): e for r, found in enumerate(per_rank) for c, e in found.items() if max(e.values()) > 1e-10}
+    allowed = {"lse": 1e-5}  # returned in fp32, as varlen_attn returns it; everything else fp64
+    bad = {
+        (r, c, name): err
+        for r, found in enumerate(per_rank)
+        for c, errs in found.items()
+        for name, err in errs.items()
+        if not err <= allowed.get(name, 1e-10)
+    }
     assert not bad, bad
 
 
