@@ -18,6 +18,7 @@ from torch.distributed.fsdp import fully_shard
 import cpcompile
 from cpcompile.testing.distributed import RankPool
 from cpcompile.testing.model import TinyConfig, TinyLlama, token_loss_sum
+from cpcompile.testing.varlen_model import GQA
 from tests.support.parity import max_err
 from tests.support.thd_parity import compare_packed, cu_of, packed_case, window_mask
 
@@ -105,7 +106,7 @@ def _lse_errors(mesh_shape, heads) -> dict:
 
     def fn(q, k, v, cu):
         aux = AuxRequest(lse=True)
-        return varlen_attn(q, k, v, cu, cu, 24, 24, window_size=(-1, 0), enable_gqa=True, return_aux=aux)
+        return varlen_attn(q, k, v, cu, cu, 24, 24, window_size=(-1, 0), return_aux=aux, **GQA)
 
     shard = lambda t, dim=0: cpcompile.shard(t, strategy="thd", seq_dim=dim, cu_seqlens=cu, mesh=mesh)  # noqa: E731
     be = cpcompile.backend(strategy="thd", comm="hierarchical", mesh=mesh, inner="aot_eager")
