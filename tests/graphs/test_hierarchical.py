@@ -5,6 +5,8 @@ registry's per-level bytes."""
 
 from __future__ import annotations
 
+import re
+
 import expecttest
 import pytest
 import torch
@@ -245,3 +247,25 @@ def test_packed_level_bytes_are_each_levels_collectives(heads, mesh_shape, rank,
     expected = {lv.dim: (lv.fwd, lv.bwd) for lv in get_comm("hierarchical").level_bytes(shape)}
     got_fw, got_bw = (_per_group_sent(graphs[g], levels, rank_in) for g in ("fw", "bw"))
     assert {d: (got_fw[d], got_bw[d]) for d in levels} == expected
+
+
+def test_inductor_forward_runs_each_node_step_while_the_next_chunk_travels():
+    """Inductor's generated forward of a TinyLlama layer on a 2x2 mesh (zigzag, rank 1): the exchange inside the
+    node (waited at once: the blocks need it), then the ring across the nodes in program order (the shift issued
+    before step 0's blocks, waited after them, then step 1's blocks and the merge), then the output's exchange."""
+    from torch._inductor.utils import run_and_get_code
+
+    from cpcompile.testing.model import TinyConfig, TinyLlama
+
+    cfg = TinyConfig(layers=1)
+    torch.manual_seed(0)
+    model = TinyLlama(cfg)
+    ids, pos = torch.randint(0, cfg.vocab, (1, 8)), torch.arange(8)[None]
+    with fake_group(rank=1, world=4):
+        be = cpcompile.backend(strategy="zigzag", comm="hierarchical", mesh=_mesh())
+        compiled = torch.compile(model, backend=be, fullgraph=True)
+        _, codes = run_and_get_code(lambda: compiled(ids, pos).sum().backward())
+    events = re.findall(r"(all_to_all_single|wait_tensor|attend_blocks|merge_partial)\.default\(", codes[0])
+    exchange = ["all_to_all_single", "wait_tensor"]
+    ring = ["all_to_all_single", "attend_blocks", "wait_tensor", "attend_blocks", "merge_partial"]
+    assert events == [*exchange, *ring, *exchange], events
