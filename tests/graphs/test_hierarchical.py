@@ -17,7 +17,7 @@ import cpcompile
 from cpcompile.comm.registry import get_comm
 from cpcompile.comm.wire import WireShape
 from tests.support.fake_pg import capture_graphs, fake_group, normalize_gm, rewritten_graph
-from tests.support.graphs import _collectives, on_snapshot_torch
+from tests.support.graphs import on_snapshot_torch
 
 
 def gqa_attention(q, k, v):
@@ -174,12 +174,18 @@ class GraphModule(torch.nn.Module):
         )
 
 
+def _launched(gm) -> list:
+    """Every collective the graph launches (waits excluded)."""
+    calls = (n for n in gm.graph.nodes if n.op == "call_function")
+    return [n for n in calls if "c10d" in str(n.target) and "wait_tensor" not in str(n.target)]
+
+
 def _per_group_sent(gm, levels: dict, rank_in: dict) -> dict:
     """Bytes this rank sends per level in the graph's collectives (equal-split all-to-all: (n - 1) / n of the
     input; the ring's one-split all-to-all: the rows it sends to another rank)."""
     sent = dict.fromkeys(levels, 0)
     by_name = {name: dim for dim, name in levels.items()}
-    for node in _collectives(gm):
+    for node in _launched(gm):
         if node.args[-1] not in by_name:  # the packed-metadata check's all-gather over the flattened group
             continue
         dim = by_name[node.args[-1]]
