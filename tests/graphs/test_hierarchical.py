@@ -275,3 +275,21 @@ def test_inductor_forward_runs_each_node_step_while_the_next_chunk_travels():
     exchange = ["all_to_all_single", "wait_tensor"]
     ring = ["all_to_all_single", "attend_blocks", "wait_tensor", "attend_blocks", "merge_partial"]
     assert events == [*exchange, *ring, *exchange], events
+
+
+def test_explain_states_each_levels_bytes():
+    """explain(world=(inter, intra)) plans a 2-D CP mesh's rank 0 and states what it sends on each level; a flat
+    world is one refusal naming the mesh."""
+    from cpcompile.testing.model import TinyConfig, TinyLlama
+
+    model = TinyLlama(TinyConfig(layers=1))
+    ids, pos = torch.randint(0, 128, (1, 32)), torch.arange(32)[None]
+    report = cpcompile.explain(model, ids, pos, strategy="zigzag", comm="hierarchical", world=(2, 2))
+    (site,) = report.sites
+    assert not report.refusals and site.comm == "hierarchical"
+    dims = [(lv.dim, lv.comm) for lv in site.estimate.levels]
+    assert dims == [("cp_intra", "a2a"), ("cp_inter", "ring")], dims
+    assert site.estimate.sent_fwd == sum(lv.fwd for lv in site.estimate.levels) > 0
+    assert "on each level: cp_intra (a2a)" in str(report) and "cp_inter (ring)" in str(report)
+    flat = cpcompile.explain(model, ids, pos, strategy="zigzag", comm="hierarchical", world=4)
+    assert not flat.sites and "needs a 2-D CP mesh" in flat.refusals[0].message
