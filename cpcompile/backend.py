@@ -105,9 +105,13 @@ def backend(
 
     strategy: token layout across ranks ("flat", "zigzag"; "thd", "thd_zigzag" for packed documents under
     torch.nn.attention.varlen.varlen_attn); comm: "all_gather" (gather K/V), "a2a" (Ulysses: trade heads for
-    sequence), "ring" (K/V chunks passed around the ring, overlapped with the blocks) or "auto" (per site, the
-    comm the cost model estimates fastest among those it costs, cost/choose.py); mesh: a 1-D DeviceMesh or one
-    with a dim named "cp"; group: a ProcessGroup (neither: the default group); kernel: "auto" (per site, the
+    sequence), "ring" (K/V chunks passed around the ring, overlapped with the blocks), "selective" (packed
+    documents: each rank gets only the K/V its queries read), "hierarchical" (on a 2-D CP mesh: a2a inside a node,
+    a ring of the head share's K/V across nodes) or "auto" (per site, the comm the cost model estimates fastest
+    among those it costs, cost/choose.py); mesh: a 1-D DeviceMesh, one with a dim named "cp", or a 2-D CP mesh
+    with dims named "cp_inter" (across nodes) and "cp_intra" (inside a node), flattened into one CP group of CP
+    rank inter * intra size + intra for every comm (other dims, e.g. "dp", may come first); group: a
+    ProcessGroup (neither: the default group); kernel: "auto" (per site, the
     fastest estimate among the providers that can run it) or a provider name; inner: the compiler after the
     pass ("inductor", "aot_eager", "eager", or any torch.compile backend callable, e.g. one that records
     aot_autograd graphs); regather: with comm="all_gather", save only the local K/V for backward and gather

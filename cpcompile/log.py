@@ -38,6 +38,9 @@ def site_line(plan) -> str:
         extra += f" softcap={plan.softcap}"
     if plan.dtensor:
         extra += " dtensor"
+    if plan.group.levels is not None:  # a 2-D CP mesh: this rank's place on each level
+        inter, intra = plan.group.levels
+        extra += f" levels=(node {inter.rank} of {inter.size}, rank {intra.rank} of {intra.size} in it)"
     if plan.choice is not None:  # comm="auto" / kernel="auto" weighed several options (cost/choose.py)
         extra += f" auto=({plan.choice.describe()})"
     return (

@@ -1,6 +1,9 @@
 """The one mesh rule: which process group is the CP group, from a DeviceMesh, a ProcessGroup or the default.
 
-A 1-D mesh is all CP; a multi-dim mesh must name its CP dim "cp". The backend, the sharding helpers and the
+A 1-D mesh is all CP; a multi-dim mesh must name its CP dim "cp", or hold a 2-D CP mesh as two dims named
+"cp_inter" (across nodes) and "cp_intra" (inside a node). The CP group of a 2-D CP mesh is the two dims flattened:
+CP rank = inter rank * intra size + intra rank, the order every layout shards by (shard_batch, the regions), and
+`CPGroup.levels` keeps the two dims' groups for comm="hierarchical". The backend, the sharding helpers and the
 DTensor paths all ask here, so the rule and its messages exist once.
 """
 
@@ -13,6 +16,17 @@ import torch.distributed as dist
 from .errors import CPCompileError
 
 CP_DIM_NAME = "cp"
+CP_LEVEL_NAMES = ("cp_inter", "cp_intra")
+"""The dims of a 2-D CP mesh: across nodes (outer), inside a node (inner)."""
+
+
+@dataclass(frozen=True)
+class CPLevel:
+    """One dim of a 2-D CP mesh as a region needs it: its group's name, this rank in it and its size."""
+
+    name: str
+    rank: int
+    size: int
 
 
 @dataclass(frozen=True)
@@ -23,6 +37,14 @@ class CPGroup:
     name: str
     rank: int
     size: int
+    levels: tuple[CPLevel, CPLevel] | None = None
+    """(inter, intra) when the CP group is a 2-D CP mesh flattened (rank = inter.rank * intra.size + intra.rank);
+    None for a 1-D CP group."""
+
+    @property
+    def level_sizes(self) -> tuple[int, int] | None:
+        """(inter size, intra size) of a 2-D CP mesh, else None."""
+        return None if self.levels is None else (self.levels[0].size, self.levels[1].size)
 
 
 def check_mesh_or_group(mesh, group) -> None:
@@ -39,6 +61,15 @@ def cp_mesh_dim(mesh) -> int | None:
         return 0
     names = mesh.mesh_dim_names or ()
     return names.index(CP_DIM_NAME) if CP_DIM_NAME in names else None
+
+
+def cp_level_dims(mesh) -> tuple[int, int] | None:
+    """Indices of the (inter, intra) dims of a 2-D CP mesh: a mesh with no dim named "cp" and both dims named
+    "cp_inter" and "cp_intra" (None otherwise)."""
+    names = mesh.mesh_dim_names or ()
+    if mesh.ndim == 1 or CP_DIM_NAME in names or not set(CP_LEVEL_NAMES) <= set(names):
+        return None
+    return names.index(CP_LEVEL_NAMES[0]), names.index(CP_LEVEL_NAMES[1])
 
 
 def no_cp_dim_problem(mesh) -> tuple[str, str]:
@@ -70,7 +101,8 @@ def group_of(pg: dist.ProcessGroup) -> CPGroup:
 
 
 def resolve_group(mesh=None, group: dist.ProcessGroup | None = None) -> CPGroup:
-    """Return the CP group from a 1-D DeviceMesh, a mesh with a dim named "cp", a ProcessGroup or the default.
+    """Return the CP group from a 1-D DeviceMesh, a mesh with a dim named "cp", a 2-D CP mesh (dims "cp_inter"
+    and "cp_intra", flattened), a ProcessGroup or the default.
 
     Exactly one of `mesh` and `group` may be given; neither means the default (world) group.
     """
@@ -80,8 +112,34 @@ def resolve_group(mesh=None, group: dist.ProcessGroup | None = None) -> CPGroup:
             "torch.distributed is not initialized, so there is no CP group. "
             "Fix: call torch.distributed.init_process_group() first (torchrun does the rendezvous)."
         )
+    if mesh is not None and cp_level_dims(mesh) is not None:
+        return _levels_group(mesh)
+    if mesh is not None and cp_mesh_dim(mesh) is None:
+        rule, fix = no_cp_dim_problem(mesh)
+        raise CPCompileError(f"{rule}. Fix: {fix}, or name two dims {CP_LEVEL_NAMES} for a 2-D CP mesh.")
     if mesh is not None:
-        pg = mesh.get_group(require_cp_mesh_dim(mesh))
+        pg = mesh.get_group(cp_mesh_dim(mesh))
     else:
         pg = group if group is not None else dist.group.WORLD
     return group_of(pg)
+
+
+def _level(mesh, name: str) -> CPLevel:
+    pg = mesh.get_group(name)
+    return CPLevel(name=pg.group_name, rank=dist.get_rank(pg), size=dist.get_world_size(pg))
+
+
+def _levels_group(mesh) -> CPGroup:
+    """The CP group of a 2-D CP mesh: its two dims flattened (DeviceMesh caches the flattened group, so every
+    call on every rank returns the same one), with the two dims' groups as `levels`."""
+    from .compat.mesh_flatten import flatten_dims
+
+    flat = group_of(flatten_dims(mesh, CP_LEVEL_NAMES))
+    inter, intra = _level(mesh, CP_LEVEL_NAMES[0]), _level(mesh, CP_LEVEL_NAMES[1])
+    if flat.rank != inter.rank * intra.size + intra.rank:  # the order the layouts and regions assume
+        raise CPCompileError(
+            f"the flattened CP group of the mesh {mesh.mesh_dim_names} puts this process at CP rank {flat.rank}, "
+            f"not {inter.rank} * {intra.size} + {intra.rank} (inter rank * intra size + intra rank). Fix: build the "
+            f"mesh with init_device_mesh, its dims in the order {CP_LEVEL_NAMES}."
+        )
+    return CPGroup(group=flat.group, name=flat.name, rank=flat.rank, size=flat.size, levels=(inter, intra))

@@ -49,6 +49,21 @@ class Capabilities:
     turns off Inductor's peak-memory reordering, which would sink the collective to its wait: backend.py)."""
     regathers: bool = False
     """Whether its regions take `regather` (keep only the local K/V for backward, gather them again there)."""
+    levels: bool = False
+    """Whether it runs on the two dims of a 2-D CP mesh (mesh.CP_LEVEL_NAMES): its region takes `levels`, its
+    head split is over the intra dim, and a CP group without levels is refused (`levels_problem`)."""
+
+    def levels_problem(self, comm: str, levels: tuple[int, int] | None) -> tuple[str, str] | None:
+        """(rule, fix) when the comm needs a 2-D CP mesh and the CP group has no levels, else None."""
+        if not self.levels or levels is not None:
+            return None
+        return (
+            f"comm={comm!r} runs an all-to-all inside a node and a ring across nodes, so it needs a 2-D CP mesh, "
+            f"but the CP group is one flat group",
+            "pass mesh=init_device_mesh(device, (nodes, ranks_a_node), mesh_dim_names=('cp_inter', 'cp_intra')) to "
+            "cpcompile.backend and cpcompile.shard_batch (other dims, e.g. 'dp', may come first), or use a 1-D comm "
+            "('all_gather', 'a2a', 'ring')",
+        )
 
     def packed_window_problem(self, comm: str, window: tuple[int, int], causal: bool) -> tuple[str, str] | None:
         """(rule, fix) when the varlen region cannot take varlen_attn's window_size `window`, else None."""
@@ -66,6 +81,22 @@ class Capabilities:
             )
         return None
 
-    def head_problem(self, q_heads: int, kv_heads: int, cp: int) -> tuple[str, str] | None:
-        """(rule, fix) when the comm splits heads and these do not split over cp ranks, else None."""
-        return head_split_problem(q_heads, kv_heads, cp) if self.splits_heads else None
+    def head_problem(
+        self, q_heads: int, kv_heads: int, cp: int, levels: tuple[int, int] | None = None
+    ) -> tuple[str, str] | None:
+        """(rule, fix) when the comm splits heads and these do not split over its ranks (cp; a comm on `levels`:
+        the intra dim's), else None."""
+        if not self.splits_heads:
+            return None
+        if not (self.levels and levels is not None):
+            return head_split_problem(q_heads, kv_heads, cp)
+        intra = levels[1]
+        if head_split_problem(q_heads, kv_heads, intra) is None:
+            return None
+        return (
+            f"comm='hierarchical' splits the heads over the {intra} ranks of a node (the 'cp_intra' dim): q heads "
+            f"({q_heads}) must divide by {intra}, and kv heads ({kv_heads}) must divide by {intra} or {intra} by "
+            "them",
+            "use a 'cp_intra' size that divides the head counts (a smaller node dim, a larger 'cp_inter'), or a 1-D "
+            "comm ('all_gather', 'ring') on the same mesh",
+        )

@@ -8,6 +8,8 @@ The dense (regions/a2a.py) and packed (regions/a2a_varlen.py) regions share thes
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..layouts.heads import HeadSplit
@@ -39,6 +41,22 @@ def _heads_to_ranks(x: torch.Tensor, world: int) -> torch.Tensor:
     return x.unflatten(1, (world, heads // world)).permute(1, 3, 0, 2, 4).reshape(world, n, b, heads // world * d)
 
 
+def thd_as_bhsd(x: torch.Tensor) -> torch.Tensor:
+    """Packed (T, H, D) -> a (1, H, T, D) view, the layout these helpers take."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+def tokens_as_thd(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """A received token-major (T, 1, heads*D) buffer -> a (T, heads, D) view (no copy)."""
+    return x.squeeze(1).unflatten(-1, (heads, -1))
+
+
+def send_lse_back(lse: torch.Tensor, world: int, group_name: str) -> torch.Tensor:
+    """(h, world*n) lse of every token of this rank's heads -> (world*h, n): every head's lse of this rank's n
+    tokens, heads rank-major (one small all-to-all; the lse is not differentiable)."""
+    return exchange_first(lse.detach().unflatten(1, (world, -1)).transpose(0, 1), group_name).flatten(0, 1)
+
+
 def tokens_to_bhsd(x: torch.Tensor, heads: int) -> torch.Tensor:
     """(S, B, heads*D) token-major -> a (B, heads, S, D) view (no copy)."""
     return x.unflatten(-1, (heads, -1)).permute(1, 2, 0, 3)
@@ -52,13 +70,21 @@ def replicate_kv(k: torch.Tensor, v: torch.Tensor, split: HeadSplit) -> tuple[to
 
 
 def send_heads(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: HeadSplit, group_name: str
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    split: HeadSplit,
+    group_name: str,
+    arrange: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """ONE all-to-all of (B, H, n, D) q/k/v (k/v already replicated): each rank gets its heads of every
-    rank's n tokens, returned as token-major (cp*n, B, h*D) views of the received buffer (rank-major)."""
+    rank's n tokens, returned as token-major (cp*n, B, h*D) views of the received buffer (rank-major; `arrange`:
+    of that buffer with its tokens rearranged, e.g. into global order)."""
     widths = [split.q_per_rank * q.shape[-1], split.kv_per_rank * k.shape[-1], split.kv_per_rank * v.shape[-1]]
     parts = [_heads_to_ranks(t, split.cp) for t in (q, k, v)]
     tokens = exchange_first(torch.cat(parts, dim=-1), group_name).flatten(0, 1)  # (cp*n, B, W)
+    if arrange is not None:
+        tokens = arrange(tokens)
     return tokens.split(widths, dim=-1)
 
 

@@ -13,9 +13,20 @@ from dataclasses import dataclass, field
 from ..errors import CPCompileError
 from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS
-from ..regions import a2a, a2a_varlen, all_gather, all_gather_varlen, flex, ring, ring_varlen, selective_varlen
+from ..regions import (
+    a2a,
+    a2a_varlen,
+    all_gather,
+    all_gather_varlen,
+    flex,
+    hierarchical,
+    hierarchical_varlen,
+    ring,
+    ring_varlen,
+    selective_varlen,
+)
 from .capabilities import Capabilities
-from .wire import WireShape
+from .wire import LevelBytes, WireShape
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,9 @@ class Comm:
     layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
     capabilities: Capabilities = field(default_factory=Capabilities)
     """What its regions take (layouts, windows, lse, heads, features, overlap, regather) and why not."""
+    level_bytes: Callable[[WireShape], tuple[LevelBytes, ...]] | None = None
+    """A comm on a 2-D CP mesh (capabilities.levels): what a rank sends on each level (`wire_bytes` is their sum);
+    the cost model and explain() state them."""
 
 
 RING_PACKED = ("thd", "thd_zigzag")
@@ -132,6 +146,35 @@ COMMS: dict[str, Comm] = {
                 "one dense sequence is read whole by every rank",
                 "use comm='all_gather', 'a2a' or 'ring' for scaled_dot_product_attention / flex_attention",
             ),
+        ),
+    ),
+    "hierarchical": Comm(
+        name="hierarchical",
+        region=hierarchical.hierarchical_attention,
+        rank_blocks=hierarchical.rank_blocks,
+        wire_bytes=hierarchical.wire_bytes,
+        level_bytes=hierarchical.level_bytes,
+        varlen_region=hierarchical_varlen.hierarchical_varlen_attention,
+        varlen_rank_blocks=hierarchical_varlen.rank_blocks,
+        auto_option=False,  # its gain is the slower link across nodes, which the cost model (one link) does not see
+        overhead_as="a2a",  # the same pack and unpack of q/k/v and the output around the exchange
+        capabilities=Capabilities(
+            packed_layouts=("thd",),
+            packed_refusals={
+                name: (
+                    f"comm='hierarchical' runs the packed ring across nodes over each node's tokens, which are one "
+                    f"contiguous run in global order only under strategy='thd' ({name!r} interleaves the pieces of "
+                    "every document across a node's ranks)",
+                    f"use strategy='thd' with comm='hierarchical', or a 1-D comm on the same mesh with {name!r}",
+                )
+                for name in THD_LAYOUTS
+                if name != "thd"
+            },
+            packed_windows="causal_or_full",
+            lse_on_demand=True,
+            splits_heads=True,
+            overlaps=True,
+            levels=True,
         ),
     ),
 }

@@ -31,3 +31,16 @@ class WireShape:
     """Packed sites: varlen_attn's max_q/max_k (the longest document), when static."""
     dense_mask: tuple[str, bool, tuple[int, int] | None] | None = None
     """Dense sites: (layout, causal, window), for comms whose traffic depends on the mask (the ring's steps)."""
+    levels: tuple[int, int] | None = None
+    """A 2-D CP mesh's (inter, intra) sizes (world = inter * intra), for comms that run a level each."""
+
+
+@dataclass(frozen=True)
+class LevelBytes:
+    """What one rank sends on one level of a 2-D CP mesh (a comm's `level_bytes`): the mesh dim, the collective
+    that runs on it, bytes per forward and per backward."""
+
+    dim: str
+    comm: str
+    fwd: int
+    bwd: int

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..comm.registry import get_comm
-from ..comm.wire import WireShape
+from ..comm.wire import LevelBytes, WireShape
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
 from ..layouts.thd import get_packed_layout
@@ -49,6 +49,8 @@ class SiteShape:
     window: tuple[int, int] = NO_WINDOW
     max_doc: int | None = None
     return_lse: bool = True
+    levels: tuple[int, int] | None = None
+    """A 2-D CP mesh's (inter, intra) sizes (world = their product; mesh.CPGroup.levels), else None."""
 
     @classmethod
     def of_site(cls, site, causal: bool, world: int, **extra) -> SiteShape:
@@ -74,8 +76,10 @@ class SiteShape:
     def of_plan(cls, plan, world: int) -> SiteShape:
         """From a planned site (passes/plans.CPPlan): its window, and for packed sites max_doc and the lse."""
         if plan.site.kind == "sdpa":
-            return cls.of_site(plan.site, plan.causal, world, window=plan.window or NO_WINDOW)
-        extra = dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse)
+            levels = plan.group.level_sizes if world == plan.group.size else None
+            return cls.of_site(plan.site, plan.causal, world, window=plan.window or NO_WINDOW, levels=levels)
+        levels = plan.group.level_sizes if world == plan.group.size else None
+        extra = dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse, levels=levels)
         return cls.of_site(plan.site, plan.causal, world, **extra)
 
     @property
@@ -104,6 +108,8 @@ class Estimate:
     wire_ms: float
     documents: str
     """Which documents a packed site was costed with ("" for dense sites)."""
+    levels: tuple[LevelBytes, ...] = ()
+    """A comm on a 2-D CP mesh: what a rank sends on each level (sent_fwd / sent_bwd are their sums)."""
 
     @property
     def total_ms(self) -> float:
@@ -125,20 +131,22 @@ def assumed_documents(total: int, max_doc: int | None) -> torch.Tensor:
     return torch.tensor(cuts, dtype=torch.int64)
 
 
-def _rank_heads(shape: SiteShape, splits_heads: bool) -> tuple[int, int]:
-    if not splits_heads:
+def _rank_heads(shape: SiteShape, caps) -> tuple[int, int]:
+    if not caps.splits_heads:
         return shape.q_heads, shape.kv_heads
-    split = HeadSplit(shape.q_heads, shape.kv_heads, shape.world)
+    over = shape.levels[1] if caps.levels and shape.levels else shape.world  # a 2-D mesh: over a node's ranks
+    split = HeadSplit(shape.q_heads, shape.kv_heads, over)
     return split.q_per_rank, split.kv_per_rank
 
 
 def _rank_work(shape: SiteShape, layout: str, comm, rank: int, cu: torch.Tensor | None) -> tuple[int, CallWork]:
     """(blocks, their counts) of one rank."""
+    levels = {"levels": shape.levels} if comm.capabilities.levels else {}  # a comm on a 2-D CP mesh
     if shape.kind == "sdpa":
-        blocks = comm.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens, shape.block_window)
+        blocks = comm.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens, shape.block_window, **levels)
         return len(blocks), dense_work(blocks, shape.batch)
     blocks = comm.varlen_rank_blocks(
-        layout, shape.causal, rank, shape.world, shape.tokens, cu, shape.max_doc, shape.window
+        layout, shape.causal, rank, shape.world, shape.tokens, cu, shape.max_doc, shape.window, **levels
     )
     total = CallWork()
     for block in blocks:
@@ -162,16 +170,17 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
             offsets = packed.offsets(cu_seqlens, shape.world) if packed.is_plan(cu_seqlens) else cu_seqlens
             documents = f"this batch's {offsets.numel() - 1} documents"
         cu_seqlens = cu_seqlens.long().cpu()
-    q_heads, kv_heads = _rank_heads(shape, entry.capabilities.splits_heads)
+    q_heads, kv_heads = _rank_heads(shape, entry.capabilities)
     rate = kernel_rate(kernel, "varlen" if shape.kind == "varlen" else "dense")
-    fwd, bwd = entry.wire_bytes(
-        WireShape(
-            shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
-            shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.capabilities.lse_on_demand,
-            max_doc=shape.max_doc if shape.kind == "varlen" else None,
-            dense_mask=(layout, shape.causal, shape.block_window) if shape.kind == "sdpa" else None,
-        )
+    wire = WireShape(
+        shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
+        shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.capabilities.lse_on_demand,
+        max_doc=shape.max_doc if shape.kind == "varlen" else None,
+        dense_mask=(layout, shape.causal, shape.block_window) if shape.kind == "sdpa" else None,
+        levels=shape.levels,
     )  # fmt: skip
+    fwd, bwd = entry.wire_bytes(wire)
+    levels = entry.level_bytes(wire) if entry.level_bytes is not None else ()
     exchanged = (fwd + bwd) * shape.world // (shape.world - 1)
     overhead, _ = region_overhead_ms(entry.overhead_as or comm, kernel if rate.proxy_for is None else rate.name,
                                      exchanged)  # fmt: skip
@@ -184,4 +193,4 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
     rates = rate.name if rate.proxy_for is None else f"{rate.name} (proxy: {kernel} has no measured rate)"
     wire_ms = (fwd + bwd) / (link_gbps() * 1e6)
     return Estimate(layout, comm, kernel, rates, tuple(blocks), tuple(work_flops), tuple(times), fwd, bwd, wire_ms,
-                    documents)  # fmt: skip
+                    documents, levels)  # fmt: skip

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 
 import torch
 
@@ -141,13 +142,24 @@ def _warnings():
         logger.removeHandler(handler)
 
 
+def _world(world) -> tuple[int, tuple[int, int] | None]:
+    """(CP ranks, (inter, intra) of a 2-D CP mesh or None) of explain's `world`, or a CPCompileError."""
+    sizes = world if isinstance(world, tuple) and len(world) == 2 else (world,)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes) or math.prod(sizes) < 2:
+        raise CPCompileError(
+            f"explain(world={world!r}): CP needs at least 2 ranks. Fix: pass world=2 or more, or world=(inter, "
+            "intra) for a 2-D CP mesh."
+        )
+    return math.prod(sizes), (sizes if len(sizes) == 2 else None)
+
+
 def explain(
     model,
     *example_args,
     strategy: str = "flat",
     comm: str = "all_gather",
     kernel: str = "auto",
-    world: int = 2,
+    world: int | tuple[int, int] = 2,
     seq_dim: int | None = None,
     cu_seqlens: torch.Tensor | None = None,
     seq_keys=(),
@@ -159,6 +171,7 @@ def explain(
 ) -> Report:
     """What cpcompile.backend(strategy=strategy, comm=comm, kernel=kernel) would do with `model` on `world` CP
     ranks, for the GLOBAL example batch `model(*example_args, **example_kwargs)`: a Report (str(): a table).
+    world=(inter, intra): a 2-D CP mesh ("cp_inter", "cp_intra") of inter * intra ranks (comm="hierarchical").
 
     seq_dim: the sequence dim of the example tensors (default 1; packed strategies 0); cu_seqlens: the global
     document offsets the model takes (packed strategies; the same tensor, or the `cu_seqlens` keyword);
@@ -170,10 +183,9 @@ def explain(
     Unknown names and a world below 2 raise CPCompileError; everything the pass would refuse is a refusal.
     """
     check_choices(strategy, comm, kernel)
-    if not isinstance(world, int) or isinstance(world, bool) or world < 2:
-        raise CPCompileError(f"explain(world={world!r}): CP needs at least 2 ranks. Fix: pass world=2 or more.")
     report = Report(strategy=strategy, comm=comm, kernel=kernel, world=world)
-    configs = [CPConfig(strategy, comm, kernel, cp_group=stand_in_group(r, world)) for r in range(world)]
+    world, levels = _world(world)
+    configs = [CPConfig(strategy, comm, kernel, cp_group=stand_in_group(r, world, levels)) for r in range(world)]
     try:
         if hf_loss is not None:  # the batch a Hugging Face model gets from shard_batch(..., hf_loss=)
             dim = (0 if strategy in THD_LAYOUTS else 1) if seq_dim is None else seq_dim

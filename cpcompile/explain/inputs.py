@@ -13,7 +13,7 @@ import torch
 
 from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
-from ..mesh import CPGroup
+from ..mesh import CP_LEVEL_NAMES, CPGroup, CPLevel
 from ..sharding.batch import METADATA_KEYS, SEQUENCE_KEYS
 from ..sharding.dense import shard_chunks
 from ..sharding.packed import check_documents, model_cu_seqlens
@@ -22,8 +22,15 @@ GROUP_NAME = "cpcompile-explain"
 """The stand-in CP group's name: explain() plans for it and never creates a process group."""
 
 
-def stand_in_group(rank: int, world: int) -> CPGroup:
-    return CPGroup(group=None, name=GROUP_NAME, rank=rank, size=world)
+def stand_in_group(rank: int, world: int, levels: tuple[int, int] | None = None) -> CPGroup:
+    """CP rank `rank` of `world`; with `levels` (inter, intra) a 2-D CP mesh's, rank = inter rank * intra + intra
+    rank (mesh.py)."""
+    if levels is None:
+        return CPGroup(group=None, name=GROUP_NAME, rank=rank, size=world)
+    inter, intra = levels
+    dims = (CPLevel(f"{GROUP_NAME}-{CP_LEVEL_NAMES[0]}", rank // intra, inter),
+            CPLevel(f"{GROUP_NAME}-{CP_LEVEL_NAMES[1]}", rank % intra, intra))  # fmt: skip
+    return CPGroup(group=None, name=GROUP_NAME, rank=rank, size=world, levels=dims)
 
 
 def packed_offsets(strategy: str, cu_seqlens, kwargs: dict) -> torch.Tensor | None:

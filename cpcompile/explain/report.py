@@ -78,7 +78,7 @@ class Report:
     strategy: str
     comm: str
     kernel: str
-    world: int
+    world: int | tuple[int, int]
     graphs: int = 0
     sites: list[SiteReport] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
@@ -173,6 +173,10 @@ def render(report: Report, details: bool = False) -> str:
                 extra.append(f"costed with {s.estimate.documents}")
             if s.estimate.rates != s.kernel:
                 extra.append(f"rates of {s.estimate.rates}")
+            if s.estimate.levels:
+                sent = ", ".join(f"{lv.dim} ({lv.comm}) {format_bytes(lv.fwd)} / {format_bytes(lv.bwd)}"
+                                 for lv in s.estimate.levels)  # fmt: skip
+                extra.append(f"sent fwd / bwd per rank on each level: {sent}")
             if extra:
                 lines += _wrap(f"  site {i}: " + "; ".join(extra), "    ")
         lines += _wrap(f"  estimates: {provenance()}; forward + backward (FLOPs too), slowest rank + time on the "

@@ -90,8 +90,11 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
         comm = get_comm(name)
         if comm.region is None:
             return comm.capabilities.dense_refusal
-        return dense_feature_problem(comm, features) or comm.capabilities.head_problem(
-            site.q_shape[1], site.k_shape[1], group.size
+        caps = comm.capabilities
+        return (
+            caps.levels_problem(name, group.level_sizes)
+            or dense_feature_problem(comm, features)
+            or caps.head_problem(site.q_shape[1], site.k_shape[1], group.size, group.level_sizes)
         )
 
     comms = site_comms(site, config.comm, comm_problem)
@@ -116,7 +119,7 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             "[16, 256]) and 'cpu_ref' (CPU) do",
             "use kernel='auto' (it picks them for softcapped sites), or name one of them",
         ) from None
-    shape = SiteShape.of_site(site, causal, group.size, window=window or NO_WINDOW)  # costed with its window
+    shape = SiteShape.of_site(site, causal, group.size, window=window or NO_WINDOW, levels=group.level_sizes)
     comm, kernel, choice = resolve(shape, layout.name, comms, kernels)
     scale = float(constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
     return CPPlan(

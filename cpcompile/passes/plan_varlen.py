@@ -56,7 +56,7 @@ def _reads_lse(node: torch.fx.Node) -> bool:
 
 
 def _comm_problem(
-    site: AttentionSite, strategy: str, comm: Comm, cp: int, window: tuple[int, int], causal: bool
+    site: AttentionSite, strategy: str, comm: Comm, group: CPGroup, window: tuple[int, int], causal: bool
 ) -> tuple[str, str] | None:
     """The comm's rules for packed documents, read from its capabilities (comm/capabilities.py): a varlen region,
     the windows it takes, the packed layouts it takes, the head split. (rule broken, fix) or None."""
@@ -67,9 +67,10 @@ def _comm_problem(
         )
     caps = comm.capabilities
     return (
-        caps.packed_window_problem(comm.name, window, causal)
+        caps.levels_problem(comm.name, group.level_sizes)
+        or caps.packed_window_problem(comm.name, window, causal)
         or packed_layout_problem(comm, strategy)
-        or caps.head_problem(site.q_shape[1], site.k_shape[1], cp)
+        or caps.head_problem(site.q_shape[1], site.k_shape[1], group.size, group.level_sizes)
     )
 
 
@@ -146,7 +147,7 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
             "fix the head counts (pass enable_gqa=True for grouped-query attention)",
         )
     comms = site_comms(
-        site, config.comm, lambda c: _comm_problem(site, config.strategy, get_comm(c), group.size, asked, causal)
+        site, config.comm, lambda c: _comm_problem(site, config.strategy, get_comm(c), group, asked, causal)
     )
     layout = THD_LAYOUTS[config.strategy]
     if problem := layout.cu_problem(cu_val.shape[0], group.size):
@@ -176,7 +177,9 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     bounds = site.max_seqlen or ()
     max_doc = max(bounds) if len(bounds) == 2 and all(type(b) is int and b > 0 for b in bounds) else None
     lse = _reads_lse(node)
-    shape = SiteShape.of_site(site, causal, group.size, window=window, max_doc=max_doc, return_lse=lse)
+    shape = SiteShape.of_site(
+        site, causal, group.size, window=window, max_doc=max_doc, return_lse=lse, levels=group.level_sizes
+    )
     if layout.carries_plan and config.comm != AUTO:  # its blocks come from each batch's plan
         comm, kernel, choice = comms[0], kernels[0], None  # kernel="auto": the first provider, today's order
     else:  # a plan layout is costed with the plan of the assumed documents (cost/model.py)

@@ -72,7 +72,14 @@ class CPPlan:
             kwargs["regather"] = True
         if self.sinks:
             kwargs["sinks"] = self.site.sinks
+        kwargs.update(self._level_kwargs())
         return kwargs
+
+    def _level_kwargs(self) -> dict:
+        """`levels` for a comm on a 2-D CP mesh: ((inter group, rank, size), (intra group, rank, size))."""
+        if not get_comm(self.comm).capabilities.levels:
+            return {}
+        return {"levels": tuple((lv.name, lv.rank, lv.size) for lv in self.group.levels)}
 
     def _common_kwargs(self) -> dict:
         return dict(
@@ -92,6 +99,8 @@ class CPPlan:
         """How many attention blocks this rank runs (what the logs report)."""
         local, rank, world = self.site.q_shape[-2], self.group.rank, self.group.size
         windowed = {} if self.window is None else {"window": self.window}  # (comms without windows refuse them)
+        if get_comm(self.comm).capabilities.levels:
+            windowed["levels"] = self.group.level_sizes
         return len(get_comm(self.comm).rank_blocks(self.layout, self.causal, rank, world, local, **windowed))
 
 
@@ -116,7 +125,7 @@ class VarlenPlan(CPPlan):
         extra = dict(max_doc=self.max_doc, window=self.window)
         if get_comm(self.comm).capabilities.lse_on_demand:
             extra["return_lse"] = self.return_lse
-        return {**self._common_kwargs(), **extra}
+        return {**self._common_kwargs(), **extra, **self._level_kwargs()}
 
     def block_count(self) -> int:
         return 1  # every packed region runs one varlen block a rank (layouts.thd)

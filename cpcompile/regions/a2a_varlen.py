@@ -14,23 +14,20 @@ from __future__ import annotations
 import torch
 
 from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.collectives import exchange_first
-from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back
+from ..comm.heads import (
+    heads_to_bshd,
+    replicate_kv,
+    send_heads,
+    send_lse_back,
+    send_tokens_back,
+    thd_as_bhsd,
+    tokens_as_thd,
+)
 from ..executor.blocks import encode_varlen
 from ..executor.varlen_meta import prepare_blocks
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
 from ..layouts.thd import get_packed_layout, whole_sequence_blocks
-
-
-def _as_bhsd(x: torch.Tensor) -> torch.Tensor:
-    """(T, H, D) -> a (1, H, T, D) view, the dense a2a helpers' layout."""
-    return x.transpose(0, 1).unsqueeze(0)
-
-
-def _as_thd(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """A received token-major (T, 1, heads*D) buffer -> a (T, heads, D) view (no copy)."""
-    return x.squeeze(1).unflatten(-1, (heads, -1))
 
 
 def rank_blocks(
@@ -77,8 +74,8 @@ def a2a_varlen_attention(
     """
     del rank
     split = HeadSplit(q.shape[1], k.shape[1], world)
-    k_h, v_h = replicate_kv(_as_bhsd(k), _as_bhsd(v), split)
-    q_b, k_b, v_b = send_heads(_as_bhsd(q), k_h, v_h, split, group_name)  # (T, 1, h*D) each, rank-major
+    k_h, v_h = replicate_kv(thd_as_bhsd(k), thd_as_bhsd(v), split)
+    q_b, k_b, v_b = send_heads(thd_as_bhsd(q), k_h, v_h, split, group_name)  # (T, 1, h*D) each, rank-major
     lay, total = get_packed_layout(layout), q_b.shape[0]
     where = None  # thd: rank-major is global order
     if lay.carries_plan:  # the global position of each rank-major token, and its inverse
@@ -89,9 +86,9 @@ def a2a_varlen_attention(
     blocks = whole_sequence_blocks(cu_seqlens, total, causal, tuple(window), max_doc)
     spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
     out, lse = torch.ops.cpcompile.attend_varlen_blocks(
-        _as_thd(q_b, split.q_per_rank),
-        [_as_thd(k_b, split.kv_per_rank)],
-        [_as_thd(v_b, split.kv_per_rank)],
+        tokens_as_thd(q_b, split.q_per_rank),
+        [tokens_as_thd(k_b, split.kv_per_rank)],
+        [tokens_as_thd(v_b, split.kv_per_rank)],
         ranges,
         spec,
         scale,
@@ -103,7 +100,7 @@ def a2a_varlen_attention(
     heads = send_tokens_back(out.unsqueeze(1), world, group_name)  # (world, L, 1, h*Dv)
     out_local = heads_to_bshd(heads, q.shape[1])[0]
     if return_lse:  # (h, T) of every token -> (Hq, L) of this rank's tokens, heads rank-major
-        lse_local = exchange_first(lse.detach().unflatten(1, (world, -1)).transpose(0, 1), group_name).flatten(0, 1)
+        lse_local = send_lse_back(lse, world, group_name)
     else:
         lse_local = q.new_full((q.shape[1], q.shape[0]), float("nan"), dtype=torch.float32)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)

@@ -20,7 +20,7 @@ from ..comm.pending import in_backward, start_shift, wait
 from ..comm.wire import WireShape
 from ..executor.blocks import encode_dense
 from ..executor.sinks import fold_sinks, sinks_grad
-from ..layouts import Block, get_layout
+from ..layouts import Block, ChunkLayout, get_layout
 from ..layouts.ring import ring_blocks, visited_steps
 from .all_gather import executor_extra, pack_slots, unpack_slots
 from .partials import add_part, merge_step
@@ -108,7 +108,27 @@ def ring_attention(
     `window` (left, right) over global positions runs only the band's blocks, on windowed kernels, and the ring
     visits only the steps some rank needs (layouts/ring.visited_steps); `softcap` caps the scores; `sinks` (Hq,)
     fold one logit a head into every row's denominator after the last step (executor/sinks.py)."""
-    lay = get_layout(layout)
+    return ring_over(q, k, v, get_layout(layout), causal=causal, scale=scale, kernel=kernel, group_name=group_name,
+                     rank=rank, world=world, window=window, softcap=softcap, sinks=sinks)  # fmt: skip
+
+
+def ring_over(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lay: ChunkLayout,
+    *,
+    causal: bool,
+    scale: float,
+    kernel: str,
+    group_name: str,
+    rank: int,
+    world: int,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """ring_attention over any chunk layout object (the hierarchical region's nodes: layouts/levels.py)."""
     chunk = q.shape[-2] // lay.chunks_per_rank
     every = ring_blocks(lay, world, rank, chunk, causal, window)
     visited = visited_steps(lay, world, chunk, causal, window)
@@ -124,10 +144,19 @@ def wire_bytes(shape: WireShape) -> tuple[int, int]:
     shifts, world gradient shifts) unless `dense_mask` (layout, causal, window) has a window that keeps some
     steps from every rank (layouts/ring.visited_steps): then only those. The lse never travels."""
     s = shape
-    visited = s.world
+    lay = None
     if s.dense_mask is not None and s.dense_mask[2] is not None:
-        layout, causal, window = s.dense_mask
-        lay = get_layout(layout)
+        lay = get_layout(s.dense_mask[0])
+    return layout_wire_bytes(shape, lay)
+
+
+def layout_wire_bytes(shape: WireShape, lay: ChunkLayout | None) -> tuple[int, int]:
+    """wire_bytes with the steps a windowed `dense_mask` visits counted over the layout object `lay` (None: every
+    step; the hierarchical region's ring runs over layouts/levels.py's node layout)."""
+    s = shape
+    visited = s.world
+    if lay is not None and s.dense_mask is not None and s.dense_mask[2] is not None:
+        _, causal, window = s.dense_mask
         visited = len(visited_steps(lay, s.world, s.tokens // lay.chunks_per_rank, causal, window))
     kv = s.tokens * s.batch * s.kv_heads * (s.head_dim + s.v_head_dim)
     grad_shifts = visited if visited > 1 else 0  # from each visited step to the next, and home

@@ -2,6 +2,8 @@
 
     torchrun --standalone --nproc-per-node=2 examples/torchrun/dense.py     # CPU: gloo; GPUs: one rank each, NCCL
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-endpoint=HOST:29500 examples/torchrun/dense.py --seq 65536
+    ... dense.py --comm hierarchical  # a 2-D CP mesh: a2a inside each node, a ring across the nodes
+    torchrun --standalone --nproc-per-node=4 examples/torchrun/dense.py --comm hierarchical --nodes 2  # 2x2 on one host
 
 Replace TinyLlama by your model (any model whose attention is F.scaled_dot_product_attention) and the random
 batches by your data: every rank must build the same GLOBAL batch; shard_batch keeps this rank's tokens.
@@ -20,7 +22,8 @@ from cpcompile.testing.model import TinyConfig, TinyLlama
 
 p = argparse.ArgumentParser()
 p.add_argument("--strategy", default="zigzag", choices=["flat", "zigzag"])
-p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto"])
+p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto", "hierarchical"])
+p.add_argument("--nodes", type=int, default=None, help="hierarchical: the cp_inter size (default: torchrun's nodes)")
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--batch", type=int, default=2)
 p.add_argument("--seq", type=int, default=1024, help="GLOBAL tokens per row (a multiple of 2 x ranks for zigzag)")
@@ -32,7 +35,13 @@ device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.
 if cuda:
     torch.cuda.set_device(device)
 dtype = torch.bfloat16 if cuda else torch.float32  # the GPU attention kernels take bf16/fp16
-mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("cp",))
+if args.comm == "hierarchical":  # a 2-D CP mesh: CP rank = node x ranks a node + local rank
+    nodes = args.nodes or dist.get_world_size() // int(os.environ["LOCAL_WORLD_SIZE"])
+    shape, names = (nodes, dist.get_world_size() // nodes), ("cp_inter", "cp_intra")
+else:
+    shape, names = (dist.get_world_size(),), ("cp",)
+mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+cp_group = dist.group.WORLD  # every rank is CP here (FSDP2 x CP: examples/torchrun/fsdp2.py)
 
 torch.manual_seed(0)  # the same initial weights on every rank
 cfg = TinyConfig()
@@ -58,10 +67,10 @@ for step in range(args.steps):
     opt.zero_grad()
     loss.backward()
     for param in model.parameters():  # each rank's gradients come from its own tokens: sum them
-        dist.all_reduce(param.grad, group=mesh.get_group())
+        dist.all_reduce(param.grad, group=cp_group)
     opt.step()
     loss = loss.detach()
-    dist.all_reduce(loss, group=mesh.get_group())  # the whole batch's loss, for the log
+    dist.all_reduce(loss, group=cp_group)  # the whole batch's loss, for the log
     losses.append(loss.item())
     if dist.get_rank() == 0:
         print(f"step {step + 1}/{args.steps}  loss {losses[-1]:.4f}", flush=True)

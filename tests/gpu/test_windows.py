@@ -26,7 +26,9 @@ from tests.support.roundings import roundings
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 SHAPE = (1, 8, 2, 768, 64)  # (batch, q heads, kv heads, global seq, head dim)
-WINDOW_COMMS = comms_that(lambda c: c.region is not None and "window" in c.capabilities.dense_features)
+WINDOW_COMMS = comms_that(  # on a 1-D group (hierarchical: tests/gpu/test_hierarchical.py)
+    lambda c: c.region is not None and "window" in c.capabilities.dense_features and not c.capabilities.levels
+)
 WINDOWS = [(True, (100, 0)), (True, (300, 0)), (True, (0, 0)), (False, (64, 200)), (False, (-1, 40))]
 
 

@@ -16,6 +16,7 @@ from collections import Counter
 from cpcompile.layouts import get_layout
 from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
 from cpcompile.layouts.heads import HeadSplit
+from cpcompile.layouts.levels import level_layout
 from cpcompile.layouts.ring import held_rank, ring_blocks
 
 
@@ -28,8 +29,11 @@ def _max_count(counter: Counter) -> int:
     return max(counter.values(), default=1)
 
 
-def dense_partials(layout_name: str, comm: str, cp: int, causal: bool, hq: int, hkv: int) -> dict[str, int]:
-    """Most kernel partials summed into one element of out / dq (per q row) and dk / dv (per key)."""
+def dense_partials(
+    layout_name: str, comm: str, cp: int, causal: bool, hq: int, hkv: int, levels: tuple[int, int] | None = None
+) -> dict[str, int]:
+    """Most kernel partials summed into one element of out / dq (per q row) and dk / dv (per key); `levels`: a 2-D
+    CP mesh's (inter, intra) for comm="hierarchical" (the ring's steps over the nodes, heads split in a node)."""
     layout = get_layout(layout_name)
     rows: Counter = Counter()
     keys: Counter = Counter()
@@ -54,6 +58,13 @@ def dense_partials(layout_name: str, comm: str, cp: int, causal: bool, hq: int, 
         for rank in range(cp):
             for step, blocks in enumerate(ring_blocks(layout, cp, rank, 1, causal)):
                 count(rank, blocks, [list(layout.rank_chunks(held_rank(rank, step, cp), cp))])
+    elif comm == "hierarchical":  # the ring over the nodes, each node's chunks in global order (layouts/levels.py)
+        nodes, per_node = levels
+        node = level_layout(layout, nodes, per_node)
+        for p in range(nodes):
+            for step, blocks in enumerate(ring_blocks(node, nodes, p, 1, causal)):
+                count(p, blocks, [list(node.rank_chunks(held_rank(p, step, nodes), nodes))])
+        kv_copies = HeadSplit(hq, hkv, per_node).kv_replicas
     else:
         raise ValueError(f"unknown comm {comm!r}")
     q_side, k_side = _max_count(rows), _max_count(keys) * kv_copies

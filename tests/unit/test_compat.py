@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from cpcompile.compat import compile_frames, dtensor_cpu_sdpa, eager_attention, varlen_fake, varlen_gqa
+from cpcompile.compat import compile_frames, dtensor_cpu_sdpa, eager_attention, mesh_flatten, varlen_fake, varlen_gqa
 from cpcompile.compat.versions import serves, torch_minor
 
 UNPATCHED = """
@@ -140,3 +140,10 @@ def test_eager_attention_is_installed_once():
 def test_varlen_gqa_keyword_is_missing_where_stated():
     """varlen_attn lacks enable_gqa on the releases varlen_gqa lists (and only there)."""
     assert (varlen_gqa.VARLEN_GQA_KWARGS == {}) == serves(varlen_gqa.TORCH_VERSIONS)
+
+
+def test_mesh_flatten_is_there_where_stated():
+    """DeviceMesh._flatten (what a 2-D CP mesh's group comes from) exists on the releases mesh_flatten serves."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    assert callable(getattr(DeviceMesh, "_flatten", None)) == serves(mesh_flatten.TORCH_VERSIONS)
