@@ -125,6 +125,20 @@ def _plan_halo(node, spec: MixerSpec, weights, args, kwargs, length: int) -> int
     return context
 
 
+def _check_flags(node, spec: MixerSpec, kwargs) -> None:
+    """No initial state given, no final state asked for (checked first: a state has no token dim)."""
+    names = spec.state
+    if kwargs.get(names.initial_state) is not None or kwargs.get(names.output_final_state):
+        raise refuse(
+            node,
+            spec,
+            f"is given {names.initial_state} or asked for its final state ({names.output_final_state}=True); under "
+            "state passing the state at a rank's edge is the earlier ranks'",
+            f"call it with {names.initial_state}=None and {names.output_final_state}=False (training), or declare "
+            "it with comm='a2a'",
+        )
+
+
 def _plan_state(node, spec: MixerSpec, weights, args, kwargs) -> tuple[int, tuple[int, ...], torch.dtype]:
     names = spec.state
     args, kwargs = spec.named(args, kwargs)
@@ -138,15 +152,7 @@ def _plan_state(node, spec: MixerSpec, weights, args, kwargs) -> tuple[int, tupl
             f"tensor with heads_dim={spec.heads_dim} and seq_dim={spec.seq_dim} in the middle",
             "name its value argument in StateArgs(value=...), or declare it with comm='a2a'",
         )
-    if kwargs.get(names.initial_state) is not None or kwargs.get(names.output_final_state):
-        raise refuse(
-            node,
-            spec,
-            f"is given {names.initial_state} or asked for its final state ({names.output_final_state}=True); under "
-            "state passing the state at a rank's edge is the earlier ranks'",
-            f"call it with {names.initial_state}=None and {names.output_final_state}=False (training), or declare "
-            "it with comm='a2a'",
-        )
+    _check_flags(node, spec, kwargs)
     out = example(node)
     if not isinstance(out, (tuple, list)) or len(out) != 2 or out[1] is not None:
         raise refuse(
@@ -195,6 +201,8 @@ def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
             f"(strategy='flat'), not {strategy!r}",
             "use strategy='flat', or declare it with comm='a2a' (head-parallel, any chunk layout)",
         )
+    if spec.state is not None:
+        _check_flags(node, spec, spec.named(args, kwargs)[1])
     lengths = _lengths(node, spec, pytree.tree_leaves((args, kwargs)), "tensor argument")
     lengths |= _lengths(node, spec, pytree.tree_leaves(example(node)), "output")
     if len(lengths) != 1:
