@@ -36,6 +36,8 @@ class MixerPlan:
     local_len: int
     layout: str
     group: CPGroup
+    note: str = ""
+    """What explain() prints: the comm and its bytes (set by the rewrite, before the node is erased)."""
     comm = "a2a"
 
     def region_kwargs(self) -> dict:

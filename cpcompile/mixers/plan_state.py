@@ -42,6 +42,8 @@ class StatePlan:
     state_shape: tuple[int, ...] = ()
     """A linear recurrence: its state (batch, heads, Dk, Dv)."""
     state_dtype: torch.dtype = torch.float32
+    note: str = ""
+    """What explain() prints: the comm and both comms' bytes (set by the rewrite, before the node is erased)."""
     comm = "state"
 
     @property

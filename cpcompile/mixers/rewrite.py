@@ -5,12 +5,14 @@ run the region but checks that its token inputs arrive sharded on that dim and h
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch.fx
 
 from ..errors import node_origin
 from ..mesh import CPGroup
+from .cost import describe
 from .declare import MIXERS, is_mixer_call
 from .plan import MixerPlan, plan_mixer
 from .plan_state import StatePlan, plan_state
@@ -79,6 +81,7 @@ def rewrite_mixers(gm: torch.fx.GraphModule, strategy: str, group: CPGroup | Non
     if not nodes or group is None or group.size < 2:
         return []
     plans = [_plan(node, strategy, group) for node in nodes]
+    plans = [dataclasses.replace(p, note=describe(p)) for p in plans]
     modules = {id(p.node.graph): p.node.graph.owning_module for p in plans}
     for plan in plans:
         _replace(plan)

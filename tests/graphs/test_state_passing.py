@@ -136,3 +136,17 @@ def test_without_cp_a_state_mixer_is_the_function():
     q, k, v = (torch.randn(1, 6, 2, 4) for _ in range(3))
     g, beta = -torch.rand(1, 6, 2), torch.rand(1, 6, 2)
     torch.testing.assert_close(declared(q, k, v, g, beta)[0], gated_delta_rule(q, k, v, g, beta)[0], rtol=0, atol=0)
+
+
+def test_explain_prints_both_comms_bytes():
+    """explain(): a line per state-passing mixer with its bytes and a2a's. The conv: 3 tokens of 24 fp32 channels
+    (288 bytes) against (3/4 of) its 8 x 24 input and output (1152); the scan: 3 other ranks' 1 x 2 x 4 x (4 + 4)
+    fp32 transitions (768) against 3/4 of q, k, v, g, beta and the output (864)."""
+    torch._dynamo.reset()
+    report = cpcompile.explain(ConvScan(), *(t.repeat(1, 4, *[1] * (t.dim() - 2)) for t in _inputs()), world=4)
+    assert not report.refusals, report.refusals
+    for line in (
+        "CausalConv: state passing, 288 bytes received a rank per forward call (a2a would receive 1152)",
+        "gated_delta_rule: state passing, 768 bytes received a rank per forward call (a2a would receive 864)",
+    ):
+        assert any(line in n for n in report.notes), report.notes

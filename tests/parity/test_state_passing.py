@@ -22,8 +22,11 @@ from tests.support.parity import rel_err
 
 BATCH, VOCAB = 2, 32
 TOL = 1e-9
-HF_TOL = 2e-6
-"""HF's gated delta rule computes in fp32 inside an fp64 model (as in tests/parity/test_mixers.py)."""
+HF_TOL = 1e-5
+"""HF's gated delta rule computes in fp32 inside an fp64 model, and state passing splits its chunks at the rank edges
+(and adds P @ S in fp32), so it rounds differently from the one process, where a2a rounds alike: measured 4.0e-6 on
+the A_log and dt_bias gradients at cp 2 (a2a: 1.4e-7); with HF's function patched to compute in fp64 the same run is
+1.3e-7 everywhere (the model's own fp32 decay), so the difference is the scan's fp32 rounding."""
 
 
 def _compare(rank, world, cp, name="gdn"):
