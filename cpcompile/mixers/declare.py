@@ -24,10 +24,12 @@ import torch.nn as nn
 
 T = TypeVar("T")
 
-COMMS = ("a2a", "state")
+COMMS = ("a2a", "state", "auto")
 """How a mixer's region communicates: "a2a" trades the sequence for heads (any head-local mixer, any chunk layout);
 "state" passes state along the ranks in sequence order (flat layout): a conv's last `context` tokens to the next
-rank (a halo), or a linear recurrence's chunk transition (mixers/state_region.py)."""
+rank (a halo), or a linear recurrence's chunk transition (mixers/state_region.py); "auto": per call, the one whose
+forward moves fewer bytes a rank among those that can run it (state passing needs the flat layout and context= or
+state=)."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,8 @@ def token_mixer(
     that every head reads (Mamba1's B and C: (batch, state, L)): each rank gets all their tokens, and their
     gradients are summed over the ranks.
 
-    `comm` picks the region: "a2a" (above; any chunk layout) or "state" (strategy="flat": every rank runs the
+    `comm` picks the region: "a2a" (above; any chunk layout), "auto" (per call, the one that moves fewer bytes) or
+    "state" (strategy="flat": every rank runs the
     mixer on its own tokens, all heads, and receives what the earlier tokens leave behind). A "state" mixer is
     either a causal conv-like mixer reading `context` earlier tokens (an int, or a function of its weights by name,
     e.g. `lambda w: w["weight"].shape[-1] - 1`), which gets the previous rank's last `context` tokens, or a chunked
@@ -212,12 +215,14 @@ def token_mixer(
 def _check_comm(comm: str, context, state: StateArgs | None, shared_inputs) -> None:
     if comm not in COMMS:
         raise ValueError(f"token_mixer: comm={comm!r}; use one of {list(COMMS)}")
+    if context is not None and state is not None:
+        raise ValueError("token_mixer: context= (a causal conv) and state= (a linear recurrence) exclude each other")
     if comm == "state" and (context is None) == (state is None):
         raise ValueError(
             "token_mixer: comm='state' needs exactly one of context= (a causal conv: how many earlier tokens an "
             "output reads) and state= (a chunked linear recurrence: StateArgs)"
         )
-    if comm == "state" and shared_inputs:
+    if comm != "a2a" and shared_inputs:
         raise ValueError("token_mixer: shared_inputs go with comm='a2a' (state passing gives every rank all heads)")
     if state is not None and not isinstance(state, StateArgs):
         raise ValueError(f"token_mixer: state={state!r}; pass True or a cpcompile.mixers.StateArgs")

@@ -13,7 +13,7 @@ import sys
 
 import torch.nn as nn
 
-from .declare import StateArgs, token_mixer
+from .declare import COMMS, StateArgs, token_mixer
 
 HF_MIXERS: dict[str, dict] = {
     # (B, C, L) -> (B, C, L), depthwise over channels; weight (C, K), bias (C,)
@@ -43,9 +43,10 @@ _DONE: dict[tuple[str, str], tuple[object, object, str]] = {}
 def hf_token_mixers(model: nn.Module, comm: str = "a2a") -> list[str]:
     """Declare the known token mixers of every modeling module `model`'s layers come from; returns the
     `module.function` names declared (already declared ones included). `comm`: "a2a" (head-parallel, every
-    layout) or "state" (state passing where the function can, strategy="flat"; Mamba's scans stay "a2a")."""
-    if comm not in ("a2a", "state"):
-        raise ValueError(f"hf_token_mixers: comm={comm!r}; use 'a2a' or 'state'")
+    layout), "state" (state passing where the function can, strategy="flat"; Mamba's scans stay "a2a") or "auto"
+    (where the function can pass state: per call, the comm that moves fewer bytes)."""
+    if comm not in COMMS:
+        raise ValueError(f"hf_token_mixers: comm={comm!r}; use one of {list(COMMS)}")
     names = []
     for module_name in sorted({type(m).__module__ for m in model.modules()}):
         modeling = sys.modules.get(module_name)
@@ -55,9 +56,9 @@ def hf_token_mixers(model: nn.Module, comm: str = "a2a") -> list[str]:
                 continue
             key = (module_name, fn_name)
             declared, original, done = _DONE.get(key, (None, fn, None))
-            mode = "state" if comm == "state" and fn_name in HF_STATE else "a2a"
+            mode = comm if comm != "a2a" and fn_name in HF_STATE else "a2a"
             if declared is not fn or done != mode:
-                extra = dict(comm="state", **HF_STATE[fn_name]) if mode == "state" else {}
+                extra = dict(comm=mode, **HF_STATE[fn_name]) if mode != "a2a" else {}
                 declared = token_mixer(original, **kwargs, **extra)
                 setattr(modeling, fn_name, declared)
                 _DONE[key] = (declared, original, mode)

@@ -10,9 +10,9 @@ import logging
 
 import torch.fx
 
-from ..errors import node_origin
+from ..errors import CPCompileError, node_origin
 from ..mesh import CPGroup
-from .cost import describe
+from .cost import a2a_bytes, describe, state_bytes
 from .declare import MIXERS, is_mixer_call
 from .plan import MixerPlan, plan_mixer
 from .plan_state import StatePlan, plan_state
@@ -41,7 +41,19 @@ def find_mixers(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 def _plan(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan | StatePlan:
     spec = MIXERS[node.args[0]]
-    return plan_state(node, strategy, group) if spec.comm == "state" else plan_mixer(node, strategy, group)
+    if spec.comm != "auto":
+        return plan_state(node, strategy, group) if spec.comm == "state" else plan_mixer(node, strategy, group)
+    if strategy != "flat" or (spec.context is None and spec.state is None):
+        return plan_mixer(node, strategy, group)
+    try:
+        state = plan_state(node, strategy, group)
+    except CPCompileError:  # e.g. a halo longer than a rank's tokens: a2a, or its refusal
+        return plan_mixer(node, strategy, group)
+    try:
+        heads = plan_mixer(node, strategy, group)
+    except CPCompileError:  # e.g. heads that do not split over cp: state passing needs no split
+        return state
+    return state if state_bytes(state) < a2a_bytes(heads) else heads
 
 
 def _replace(plan: MixerPlan | StatePlan) -> None:

@@ -125,7 +125,7 @@ def test_a_halo_longer_than_a_rank_s_tokens_is_refused():
 def test_declarations_name_what_state_passing_needs():
     with pytest.raises(ValueError, match="comm='state' needs exactly one of context="):
         cpcompile.token_mixer(gated_delta_rule, heads_dim=2, comm="state")
-    with pytest.raises(ValueError, match=r"comm='ring'; use one of \['a2a', 'state'\]"):
+    with pytest.raises(ValueError, match=r"comm='ring'; use one of \['a2a', 'state', 'auto'\]"):
         cpcompile.token_mixer(gated_delta_rule, heads_dim=2, comm="ring")
     with pytest.raises(ValueError, match="hf_token_mixers: comm='ring'"):
         cpcompile.hf_token_mixers(nn.Linear(2, 2), comm="ring")
@@ -150,3 +150,37 @@ def test_explain_prints_both_comms_bytes():
         "gated_delta_rule: state passing, 768 bytes received a rank per forward call (a2a would receive 864)",
     ):
         assert any(line in n for n in report.notes), report.notes
+
+
+class AutoScan(nn.Module):
+    """The gated delta rule declared with comm="auto" (4 heads: they split over 2 and 4 ranks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scan = cpcompile.token_mixer(gated_delta_rule, heads_dim=2, comm="auto", state=True)
+
+    def forward(self, q, k, v, g, beta):
+        return self.scan(q, k, v, g, beta)[0]
+
+
+def _scan_inputs(seq: int):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, seq, 4, 4, generator=gen) for _ in range(3))
+    return q, k, v, -torch.rand(1, seq, 4, generator=gen), torch.rand(1, seq, 4, generator=gen)
+
+
+@pytest.mark.parametrize("seq,strategy", [(64, "flat"), (4, "flat"), (64, "zigzag")])
+def test_auto_picks_the_comm_that_moves_fewer_bytes(seq, strategy):
+    """Under flat: state passing where the other 3 ranks' transitions (1 x 4 heads x 4 x (4 + 4) fp32: 3 x 512 =
+    1536 bytes) weigh less than 3/4 of a rank's q, k, v, g, beta and output (16 tokens a rank: 3456 bytes), a2a where
+    they do not (1 token a rank: 216 bytes); under zigzag, a2a (state passing needs flat)."""
+    torch._dynamo.reset()
+    report = cpcompile.explain(AutoScan(), *_scan_inputs(seq), strategy=strategy, world=4)
+    assert not report.refusals, report.refusals
+    line = next(n for n in report.notes if "gated_delta_rule:" in n)
+    expected = {
+        (64, "flat"): "state passing, 1536 bytes received a rank per forward call (a2a would receive 3456)",
+        (4, "flat"): "a2a, 216 bytes received a rank per forward call",
+        (64, "zigzag"): "a2a, 3456 bytes received a rank per forward call",
+    }
+    assert line.endswith(f"gated_delta_rule: {expected[seq, strategy]}"), line
