@@ -116,11 +116,11 @@ def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, dev
             f"graph {graph}: the token guard did not run (it checks the rewritten graph): fix the refusals first"
         )
         return state.sites
-    if state.mixers:
-        names = ", ".join(sorted({m.spec.name for m in state.mixers}))
-        report.notes.append(
-            f"graph {graph}: {len(state.mixers)} token mixer call(s) run head-parallel over a2a ({names})"
-        )
+    heads = [m for m in state.mixers if m.comm == "a2a"]
+    if heads:
+        names = ", ".join(sorted({m.spec.name for m in heads}))
+        report.notes.append(f"graph {graph}: {len(heads)} token mixer call(s) run head-parallel over a2a ({names})")
+    report.notes += [f"graph {graph}: {line}" for line in dict.fromkeys(m.note for m in state.mixers)]
     if refusal is not None:
         report.refusals.append(refusal)
     report.notes += [f"graph {graph}: {message}" for message in dict.fromkeys(said)]

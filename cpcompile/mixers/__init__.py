@@ -3,14 +3,18 @@ and SSM scans) run head-parallel in an all-to-all region.
 
 `token_mixer` (declare.py) marks a module or function; the pass step `rewrite_mixers` (rewrite.py) plans
 (plan.py) and rewrites each declared call into `mixer_region` (region.py), whose all-to-alls (exchange.py) trade
-the sequence for heads and back.
+the sequence for heads and back; or, declared with comm="state" (flat layout), plans (plan_state.py) and rewrites
+it into `halo_region` / `state_region` (state_region.py), which pass a conv's edge tokens and a linear
+recurrence's chunk transitions along the ranks (passing.py). cost.py: both comms' bytes, for explain().
 """
 
-from .declare import MIXERS, MixerSpec, is_mixer_call, mixer_call, token_mixer
+from .declare import MIXERS, MixerSpec, StateArgs, is_mixer_call, mixer_call, token_mixer
 from .hf import HF_MIXERS, hf_token_mixers
 from .plan import MixerPlan, plan_mixer
+from .plan_state import StatePlan, plan_state
 from .region import mixer_region
 from .rewrite import TOKEN_REGION, find_mixers, rewrite_mixers
+from .state_region import halo_region, state_region
 
 __all__ = [
     "HF_MIXERS",
@@ -18,12 +22,17 @@ __all__ = [
     "TOKEN_REGION",
     "MixerPlan",
     "MixerSpec",
+    "StateArgs",
+    "StatePlan",
     "find_mixers",
+    "halo_region",
     "hf_token_mixers",
     "is_mixer_call",
     "mixer_call",
     "mixer_region",
     "plan_mixer",
+    "plan_state",
     "rewrite_mixers",
+    "state_region",
     "token_mixer",
 ]

@@ -17,12 +17,33 @@ import itertools
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
 
 T = TypeVar("T")
+
+COMMS = ("a2a", "state", "auto")
+"""How a mixer's region communicates: "a2a" trades the sequence for heads (any head-local mixer, any chunk layout);
+"state" passes state along the ranks in sequence order (flat layout): a conv's last `context` tokens to the next
+rank (a halo), or a linear recurrence's chunk transition (mixers/state_region.py); "auto": per call, the one whose
+forward moves fewer bytes a rank among those that can run it (state passing needs the flat layout and context= or
+state=)."""
+
+
+@dataclass(frozen=True)
+class StateArgs:
+    """Where a chunked linear-attention function (flash-linear-attention's convention, which transformers'
+    torch fallbacks follow) takes its state: the argument names of the values (B, L, H, Dv: value dim last), of
+    the initial state (B, H, Dk, Dv) and of the flag that returns the final state. The function returns
+    (output, final state or None), and both are affine in the initial state, value column by value column (every
+    column of the state and the output reads only the same column of the values and the initial state): true of
+    the (gated) delta rule, GLA, retention, Mamba2's SSD."""
+
+    value: str = "value"
+    initial_state: str = "initial_state"
+    output_final_state: str = "output_final_state"
 
 
 @dataclass
@@ -45,6 +66,12 @@ class MixerSpec:
     shared_inputs: tuple[str, ...] = ()
     """Token arguments without a heads dim, read by every head (Mamba1's B and C): every rank gets all their
     tokens (an all-gather), and their gradients are summed over the ranks."""
+    comm: str = "a2a"
+    context: int | Callable[[dict[str, Any]], int] | None = None
+    """comm="state", a causal conv-like mixer: how many earlier tokens an output reads (an int, or a function of
+    the weights by name: the halo each rank receives from the previous one)."""
+    state: StateArgs | None = None
+    """comm="state", a chunked linear recurrence: where it takes and returns its state."""
 
     def call(self, weights, args, kwargs):
         """The mixer itself on these weights and inputs (any head count, any length the code infers)."""
@@ -55,6 +82,16 @@ class MixerSpec:
             return torch.func.functional_call(self.module, dict(zip(self.weight_names, weights)), args, kwargs)
         finally:
             self.inside[0] -= 1
+
+    def named(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """(args, kwargs) with the positional arguments that have names moved into kwargs (a function's named
+        arguments already arrive by keyword: see token_mixer's `declared`)."""
+        if self.module is None:
+            return args, kwargs
+        params = inspect.signature(self.forward).parameters.values()
+        names = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        k = min(len(names), len(args))
+        return args[k:], dict(zip(names, args[:k])) | kwargs
 
 
 MIXERS: dict[int, MixerSpec] = {}
@@ -101,6 +138,9 @@ def token_mixer(
     seq_dim: int = 1,
     weight_dims: Mapping[str, int | None] | None = None,
     shared_inputs: tuple[str, ...] = (),
+    comm: str = "a2a",
+    context: int | Callable[[dict[str, Any]], int] | None = None,
+    state: StateArgs | bool | None = None,
 ) -> T:
     """Declare `obj` (an nn.Module instance, changed in place, or a function: use the returned one) a head-local
     token mixer and return it. Under CP its call runs head-parallel: its tensor arguments (this rank's tokens on
@@ -115,9 +155,19 @@ def token_mixer(
     bias: {"weight": 0, "bias": 0}). `shared_inputs` (a function's argument names) are token inputs with no heads dim
     that every head reads (Mamba1's B and C: (batch, state, L)): each rank gets all their tokens, and their
     gradients are summed over the ranks.
+
+    `comm` picks the region: "a2a" (above; any chunk layout), "auto" (per call, the one that moves fewer bytes) or
+    "state" (strategy="flat": every rank runs the
+    mixer on its own tokens, all heads, and receives what the earlier tokens leave behind). A "state" mixer is
+    either a causal conv-like mixer reading `context` earlier tokens (an int, or a function of its weights by name,
+    e.g. `lambda w: w["weight"].shape[-1] - 1`), which gets the previous rank's last `context` tokens, or a chunked
+    linear recurrence in flash-linear-attention's convention (`state`: True or a StateArgs naming its value,
+    initial_state and output_final_state arguments), whose chunk transitions are all-gathered and composed.
     """
     if heads_dim == seq_dim:
         raise ValueError("token_mixer: heads_dim and seq_dim must differ")
+    state = StateArgs() if state is True else (state or None)
+    _check_comm(comm, context, state, shared_inputs)
     if isinstance(obj, nn.Module) and "_cpcompile_mixer" in obj.__dict__:
         raise ValueError(f"token_mixer: this {type(obj).__name__} is declared already")
     key = next(_KEYS)
@@ -128,7 +178,10 @@ def token_mixer(
         unknown = set(weight_dims or ()) - set(names)
         if unknown:
             raise ValueError(f"token_mixer: {sorted(unknown)} are not parameters or buffers of {type(obj).__name__}")
-        spec = MixerSpec(key, type(obj).__name__, heads_dim, seq_dim, names, dict(weight_dims or {}), module=obj)
+        spec = MixerSpec(
+            key, type(obj).__name__, heads_dim, seq_dim, names, dict(weight_dims or {}), module=obj, comm=comm,
+            context=context, state=state,
+        )  # fmt: skip
         MIXERS[key] = spec
         _wrap_module(obj, spec)
         return obj
@@ -145,7 +198,7 @@ def token_mixer(
         )
     spec = MixerSpec(
         key, getattr(obj, "__name__", type(obj).__name__), heads_dim, seq_dim, weights, dict(weight_dims or {}), fn=obj,
-        shared_inputs=tuple(shared_inputs),
+        shared_inputs=tuple(shared_inputs), comm=comm, context=context, state=state,
     )  # fmt: skip
     MIXERS[key] = spec
 
@@ -157,6 +210,22 @@ def token_mixer(
 
     declared.__name__ = spec.name
     return declared  # type: ignore[return-value]
+
+
+def _check_comm(comm: str, context, state: StateArgs | None, shared_inputs) -> None:
+    if comm not in COMMS:
+        raise ValueError(f"token_mixer: comm={comm!r}; use one of {list(COMMS)}")
+    if context is not None and state is not None:
+        raise ValueError("token_mixer: context= (a causal conv) and state= (a linear recurrence) exclude each other")
+    if comm == "state" and (context is None) == (state is None):
+        raise ValueError(
+            "token_mixer: comm='state' needs exactly one of context= (a causal conv: how many earlier tokens an "
+            "output reads) and state= (a chunked linear recurrence: StateArgs)"
+        )
+    if comm != "a2a" and shared_inputs:
+        raise ValueError("token_mixer: shared_inputs go with comm='a2a' (state passing gives every rank all heads)")
+    if state is not None and not isinstance(state, StateArgs):
+        raise ValueError(f"token_mixer: state={state!r}; pass True or a cpcompile.mixers.StateArgs")
 
 
 def _positional(fn: Callable) -> tuple[list[str], dict]:

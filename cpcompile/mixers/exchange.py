@@ -31,6 +31,12 @@ class _DenseGrad(torch.autograd.Function):
         return grad.clone(memory_format=torch.contiguous_format)
 
 
+def dense_grad(x: torch.Tensor) -> torch.Tensor:
+    """x (contiguous), whose gradient is handed on as a contiguous copy (see _DenseGrad): around a state-passing
+    region's token inputs and outputs, where the gradients cross between the mixer's code and the caller's."""
+    return _DenseGrad.apply(x.contiguous())
+
+
 def _front(x: torch.Tensor, heads_dim: int, seq_dim: int) -> tuple[torch.Tensor, list[int]]:
     """x permuted to (heads, seq, rest...) and the permutation (to undo it)."""
     heads_dim, seq_dim = heads_dim % x.dim(), seq_dim % x.dim()

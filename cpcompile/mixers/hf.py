@@ -3,6 +3,8 @@
 transformers 5.24's linear-attention and SSM layers call module-level torch fallbacks; the ones below are
 head-local (channel-local), so `hf_token_mixers(model)` replaces them in the modeling modules of the model's
 layers by their declared versions (process-wide, like any declaration; without CP they compute the same).
+`comm="state"` declares those that can pass state (the causal conv: a halo of kernel - 1 tokens; the gated delta
+rule: its chunk transition) with comm="state" and the others (Mamba's scans) with comm="a2a".
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 
 import torch.nn as nn
 
-from .declare import token_mixer
+from .declare import COMMS, StateArgs, token_mixer
 
 HF_MIXERS: dict[str, dict] = {
     # (B, C, L) -> (B, C, L), depthwise over channels; weight (C, K), bias (C,)
@@ -28,12 +30,23 @@ HF_MIXERS: dict[str, dict] = {
 }
 """Module-level function name -> its declaration (token_mixer's keywords)."""
 
-_DONE: dict[tuple[str, str], object] = {}
+HF_STATE: dict[str, dict] = {
+    "causal_conv1d_fn": dict(context=lambda w: w["weight"].shape[-1] - 1),  # weight (C, K): K - 1 earlier tokens
+    "torch_chunk_gated_delta_rule": dict(state=StateArgs()),  # (query, key, value, ..., initial_state, ...)
+}
+"""The functions that can pass state (comm="state"): the keywords that say how."""
+
+_DONE: dict[tuple[str, str], tuple[object, object, str]] = {}
+"""(module, function) -> (the declared function, the original, its comm)."""
 
 
-def hf_token_mixers(model: nn.Module) -> list[str]:
+def hf_token_mixers(model: nn.Module, comm: str = "a2a") -> list[str]:
     """Declare the known token mixers of every modeling module `model`'s layers come from; returns the
-    `module.function` names declared (already declared ones included)."""
+    `module.function` names declared (already declared ones included). `comm`: "a2a" (head-parallel, every
+    layout), "state" (state passing where the function can, strategy="flat"; Mamba's scans stay "a2a") or "auto"
+    (where the function can pass state: per call, the comm that moves fewer bytes)."""
+    if comm not in COMMS:
+        raise ValueError(f"hf_token_mixers: comm={comm!r}; use one of {list(COMMS)}")
     names = []
     for module_name in sorted({type(m).__module__ for m in model.modules()}):
         modeling = sys.modules.get(module_name)
@@ -42,9 +55,12 @@ def hf_token_mixers(model: nn.Module) -> list[str]:
             if fn is None:
                 continue
             key = (module_name, fn_name)
-            if _DONE.get(key) is not fn:
-                declared = token_mixer(fn, **kwargs)
+            declared, original, done = _DONE.get(key, (None, fn, None))
+            mode = comm if comm != "a2a" and fn_name in HF_STATE else "a2a"
+            if declared is not fn or done != mode:
+                extra = dict(comm=mode, **HF_STATE[fn_name]) if mode != "a2a" else {}
+                declared = token_mixer(original, **kwargs, **extra)
                 setattr(modeling, fn_name, declared)
-                _DONE[key] = declared
+                _DONE[key] = (declared, original, mode)
             names.append(f"{module_name}.{fn_name}")
     return names

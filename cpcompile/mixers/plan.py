@@ -36,6 +36,9 @@ class MixerPlan:
     local_len: int
     layout: str
     group: CPGroup
+    note: str = ""
+    """What explain() prints: the comm and its bytes (set by the rewrite, before the node is erased)."""
+    comm = "a2a"
 
     def region_kwargs(self) -> dict:
         return dict(
@@ -49,11 +52,13 @@ class MixerPlan:
         )
 
 
-def _value(a):
+def example(a):
+    """A node's traced value (anything else as it is)."""
     return a.meta.get("example_value", a.meta.get("val")) if isinstance(a, torch.fx.Node) else a
 
 
-def _refuse(node: torch.fx.Node, spec: MixerSpec, rule: str, fix: str):
+def refuse(node: torch.fx.Node, spec: MixerSpec, rule: str, fix: str):
+    """The CPCompileError of a mixer node: which node and declaration, the rule, the fix."""
     return site_error(node, f"{spec.name} (declared with cpcompile.token_mixer) {rule}", fix, what=_WHAT)
 
 
@@ -68,11 +73,11 @@ def _token_shapes(node: torch.fx.Node, spec: MixerSpec, values, cp: int, what: s
     found = []
     for t in values:
         if isinstance(t, DTensor):
-            raise _refuse(node, spec, f"takes a DTensor {what}", "feed the model plain tensors from shard_batch")
+            raise refuse(node, spec, f"takes a DTensor {what}", "feed the model plain tensors from shard_batch")
         if not isinstance(t, torch.Tensor):
             continue
         if not _has_dims(t, spec):
-            raise _refuse(
+            raise refuse(
                 node,
                 spec,
                 f"has a {what} of shape {tuple(t.shape)} without heads_dim={spec.heads_dim} and seq_dim={spec.seq_dim}",
@@ -81,7 +86,7 @@ def _token_shapes(node: torch.fx.Node, spec: MixerSpec, values, cp: int, what: s
             )
         h, n = int(t.shape[spec.heads_dim]), int(t.shape[spec.seq_dim])
         if h % cp:
-            raise _refuse(
+            raise refuse(
                 node,
                 spec,
                 f"has a {what} with {h} heads (channels) on dim {spec.heads_dim}, which do not split "
@@ -100,7 +105,7 @@ def _weight_dims(node, spec: MixerSpec, weights, heads: set[int], cp: int) -> tu
             continue
         d = spec.weight_dims.get(name, 0 if w.dim() and int(w.shape[0]) in heads else None)
         if d is not None and int(w.shape[d]) % cp:
-            raise _refuse(
+            raise refuse(
                 node,
                 spec,
                 f"has a weight {name} of shape {tuple(w.shape)} split with the heads along dim {d}, "
@@ -134,11 +139,11 @@ def _shared_lengths(node, spec: MixerSpec, shared: dict) -> set[int]:
     lengths = set()
     for name, t in shared.items():
         if isinstance(t, DTensor):
-            raise _refuse(node, spec, f"takes a DTensor {name}", "feed the model plain tensors from shard_batch")
+            raise refuse(node, spec, f"takes a DTensor {name}", "feed the model plain tensors from shard_batch")
         if not isinstance(t, torch.Tensor):
             continue
         if not -t.dim() <= spec.seq_dim < t.dim():
-            raise _refuse(
+            raise refuse(
                 node,
                 spec,
                 f"has a shared input {name} of shape {tuple(t.shape)} without seq_dim={spec.seq_dim}",
@@ -160,17 +165,17 @@ def _dry_run(node, spec: MixerSpec, weights, weight_dims, args, kwargs, shared, 
         with torch.no_grad():
             out = spec.call(metas, pytree.tree_map(token, args), pytree.tree_map(token, kwargs) | whole)
     except Exception as e:  # noqa: BLE001
-        raise _refuse(
+        raise refuse(
             node,
             spec,
             f"fails on the whole sequence for 1/{cp} of its heads ({type(e).__name__}: {e})",
             "make it read its head (channel) count and its length from its inputs' shapes, e.g. "
             "groups=x.shape[1], x.view(b, n, -1, d), not from constants or config attributes",
         ) from e
-    expected = [token(t) for t in pytree.tree_leaves(_value(node)) if isinstance(t, torch.Tensor)]
+    expected = [token(t) for t in pytree.tree_leaves(example(node)) if isinstance(t, torch.Tensor)]
     got = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     if [tuple(t.shape) for t in got] != [tuple(t.shape) for t in expected]:
-        raise _refuse(
+        raise refuse(
             node,
             spec,
             f"gives outputs of shapes {[tuple(t.shape) for t in got]} on the whole sequence for 1/{cp} "
@@ -183,12 +188,12 @@ def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
     """The plan of one mixer_call node, or the CPCompileError saying why it cannot run head-parallel."""
     spec = MIXERS[node.args[0]]
     n = len(spec.weight_names)
-    weights = [_value(a) for a in node.args[1 : 1 + n]]
-    args = tuple(_value(a) for a in node.args[1 + n :])
-    kwargs = {k: _value(v) for k, v in node.kwargs.items()}
+    weights = [example(a) for a in node.args[1 : 1 + n]]
+    args = tuple(example(a) for a in node.args[1 + n :])
+    kwargs = {k: example(v) for k, v in node.kwargs.items()}
     shared = {k: kwargs.pop(k) for k in spec.shared_inputs if k in kwargs}
     if strategy not in LAYOUTS:
-        raise _refuse(
+        raise refuse(
             node,
             spec,
             f"runs head-parallel over the chunk layouts {sorted(LAYOUTS)} only, not {strategy!r} "
@@ -197,12 +202,12 @@ def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
         )
     cp = group.size
     inputs = _token_shapes(node, spec, pytree.tree_leaves((args, kwargs)), cp, "tensor argument")
-    outputs = _token_shapes(node, spec, pytree.tree_leaves(_value(node)), cp, "output")
+    outputs = _token_shapes(node, spec, pytree.tree_leaves(example(node)), cp, "output")
     if not inputs:
-        raise _refuse(node, spec, "has no tensor argument", "call it on the token tensors it mixes")
+        raise refuse(node, spec, "has no tensor argument", "call it on the token tensors it mixes")
     lengths = {length for _, length in inputs + outputs} | _shared_lengths(node, spec, shared)
     if len(lengths) != 1:
-        raise _refuse(
+        raise refuse(
             node,
             spec,
             f"has tensors of different lengths {sorted(lengths)} on seq_dim={spec.seq_dim}",

@@ -5,14 +5,17 @@ run the region but checks that its token inputs arrive sharded on that dim and h
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch.fx
 
-from ..errors import node_origin
+from ..errors import CPCompileError, node_origin
 from ..mesh import CPGroup
-from .declare import is_mixer_call
+from .cost import a2a_bytes, describe, state_bytes
+from .declare import MIXERS, is_mixer_call
 from .plan import MixerPlan, plan_mixer
+from .plan_state import StatePlan, plan_state
 from .region import mixer_region
 
 log = logging.getLogger("cpcompile")
@@ -36,15 +39,43 @@ def find_mixers(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for g in _graphs(gm) for n in g.graph.nodes if is_mixer_call(n)]
 
 
-def _replace(plan: MixerPlan) -> None:
+def _plan(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan | StatePlan:
+    spec = MIXERS[node.args[0]]
+    if spec.comm != "auto":
+        return plan_state(node, strategy, group) if spec.comm == "state" else plan_mixer(node, strategy, group)
+    if strategy != "flat" or (spec.context is None and spec.state is None):
+        return plan_mixer(node, strategy, group)
+    try:
+        state = plan_state(node, strategy, group)
+    except CPCompileError:  # e.g. a halo longer than a rank's tokens: a2a, or its refusal
+        return plan_mixer(node, strategy, group)
+    try:
+        heads = plan_mixer(node, strategy, group)
+    except CPCompileError:  # e.g. heads that do not split over cp: state passing needs no split
+        return state
+    return state if state_bytes(state) < a2a_bytes(heads) else heads
+
+
+def _replace(plan: MixerPlan | StatePlan) -> None:
     node = plan.node
     graph = node.graph
+    target = mixer_region if plan.comm == "a2a" else plan.region
     with graph.inserting_before(node):
-        region = graph.call_function(mixer_region, args=tuple(node.args[1:]), kwargs=plan.region_kwargs())
+        region = graph.call_function(target, args=tuple(node.args[1:]), kwargs=plan.region_kwargs())
     region.meta = dict(node.meta)
     region.meta[TOKEN_REGION] = plan.spec.seq_dim
     node.replace_all_uses_with(region)
     graph.erase_node(node)
+    if plan.comm == "state":
+        log.info(
+            "cpcompile: %s -> state-passing region (%s, %s, cp=%d, rank %d)",
+            node_origin(region, "token mixer"),
+            plan.layout,
+            f"a halo of {plan.context} tokens" if plan.context is not None else f"state {plan.state_shape}",
+            plan.group.size,
+            plan.group.rank,
+        )
+        return
     log.info(
         "cpcompile: %s -> head-parallel a2a region (%s, %d heads/channels over cp=%d, rank %d)",
         node_origin(region, "token mixer"),
@@ -55,13 +86,14 @@ def _replace(plan: MixerPlan) -> None:
     )
 
 
-def rewrite_mixers(gm: torch.fx.GraphModule, strategy: str, group: CPGroup | None) -> list[MixerPlan]:
+def rewrite_mixers(gm: torch.fx.GraphModule, strategy: str, group: CPGroup | None) -> list[MixerPlan | StatePlan]:
     """Plan every mixer node (all of them first: a refusal comes before any rewrite), then rewrite them. Without
     a CP group of two or more ranks the nodes stay: they run the mixer as it is."""
     nodes = find_mixers(gm)
     if not nodes or group is None or group.size < 2:
         return []
-    plans = [plan_mixer(node, strategy, group) for node in nodes]
+    plans = [_plan(node, strategy, group) for node in nodes]
+    plans = [dataclasses.replace(p, note=describe(p)) for p in plans]
     modules = {id(p.node.graph): p.node.graph.owning_module for p in plans}
     for plan in plans:
         _replace(plan)

@@ -1,0 +1,222 @@
+"""Plan one mixer declared with comm="state": check that state passing can run it here, before any collective.
+
+Rules (each violation is one CPCompileError naming the node and its source line): the flat layout (rank order =
+sequence order: rank r's state follows rank r-1's tokens); plain tensors; every token tensor with the declared seq
+dim and one local length. A conv-like mixer (`context`): a context of 0..L tokens, and a dry run on meta tensors
+of L + context tokens that gives L + context outputs. A linear recurrence (`state`): its value argument a 4-D
+(batch, ..., value dim last) tensor with heads and tokens on the declared dims, no initial state given, no final
+state asked for, outputs (output, None); dry runs on meta tensors read the state's key dim and dtype, then check
+that the mixer takes values of Dv + Dk columns with an initial state of as many (one run gives the chunk's
+transition and its outputs: state_region.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+from torch.distributed.tensor import DTensor
+from torch.utils import _pytree as pytree
+
+from ..mesh import CPGroup
+from .declare import MIXERS, MixerSpec
+from .plan import example, refuse
+from .state_region import halo_region, state_region
+
+_FLAT = "flat"
+
+
+@dataclass(frozen=True)
+class StatePlan:
+    """A comm="state" mixer node's region call."""
+
+    node: torch.fx.Node
+    spec: MixerSpec
+    local_len: int
+    layout: str
+    group: CPGroup
+    context: int | None = None
+    """A conv-like mixer: the earlier tokens an output reads (the halo); None: a linear recurrence."""
+    key_dim: int = 0
+    state_shape: tuple[int, ...] = ()
+    """A linear recurrence: its state (batch, heads, Dk, Dv)."""
+    state_dtype: torch.dtype = torch.float32
+    note: str = ""
+    """What explain() prints: the comm and both comms' bytes (set by the rewrite, before the node is erased)."""
+    comm = "state"
+
+    @property
+    def region(self):
+        return halo_region if self.context is not None else state_region
+
+    def region_kwargs(self) -> dict:
+        where = dict(group_name=self.group.name, rank=self.group.rank, world=self.group.size)
+        if self.context is not None:
+            return dict(key=self.spec.key, call_kwargs=dict(self.node.kwargs), context=self.context, **where)
+        return dict(
+            key=self.spec.key,
+            call_kwargs=dict(self.node.kwargs),
+            key_dim=self.key_dim,
+            state_dtype=self.state_dtype,
+            **where,
+        )
+
+
+def _lengths(node, spec: MixerSpec, values, what: str) -> set[int]:
+    found = set()
+    for t in values:
+        if isinstance(t, DTensor):
+            raise refuse(node, spec, f"takes a DTensor {what}", "feed the model plain tensors from shard_batch")
+        if not isinstance(t, torch.Tensor):
+            continue
+        if not -t.dim() <= spec.seq_dim < t.dim():
+            raise refuse(
+                node,
+                spec,
+                f"has a {what} of shape {tuple(t.shape)} without seq_dim={spec.seq_dim}",
+                "declare the dim its token tensors hold the tokens on",
+            )
+        found.add(int(t.shape[spec.seq_dim]))
+    return found
+
+
+def _meta(t, spec: MixerSpec | None = None, extra: int = 0):
+    """A meta tensor like t (token tensors: `extra` more tokens)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    shape = [int(s) for s in t.shape]
+    if spec is not None:
+        shape[spec.seq_dim] += extra
+    return torch.empty(shape, dtype=t.dtype, device="meta")
+
+
+def _run(node, spec: MixerSpec, weights, args, kwargs, why: str):
+    try:
+        with torch.no_grad():
+            return spec.call([_meta(w) for w in weights], args, kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise refuse(
+            node, spec, f"fails {why} ({type(e).__name__}: {e})", "declare it with comm='a2a', or fix its code"
+        ) from e
+
+
+def _shapes(out) -> list[tuple[int, ...]]:
+    return [tuple(t.shape) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def _plan_halo(node, spec: MixerSpec, weights, args, kwargs, length: int) -> int:
+    context = spec.context(dict(zip(spec.weight_names, weights))) if callable(spec.context) else spec.context
+    if not isinstance(context, int) or not 0 <= context <= length:
+        raise refuse(
+            node,
+            spec,
+            f"reads context={context!r} earlier tokens, not an int from 0 to the {length} tokens a rank holds",
+            "declare context= as the conv's kernel size - 1, and give each rank at least that many tokens",
+        )
+    grown = pytree.tree_map(lambda t: _meta(t, spec, context), (args, kwargs))
+    out = _run(node, spec, weights, *grown, f"on {length} + {context} tokens")
+    want = [tuple(s) for s in _shapes(pytree.tree_map(lambda t: _meta(t, spec, context), example(node)))]
+    if _shapes(out) != want:
+        raise refuse(
+            node,
+            spec,
+            f"gives outputs of shapes {_shapes(out)} on {length} + {context} tokens, not {want}",
+            "make it read its length from its inputs' shapes",
+        )
+    return context
+
+
+def _check_flags(node, spec: MixerSpec, kwargs) -> None:
+    """No initial state given, no final state asked for (checked first: a state has no token dim)."""
+    names = spec.state
+    if kwargs.get(names.initial_state) is not None or kwargs.get(names.output_final_state):
+        raise refuse(
+            node,
+            spec,
+            f"is given {names.initial_state} or asked for its final state ({names.output_final_state}=True); under "
+            "state passing the state at a rank's edge is the earlier ranks'",
+            f"call it with {names.initial_state}=None and {names.output_final_state}=False (training), or declare "
+            "it with comm='a2a'",
+        )
+
+
+def _plan_state(node, spec: MixerSpec, weights, args, kwargs) -> tuple[int, tuple[int, ...], torch.dtype]:
+    names = spec.state
+    args, kwargs = spec.named(args, kwargs)
+    v = kwargs.get(names.value)
+    dims = {spec.heads_dim % 4, spec.seq_dim % 4} if isinstance(v, torch.Tensor) else None
+    if v is None or v.dim() != 4 or dims != {1, 2}:
+        raise refuse(
+            node,
+            spec,
+            f"passes state (comm='state') but its argument {names.value!r} is not a (batch, ..., value dim) 4-D "
+            f"tensor with heads_dim={spec.heads_dim} and seq_dim={spec.seq_dim} in the middle",
+            "name its value argument in StateArgs(value=...), or declare it with comm='a2a'",
+        )
+    _check_flags(node, spec, kwargs)
+    out = example(node)
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or out[1] is not None:
+        raise refuse(
+            node, spec, "does not return (output, None)", "return (output, final state or None) like fla's functions"
+        )
+    metas = pytree.tree_map(_meta, (args, kwargs))
+    plain = _run(node, spec, weights, metas[0], metas[1] | {names.output_final_state: True}, "asked for its state")
+    final = plain[1] if isinstance(plain, (tuple, list)) and len(plain) == 2 else None
+    dv = int(v.shape[-1])
+    if not isinstance(final, torch.Tensor) or final.dim() != 4 or int(final.shape[-1]) != dv:
+        raise refuse(
+            node,
+            spec,
+            f"returns a final state of shape {_shapes(final)}, not (batch, heads, key dim, {dv})",
+            "declare it with comm='a2a'",
+        )
+    dk = int(final.shape[2])
+    wide = dict(metas[1])
+    wide[names.value] = torch.empty([*v.shape[:-1], dv + dk], dtype=v.dtype, device="meta")
+    wide[names.initial_state] = torch.empty([*final.shape[:-1], dv + dk], dtype=final.dtype, device="meta")
+    wide[names.output_final_state] = True
+    got = _run(node, spec, weights, metas[0], wide, f"on values of {dv} + {dk} columns")
+    want = [(*out[0].shape[:-1], dv + dk), (*final.shape[:-1], dv + dk)]
+    if _shapes(got) != want:
+        raise refuse(
+            node,
+            spec,
+            f"gives {_shapes(got)} on values of {dv} + {dk} columns, not {want}",
+            "make its value width follow its inputs, or declare it with comm='a2a'",
+        )
+    return dk, tuple(int(s) for s in final.shape), final.dtype
+
+
+def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
+    """The plan of one comm="state" mixer node, or the CPCompileError saying why it cannot pass state here."""
+    spec = MIXERS[node.args[0]]
+    n = len(spec.weight_names)
+    weights = [example(a) for a in node.args[1 : 1 + n]]
+    args = tuple(example(a) for a in node.args[1 + n :])
+    kwargs = {k: example(v) for k, v in node.kwargs.items()}
+    if strategy != _FLAT:
+        raise refuse(
+            node,
+            spec,
+            f"passes state from rank to rank (comm='state'), which needs rank order = sequence order "
+            f"(strategy='flat'), not {strategy!r}",
+            "use strategy='flat', or declare it with comm='a2a' (head-parallel, any chunk layout)",
+        )
+    if spec.state is not None:
+        _check_flags(node, spec, spec.named(args, kwargs)[1])
+    lengths = _lengths(node, spec, pytree.tree_leaves((args, kwargs)), "tensor argument")
+    lengths |= _lengths(node, spec, pytree.tree_leaves(example(node)), "output")
+    if len(lengths) != 1:
+        raise refuse(
+            node,
+            spec,
+            f"has tensors of lengths {sorted(lengths)} on seq_dim={spec.seq_dim}",
+            "call it on token tensors of this rank's length (tokens on seq_dim)",
+        )
+    length = lengths.pop()
+    where = dict(node=node, spec=spec, local_len=length, layout=strategy, group=group)
+    if spec.context is not None:
+        return StatePlan(**where, context=_plan_halo(node, spec, weights, args, kwargs, length))
+    dk, shape, dtype = _plan_state(node, spec, weights, args, kwargs)
+    return StatePlan(**where, key_dim=dk, state_shape=shape, state_dtype=dtype)

@@ -1,0 +1,75 @@
+"""GPU: state passing (hf_token_mixers(model, comm="state")) on CUDA through transformers' torch fallbacks: HF
+Qwen3-Next's causal conv (a halo from the previous rank) and gated delta rule (chunk transitions all-gathered and
+composed), MoE, fp32, 2 gloo ranks sharing the GPU (tests/gpu/test_gpu.py's host hop), flat all_gather: logits, the
+loss and every parameter gradient against the same model on one GPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import cpcompile
+from cpcompile.testing.distributed import run_ranks
+from tests.gpu.test_gpu import _rank_setup
+from tests.support.parity import rel_err
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+FP32_TOL = 1e-4  # relative to the largest reference value: fp32 on both sides, TF32 off
+SEQ, BATCH, VOCAB = 16, 2, 32
+
+
+def _qwen3_next(rank, world):
+    _rank_setup()
+    torch.backends.cudnn.allow_tf32 = False  # the causal conv: fp32 against fp32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    from tests.support.hybrid import hf_hybrid
+
+    torch.manual_seed(0)
+    model = hf_hybrid("qwen3_next", world, VOCAB, attn_head_dim=16).cuda()  # flex_softcap: fp32, head dims >= 16
+    assert len(cpcompile.hf_token_mixers(model, comm="state")) == 2
+    g = torch.Generator().manual_seed(1)
+    ids, labels = (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g).cuda() for _ in range(2))
+    positions = torch.arange(SEQ, device="cuda").expand(BATCH, SEQ)
+    cp_model = copy.deepcopy(model)
+    logits = model(ids, positions)
+    ref_loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / labels.numel()
+    ref_loss.backward()
+
+    def local(x):
+        return cpcompile.shard(x, strategy="flat", seq_dim=1)
+
+    be = cpcompile.backend(strategy="flat", comm="all_gather", inner="aot_eager")
+    torch._dynamo.reset()
+    out = torch.compile(cp_model, backend=be, fullgraph=True)(local(ids), local(positions))
+    cp_loss = F.cross_entropy(out.flatten(0, 1), local(labels).flatten(), reduction="sum") / labels.numel()
+    cp_loss.backward()
+    summed = cp_loss.detach().cpu()
+    dist.all_reduce(summed)  # through host memory (gloo)
+    errors = {
+        "logits": rel_err(out.detach().cpu(), local(logits.detach()).cpu()),
+        "loss": rel_err(summed, ref_loss.detach().cpu()),
+    }
+    grads = dict(model.named_parameters())
+    for n, p in cp_model.named_parameters():
+        if p.grad is None:  # an expert no token was routed to, in both runs
+            assert grads[n].grad is None, n
+            continue
+        total = p.grad.detach().cpu()
+        dist.all_reduce(total)
+        errors[n] = rel_err(total, grads[n].grad.cpu())
+    return errors
+
+
+@pytest.mark.multirank
+def test_gpu_qwen3_next_state_passing_matches_one_gpu(monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("CPCOMPILE_TEST_PG_TIMEOUT", "300")
+    for rank, errors in enumerate(run_ranks(_qwen3_next, 2, timeout=420)):
+        assert "model.model.layers.0.linear_attn.A_log" in errors, sorted(errors)
+        bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
+        assert not bad, f"rank {rank}: {bad}"

@@ -1,0 +1,186 @@
+"""State passing (token_mixer(comm="state")) on a fake process group: the rewritten graph, the collectives each way
+on every rank (rank 0 reads no earlier state but joins every collective), and the refusals (before any
+collective). A declaration's key counts declarations in the process, so the snapshot shows it as K."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+from expecttest import assert_expected_inline
+
+import cpcompile
+from tests.support.errors import cp_error
+from tests.support.fake_pg import capture_graphs, fake_group, normalize_gm
+from tests.support.gdn import gated_delta_rule
+from tests.support.graphs import on_snapshot_torch
+from tests.support.hybrid import CausalConv
+
+_c10d = torch.ops._c10d_functional
+
+
+class ConvScan(nn.Module):
+    """A causal conv over q/k/v (a halo of 3 tokens), then the gated delta rule (its state passed)."""
+
+    def __init__(self, heads: int = 2, dim: int = 4, final_state: bool = False) -> None:
+        super().__init__()
+        self.heads, self.dim, self.final_state = heads, dim, final_state
+        context = lambda w: w["weight"].shape[-1] - 1  # noqa: E731
+        self.conv = cpcompile.token_mixer(CausalConv(3 * heads * dim), heads_dim=2, comm="state", context=context)
+        self.scan = cpcompile.token_mixer(gated_delta_rule, heads_dim=2, comm="state", state=True)
+
+    def forward(self, x, g, beta):
+        b, n, _ = x.shape
+        q, k, v = self.conv(x).view(b, n, 3, self.heads, self.dim).unbind(2)
+        return self.scan(q, k, v, g, beta, output_final_state=self.final_state)[0]
+
+
+def _inputs(seq=8, heads=2, dim=4):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, seq, 3 * heads * dim, generator=gen, requires_grad=True)
+    g = -torch.rand(1, seq, heads, generator=gen).requires_grad_()
+    beta = torch.rand(1, seq, heads, generator=gen).requires_grad_()
+    return x, g, beta
+
+
+def _count(gm, op) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target is op)
+
+
+def _collectives(gm) -> tuple[int, int, int]:
+    ops = (_c10d.all_to_all_single.default, _c10d.all_gather_into_tensor.default, _c10d.reduce_scatter_tensor.default)
+    return tuple(_count(gm, op) for op in ops)
+
+
+def test_rewritten_graph_and_collectives():
+    torch._dynamo.reset()
+    with fake_group(1, 4):
+        graphs = capture_graphs(ConvScan(), cpcompile.backend(strategy="flat", inner="eager"), *_inputs())
+    if on_snapshot_torch():
+        assert_expected_inline(
+            re.sub(r"key = \d+", "key = K", normalize_gm(graphs["rewritten"].print_readable(False))),
+            """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[1, 8, 24]", L_self_modules_conv_parameters_weight_: "f32[24, 1, 4]", L_self_modules_conv_parameters_bias_: "f32[24]", L_g_: "f32[1, 8, 2]", L_beta_: "f32[1, 8, 2]"):
+        l_x_ = L_x_
+        l_self_modules_conv_parameters_weight_ = L_self_modules_conv_parameters_weight_
+        l_self_modules_conv_parameters_bias_ = L_self_modules_conv_parameters_bias_
+        l_g_ = L_g_
+        l_beta_ = L_beta_
+        halo_region: "f32[1, 8, 24]" = cpcompile_mixers_state_region_halo_region(l_self_modules_conv_parameters_weight_, l_self_modules_conv_parameters_bias_, l_x_, key = K, call_kwargs = {}, context = 3, group_name = '0', rank = 1, world = 4)
+        view: "f32[1, 8, 3, 2, 4]" = halo_region.view(1, 8, 3, 2, 4)
+        unbind = view.unbind(2)
+        q: "f32[1, 8, 2, 4]" = unbind[0]
+        k: "f32[1, 8, 2, 4]" = unbind[1]
+        v: "f32[1, 8, 2, 4]" = unbind[2]
+        state_region = cpcompile_mixers_state_region_state_region(key = K, call_kwargs = {'query': q, 'key': k, 'value': v, 'g': l_g_, 'beta': l_beta_, 'output_final_state': False}, key_dim = 4, state_dtype = torch.float32, group_name = '0', rank = 1, world = 4)
+        getitem_3: "f32[1, 8, 2, 4]" = state_region[0]
+        return (getitem_3,)
+""",
+        )
+    # (all-to-alls, all-gathers, reduce-scatters): the conv's halo goes to the next rank (a one-split all-to-all)
+    # and its gradient comes back; the scan's chunk transitions are all-gathered, their gradients reduce-scattered
+    assert _collectives(graphs["fw"]) == (1, 1, 0)
+    assert _collectives(graphs["bw"]) == (1, 0, 1)
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_the_first_and_last_ranks_join_every_collective(rank):
+    """Rank 0 reads zeros before its tokens and no earlier state, the last rank's state nobody reads: both still
+    send and receive what the others wait for, in the backward too (not moved into the forward)."""
+    torch._dynamo.reset()
+    with fake_group(rank, 4):
+        graphs = capture_graphs(ConvScan(), cpcompile.backend(strategy="flat", inner="eager"), *_inputs())
+    assert (_collectives(graphs["fw"]), _collectives(graphs["bw"])) == ((1, 1, 0), (1, 0, 1))
+
+
+def _compile_error(model, *inputs, world=4, strategy="flat") -> str:
+    torch._dynamo.reset()
+    with fake_group(0, world):
+        be = cpcompile.backend(strategy=strategy, inner="eager")
+        with pytest.raises(Exception) as e:
+            torch.compile(model, backend=be, fullgraph=True)(*inputs)
+    return str(cp_error(e))
+
+
+def test_zigzag_is_refused_naming_flat():
+    msg = _compile_error(ConvScan(), *_inputs(), strategy="zigzag")
+    assert "needs rank order = sequence order (strategy='flat'), not 'zigzag'" in msg, msg
+    assert "token mixer 'mixer_call' at " in msg and "declare it with comm='a2a'" in msg, msg
+
+
+def test_a_final_state_asked_for_is_refused():
+    msg = _compile_error(ConvScan(final_state=True), *_inputs())
+    assert "asked for its final state (output_final_state=True)" in msg, msg
+    assert "gated_delta_rule" in msg, msg
+
+
+def test_a_halo_longer_than_a_rank_s_tokens_is_refused():
+    msg = _compile_error(ConvScan(), *_inputs(seq=2))  # this rank's 2 tokens, a 3-token halo
+    assert "reads context=3 earlier tokens, not an int from 0 to the 2 tokens a rank holds" in msg, msg
+
+
+def test_declarations_name_what_state_passing_needs():
+    with pytest.raises(ValueError, match="comm='state' needs exactly one of context="):
+        cpcompile.token_mixer(gated_delta_rule, heads_dim=2, comm="state")
+    with pytest.raises(ValueError, match=r"comm='ring'; use one of \['a2a', 'state', 'auto'\]"):
+        cpcompile.token_mixer(gated_delta_rule, heads_dim=2, comm="ring")
+    with pytest.raises(ValueError, match="hf_token_mixers: comm='ring'"):
+        cpcompile.hf_token_mixers(nn.Linear(2, 2), comm="ring")
+
+
+def test_without_cp_a_state_mixer_is_the_function():
+    declared = cpcompile.token_mixer(gated_delta_rule, heads_dim=2, comm="state", state=True)
+    q, k, v = (torch.randn(1, 6, 2, 4) for _ in range(3))
+    g, beta = -torch.rand(1, 6, 2), torch.rand(1, 6, 2)
+    torch.testing.assert_close(declared(q, k, v, g, beta)[0], gated_delta_rule(q, k, v, g, beta)[0], rtol=0, atol=0)
+
+
+def test_explain_prints_both_comms_bytes():
+    """explain(): a line per state-passing mixer with its bytes and a2a's. The conv: 3 tokens of 24 fp32 channels
+    (288 bytes) against (3/4 of) its 8 x 24 input and output (1152); the scan: 3 other ranks' 1 x 2 x 4 x (4 + 4)
+    fp32 transitions (768) against 3/4 of q, k, v, g, beta and the output (864)."""
+    torch._dynamo.reset()
+    report = cpcompile.explain(ConvScan(), *(t.repeat(1, 4, *[1] * (t.dim() - 2)) for t in _inputs()), world=4)
+    assert not report.refusals, report.refusals
+    for line in (
+        "CausalConv: state passing, 288 bytes received a rank per forward call (a2a would receive 1152)",
+        "gated_delta_rule: state passing, 768 bytes received a rank per forward call (a2a would receive 864)",
+    ):
+        assert any(line in n for n in report.notes), report.notes
+
+
+class AutoScan(nn.Module):
+    """The gated delta rule declared with comm="auto" (4 heads: they split over 2 and 4 ranks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scan = cpcompile.token_mixer(gated_delta_rule, heads_dim=2, comm="auto", state=True)
+
+    def forward(self, q, k, v, g, beta):
+        return self.scan(q, k, v, g, beta)[0]
+
+
+def _scan_inputs(seq: int):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, seq, 4, 4, generator=gen) for _ in range(3))
+    return q, k, v, -torch.rand(1, seq, 4, generator=gen), torch.rand(1, seq, 4, generator=gen)
+
+
+@pytest.mark.parametrize("seq,strategy", [(64, "flat"), (4, "flat"), (64, "zigzag")])
+def test_auto_picks_the_comm_that_moves_fewer_bytes(seq, strategy):
+    """Under flat: state passing where the other 3 ranks' transitions (1 x 4 heads x 4 x (4 + 4) fp32: 3 x 512 =
+    1536 bytes) weigh less than 3/4 of a rank's q, k, v, g, beta and output (16 tokens a rank: 3456 bytes), a2a where
+    they do not (1 token a rank: 216 bytes); under zigzag, a2a (state passing needs flat)."""
+    torch._dynamo.reset()
+    report = cpcompile.explain(AutoScan(), *_scan_inputs(seq), strategy=strategy, world=4)
+    assert not report.refusals, report.refusals
+    line = next(n for n in report.notes if "gated_delta_rule:" in n)
+    expected = {
+        (64, "flat"): "state passing, 1536 bytes received a rank per forward call (a2a would receive 3456)",
+        (4, "flat"): "a2a, 216 bytes received a rank per forward call",
+        (64, "zigzag"): "a2a, 3456 bytes received a rank per forward call",
+    }
+    assert line.endswith(f"gated_delta_rule: {expected[seq, strategy]}"), line
