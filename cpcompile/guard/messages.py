@@ -51,6 +51,18 @@ def _explain(flag: Flag) -> tuple[str, str]:
             "afterwards (dist.all_reduce, README's loss recipe); normalise per token, not over tokens; " + MARK_FIX
         )
         return rule, fix
+    if flag.kind == "branch":
+        rule = (
+            f"{op} lets a reduction over tokens decide a value ({flag.detail}): each rank reduces only its own "
+            "tokens (a max of its position ids, a count, a sum), so each rank would decide on a different value "
+            "(a different branch or size; HF's dynamic RoPE takes max(position_ids)) and compute the wrong result"
+        )
+        fix = (
+            "decide such values from the whole batch outside the compiled model and pass them in (a length: the "
+            "GLOBAL length; positions: the tokens' GLOBAL position ids; HF: a RoPE type that does not read "
+            "max(position_ids), or compile with fullgraph=True to see the branch); " + MARK_FIX
+        )
+        return rule, fix
     if flag.kind == "unknown":
         rule = f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens ({flag.detail})"
         return rule, MARK_FIX

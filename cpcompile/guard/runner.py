@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 import torch.fx
+from torch.utils import _pytree as pytree
 
+from ..compat.graph_break import ends_at_graph_break
 from ..graph.bodies import BRANCHES, ONCE
 from ..mixers import TOKEN_REGION
 from ..regions.guards import agree_condition, check_packed_metadata
@@ -20,7 +22,7 @@ from ..token_local import is_token_local_node
 from . import rules
 from .flow import NodeTracker, Result, fresh, leaves, tensors, traced
 from .stand_ins import region, token_region
-from .tags import whole
+from .tags import Share, whole
 
 RUN_TIME_GUARDS = frozenset({agree_condition, check_packed_metadata})
 """The pass's run-time checks (regions/guards.py): token-local, not run here (they would communicate)."""
@@ -115,9 +117,54 @@ def track(
                 if n.name in seeds:
                     tracker.place(t, whole(seeds[n.name], t.shape[seeds[n.name]]))
             with tracker:
-                Runner(gm, tracker).run(*inputs)
+                out = Runner(gm, tracker).run(*inputs)
+            if ends_at_graph_break(gm):
+                _outputs_into_python(gm, tracker, out)
     finally:
         rules.LOCAL_LENGTH.clear()
         rules.STATE.clear()
     tracker.result.fallbacks = tracker.fallbacks
+    alive = live(gm)
+    tracker.result.flags = [f for f in tracker.result.flags if f.node is None or f.node.graph is not gm.graph
+                            or f.node in alive]  # fmt: skip
     return tracker.result
+
+
+def _outputs_into_python(gm: torch.fx.GraphModule, tracker: NodeTracker, out) -> None:
+    """A graph cut at a graph break hands its outputs on to Python code: an integer or bool reduction over
+    tokens among them (max(position_ids) + 1, a count) is read there as a number (a branch, a size), each rank
+    its own. A floating-point one (a loss share) is taken as the caller's share to combine."""
+    node = next(n for n in gm.graph.nodes if n.op == "output")
+    sources = pytree.tree_leaves(node.args[0])
+    for value, source in zip(pytree.tree_leaves(out), sources):
+        tag = tracker.tag(value) if isinstance(value, torch.Tensor) else None
+        if isinstance(tag, Share) and not (value.is_floating_point() or value.is_complex()):
+            tracker.node = source if isinstance(source, torch.fx.Node) else node
+            detail = f"{tag.describe()} leaves the graph at a graph break, into Python code"
+            tracker.flag("the graph's output", "branch", detail=detail)
+            return
+
+
+def live(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """Nodes whose result reaches the graph's output or an op with a side effect: a refusal of a dead node (a
+    value Dynamo traced but nothing uses) would refuse a correct model."""
+    roots = [n for n in gm.graph.nodes if n.op == "output" or _effectful(n)]
+    seen: set[torch.fx.Node] = set()
+    while roots:
+        n = roots.pop()
+        if n not in seen:
+            seen.add(n)
+            roots.extend(n.all_input_nodes)
+    return seen
+
+
+def _effectful(n: torch.fx.Node) -> bool:
+    if n.op not in ("call_function", "call_method"):
+        return n.op != "placeholder" and n.op != "get_attr"
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    if name.endswith("_") or "out" in n.kwargs or isinstance(n.target, torch._ops.HigherOrderOperator):
+        return True
+    try:
+        return n.is_impure()
+    except Exception:  # noqa: BLE001  (a target torch cannot judge: kept)
+        return True
