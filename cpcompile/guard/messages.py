@@ -63,6 +63,16 @@ def _explain(flag: Flag) -> tuple[str, str]:
             "max(position_ids), or compile with fullgraph=True to see the branch); " + MARK_FIX
         )
         return rule, fix
+    if flag.kind == "length":
+        rule = (
+            f"{op} uses this rank's LOCAL sequence length as a number with token data ({flag.detail}): each rank "
+            "holds L of the cp*L tokens, so a scale, mean or position computed from L would be wrong on every rank"
+        )
+        fix = (
+            "use the GLOBAL length (pass it into the model as a number or read it from the batch before "
+            "cpcompile.shard_batch) and build positions from the tokens' GLOBAL position ids; " + MARK_FIX
+        )
+        return rule, fix
     if flag.kind == "unknown":
         rule = f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens ({flag.detail})"
         return rule, MARK_FIX

@@ -21,6 +21,7 @@ from ..regions.guards import agree_condition, check_packed_metadata
 from ..token_local import is_token_local_node
 from . import rules
 from .flow import NodeTracker, Result, fresh, leaves, tensors, traced
+from .length import length_use
 from .stand_ins import region, token_region
 from .tags import Share, whole
 
@@ -43,9 +44,17 @@ class Runner(torch.fx.Interpreter):
             if n.op in ("call_function", "call_method", "call_module") and not n.meta.get("cpcompile_plan"):
                 if is_token_local_node(n):
                     return self._token_local(n)
+                if (length := rules.LOCAL_LENGTH.get(0)) and not self.tracker.suspended:
+                    self._length_use(n, length)
             return super().run_node(n)
         finally:
             self.tracker.node = prev
+
+    def _length_use(self, n: torch.fx.Node, length: int) -> None:
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        if (why := length_use(n, args, kwargs, length, self.tracker.tag)) is not None:
+            self.tracker.flag(n.target if n.op == "call_method" else getattr(n.target, "__name__", n.target),
+                              "length", detail=why)  # fmt: skip
 
     def _token_local(self, n: torch.fx.Node):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
