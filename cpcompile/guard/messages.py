@@ -73,6 +73,16 @@ def _explain(flag: Flag) -> tuple[str, str]:
             "cpcompile.shard_batch) and build positions from the tokens' GLOBAL position ids; " + MARK_FIX
         )
         return rule, fix
+    if flag.kind == "eager":
+        rule = (
+            f"{flag.detail}: Dynamo runs it eagerly, outside every graph, so cpcompile can neither rewrite nor check "
+            "it; a cumsum, conv or other token mixing there would see this rank's tokens only and be silently wrong"
+        )
+        fix = (
+            f"let Dynamo compile {op} (remove torch.compiler.disable) so that cpcompile checks it; if it is "
+            f"token-local (each output token depends only on its own token): cpcompile.mark_token_local({op})"
+        )
+        return rule, fix
     if flag.kind == "unknown":
         rule = f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens ({flag.detail})"
         return rule, MARK_FIX

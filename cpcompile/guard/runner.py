@@ -14,16 +14,16 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..compat.graph_break import ends_at_graph_break
+from ..compat.graph_break import disabled_callee, ends_at_graph_break
 from ..graph.bodies import BRANCHES, ONCE
 from ..mixers import TOKEN_REGION
 from ..regions.guards import agree_condition, check_packed_metadata
-from ..token_local import is_token_local_node
+from ..token_local import is_token_local_function, is_token_local_node
 from . import rules
 from .flow import NodeTracker, Result, fresh, leaves, tensors, traced
 from .length import length_use
 from .stand_ins import region, token_region
-from .tags import Share, whole
+from .tags import Seq, Share, whole
 
 RUN_TIME_GUARDS = frozenset({agree_condition, check_packed_metadata})
 """The pass's run-time checks (regions/guards.py): token-local, not run here (they would communicate)."""
@@ -129,6 +129,8 @@ def track(
                 out = Runner(gm, tracker).run(*inputs)
             if ends_at_graph_break(gm):
                 _outputs_into_python(gm, tracker, out)
+                if length:
+                    _outputs_into_disabled(gm, tracker, out)
     finally:
         rules.LOCAL_LENGTH.clear()
         rules.STATE.clear()
@@ -151,6 +153,23 @@ def _outputs_into_python(gm: torch.fx.GraphModule, tracker: NodeTracker, out) ->
             tracker.node = source if isinstance(source, torch.fx.Node) else node
             detail = f"{tag.describe()} leaves the graph at a graph break, into Python code"
             tracker.flag("the graph's output", "branch", detail=detail)
+            return
+
+
+def _outputs_into_disabled(gm: torch.fx.GraphModule, tracker: NodeTracker, out) -> None:
+    """A graph cut to call a torch.compiler.disable'd function: it runs eagerly on what the graph hands on, where
+    no graph (and no guard) sees it. Refused when this rank's tokens are among the outputs, unless the function
+    is marked token-local (the eager guard catches attention there; a cumsum it cannot)."""
+    callee = disabled_callee(gm)
+    if callee is None or (callee[1] is not None and is_token_local_function(callee[1])):
+        return
+    node = next(n for n in gm.graph.nodes if n.op == "output")
+    sources = pytree.tree_leaves(node.args[0])
+    for value, source in zip(pytree.tree_leaves(out), sources):
+        if isinstance(value, torch.Tensor) and isinstance(tracker.tag(value), Seq):
+            tracker.node = source if isinstance(source, torch.fx.Node) else node
+            detail = f"this rank's tokens go on into the torch.compiler.disable'd function {callee[0]} ({callee[2]})"
+            tracker.flag(callee[0], "eager", detail=detail)
             return
 
 

@@ -152,3 +152,24 @@ def test_hf_dynamic_rope_without_fullgraph_fails_every_rank(ranks2):
         assert "max(position_ids)" in msg, (rank, msg)
     for rank, msg in enumerate(ranks2.run(_hf_rope, "linear", timeout=600)):  # the same breaks, no branch on max
         assert msg.startswith("error") and float(msg.split()[1]) < 1e-10, (rank, msg)
+
+
+@torch.compiler.disable
+def eager_cumsum(h):
+    return h.cumsum(1) / 4
+
+
+def around_eager_cumsum(x):
+    return attend(eager_cumsum(attend(x)))
+
+
+def test_tokens_into_a_disabled_function_are_refused(no_comm):
+    """The cumsum runs eagerly between two graphs, where no graph sees it (was error 0.4-0.6 on 2 ranks)."""
+    msg = refusal(around_eager_cumsum, torch.randn(B, L, H))
+    assert "torch.compiler.disable'd function eager_cumsum" in msg and f"({__file__}:" in msg, msg
+    assert "cpcompile.mark_token_local(eager_cumsum)" in msg, msg
+
+
+def test_a_marked_disabled_function_compiles():
+    cpcompile.mark_token_local(eager_cumsum)  # a false promise, for the test: the mark is the user's word
+    compile_broken(around_eager_cumsum, torch.randn(B, L, H))
