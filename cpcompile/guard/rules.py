@@ -294,3 +294,4 @@ STATE: set[int] = set()
 length is a table cut to this rank's length (a position buffer)."""
 LOCAL_LENGTH: dict[int, int] = {}
 """{0: this graph's local sequence length} while a graph is analysed (set by the tracker)."""
+register_rule(pointwise, "polar", "complex")  # elementwise, without torch's pointwise tag (Llama 4's RoPE: polar)

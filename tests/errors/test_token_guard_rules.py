@@ -181,3 +181,18 @@ def test_numbers_that_are_not_the_length_compile():
     assert D == L
     compile_cp(lambda x: attend(x) * 8, torch.randn(B, L, D))
     compile_cp(lambda x: attend(x.view(x.shape[0], x.shape[1], 2, -1).flatten(2) * 2), torch.randn(B, L, D))
+
+
+def test_llama4_temperature_tuning_is_refused(no_comm):
+    """Llama 4's NoPE layers scale queries by a temperature of positions it makes from the LOCAL length
+    (`torch.arange(hidden_states.shape[1])`); without it the model is in the HF zoo (tests/parity/test_hf_zoo.py)."""
+    pytest.importorskip("transformers")
+    from tests.support.hf_zoo import build
+
+    model = build("llama4", "cpcompile", dtype=torch.float32, attn_temperature_tuning=True)
+    ids, pos = torch.randint(3, 100, (1, 16)), torch.arange(16, 32)[None]
+    msg = refusal(lambda ids, pos: model(input_ids=ids, position_ids=pos, use_cache=False).logits, ids, pos)
+    assert "modeling_llama4.py" in msg and "query_states * attn_scales" in msg and "torch.arange of the local" in msg, (
+        msg
+    )
+    assert "LOCAL sequence length" in msg and POSITIONS_FIX in msg, msg
