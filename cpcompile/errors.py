@@ -43,6 +43,12 @@ def node_origin(node: torch.fx.Node, what: str = "attention node") -> str:
     return f"{what} '{node.name}'"
 
 
+def node_code(node: torch.fx.Node) -> str:
+    """The user's source line of `node` ("" when Dynamo recorded none)."""
+    frame = _user_frame(node)
+    return frame[3].strip() if frame is not None else ""
+
+
 def node_source(node: torch.fx.Node) -> str:
     """The user's source line of `node` as `file.py:line` ("?" when Dynamo recorded none)."""
     frame = _user_frame(node)

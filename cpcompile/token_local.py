@@ -114,6 +114,12 @@ def clear_token_local_marks() -> None:
         mark_token_local(obj)
 
 
+def is_token_local_function(fn: Callable) -> bool:
+    """Whether a Python function (or a wrapper of one, as torch.compiler.disable makes) was marked."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return code is not None and (code.co_filename, code.co_name) in _CODE
+
+
 def is_token_local_op(op: Callable) -> bool:
     """Whether an aten/custom operator (overload) was marked, by itself or through its packet."""
     if not _OPS:

@@ -8,6 +8,7 @@ tests/unit/test_compat.py checks that against the installed torch: the unpatched
 - eager_attention: hooks on F.scaled_dot_product_attention and varlen_attn's ops for the eager guard;
 - varlen_gqa: varlen_attn's enable_gqa keyword where torch has it;
 - compile_frames: which stack frames and wrapper attributes lead from a compiled call to its backend;
+- graph_break: whether Dynamo cut a graph at a graph break (its outputs go on into Python code);
 - versions: the installed release as TORCH_VERSIONS name it.
 """
 

@@ -27,13 +27,19 @@ def refuse_flex_attention(gm: torch.fx.GraphModule) -> None:
 
 
 def refuse_token_mixing(
-    gm: torch.fx.GraphModule, plans: list, cp_size: int, seen: set[int] | None = None, strategy: str = "zigzag"
+    gm: torch.fx.GraphModule,
+    plans: list,
+    cp_size: int,
+    seen: set[int] | None = None,
+    strategy: str = "zigzag",
+    pending: list | None = None,
 ) -> None:
     """Raise one CPCompileError for the first token-mixing op left in `gm` (nothing is sharded when `cp_size` < 2;
-    `seen`: the local lengths of the backend's earlier graphs, infer.check_graph)."""
+    `seen`: the local lengths of the backend's earlier graphs; `pending`: its earlier graphs that had none,
+    infer.check_graph)."""
     refuse_flex_attention(gm)
     if cp_size < 2:
         return
-    flag = check_graph(gm, plans, seen, strategy)
+    flag = check_graph(gm, plans, seen, strategy, pending)
     if flag is not None:
         raise refusal(flag)

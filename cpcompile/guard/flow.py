@@ -28,7 +28,9 @@ class Flag:
     """One op that needs tokens this rank does not hold.
 
     kind: "gather" (it needs other ranks' tokens), "partial" (a per-rank reduction over tokens is used as if it
-    were the total), "positions" (a value made from the local length is used as positions), "unknown" (no rule:
+    were the total), "branch" (a per-rank reduction over tokens decides a value: a comparison, a Python number,
+    an output that goes on into Python code at a graph break), "positions" (a value made from the local length is
+    used as positions), "unknown" (no rule:
     cannot tell), "hop" (a higher-order op that cannot be looked into), "flex_buffer" (a flex mod buffer holds
     this rank's tokens only). pairwise: tokens meet every other token, as in attention.
     """

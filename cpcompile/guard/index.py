@@ -155,7 +155,7 @@ def to_python(func, args, kwargs, outs, tag) -> Verdict:
     """item(), nonzero, unique: a per-rank value leaves the graph's data (a branch, a size)."""
     t = next((tag(a) for a in args if hasattr(a, "dim") and tag(a) is not None), None)
     what = t.describe() if t is not None else "a value"
-    return refuse("partial" if isinstance(t, Share) else "gather", f"{what} decides a Python value or a size here")
+    return refuse("branch" if isinstance(t, Share) else "gather", f"{what} decides a Python value or a size here")
 
 
 register_rule(embedding, "embedding")

@@ -10,9 +10,11 @@ a refusal go away (a token mask's cumsum into position ids must stay refused).
 
 Graphs with no site: the local length is unknown. A length an earlier graph of the same backend had (after a graph
 break) is tried first, fully; then each distinct size of the inputs' dims, and a size is taken as the sequence only
-when some op makes two values sharded on it meet along it (q @ k^T, SDPA inside nn.MultiheadAttention). A graph with
-no site and no such pairwise use (a lone cumsum in a graph of its own) is not checked: its sequence dim cannot be
-told from its batch dim.
+when some op makes two values sharded on it meet along it (q @ k^T, SDPA inside nn.MultiheadAttention). Such a
+graph is also kept (`pending`) until a graph of the same backend brings the local length (its attention sites),
+and then checked fully at that length: a per-rank max(position_ids) deciding a branch before the first attention
+graph (HF's dynamic RoPE) is refused there, before that graph's collectives. A graph with no site that no later
+graph gives a length is not checked: its sequence dim cannot be told from its batch dim.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ MAX_ASSIGNMENTS = 16
 """At most this many choices of sequence dims are tried for one graph (ambiguous dims are rare)."""
 MAX_SIZES = 6
 """A graph with no site: at most this many candidate sequence lengths are tried."""
+MAX_PENDING = 64
+"""At most this many graphs wait for a length (a model has a few graph breaks before its first attention)."""
 
 
 def preferred(dims: list[int]) -> list[int]:
@@ -71,10 +75,16 @@ def _clean(result: Result) -> bool:
 
 
 def check_graph(
-    gm: torch.fx.GraphModule, plans: list, seen: set[int] | None = None, strategy: str = "zigzag"
+    gm: torch.fx.GraphModule,
+    plans: list,
+    seen: set[int] | None = None,
+    strategy: str = "zigzag",
+    pending: list | None = None,
 ) -> Flag | None:
     """The first op of `gm` that mixes tokens along the sharded dim (None: none, or the graph is skipped).
-    `seen`: the local lengths of the same backend's earlier graphs (updated with this graph's)."""
+    `seen`: the local lengths of the same backend's earlier graphs (updated with this graph's). `pending`: the
+    backend's earlier graphs that had no length to check with (graphs before the first attention graph): a graph
+    of the same kind is added to it, and a graph that brings a length checks them with it (check_pending)."""
     inputs = data_inputs(gm, strategy)
     if not inputs:
         return None
@@ -85,13 +95,12 @@ def check_graph(
     if lengths:
         if seen is not None:
             seen.update(lengths)
-        return _with_lengths(gm, inputs, lengths)
+        return _with_lengths(gm, inputs, lengths) or check_pending(pending, lengths, strategy)
     sizes = sorted({n for _, v in inputs for n in v.shape if n > 1})
-    for size in sorted((seen or set()) & set(sizes)):  # a local length an earlier graph's attention had
-        for seeds in itertools.islice(assignments(inputs, {size}, set()), 4):
-            result = analyse(gm, seeds, size)
-            if result.flags:
-                return result.flags[0]
+    if (seen or set()) & set(sizes):  # a local length an earlier graph's attention had
+        return _with_seen(gm, inputs, (seen or set()) & set(sizes))
+    if pending is not None:
+        pending[:] = [*pending[-MAX_PENDING + 1 :], gm]
     if len(sizes) > MAX_SIZES:
         return None
     for size in sizes:
@@ -99,6 +108,32 @@ def check_graph(
             result = analyse(gm, seeds, None)
             if any(f.pairwise for f in result.flags):
                 return result.flags[0]
+    return None
+
+
+def _with_seen(gm: torch.fx.GraphModule, inputs, sizes: set[int]) -> Flag | None:
+    """A graph with no site, checked fully at the local lengths an attention graph of the same backend had."""
+    for size in sorted(sizes):
+        for seeds in itertools.islice(assignments(inputs, {size}, set()), 4):
+            result = analyse(gm, seeds, size)
+            if result.flags:
+                return result.flags[0]
+    return None
+
+
+def check_pending(pending: list | None, lengths: set[int], strategy: str = "zigzag") -> Flag | None:
+    """The first refusal in the graphs compiled before any length was known (HF's dynamic RoPE compares
+    max(position_ids) in a graph of its own before the first attention), now checked fully at `lengths`; each is
+    checked once. They have run already, but without a collective: refusing now, at the first graph that would
+    communicate, is still before any collective, on every rank."""
+    while pending:
+        gm = pending.pop(0)
+        inputs = data_inputs(gm, strategy) or []
+        sizes = {n for _, v in inputs if not isinstance(v, int) for n in v.shape} & lengths
+        flag = _with_seen(gm, inputs, sizes) if sizes else None
+        if flag is not None:
+            pending.clear()
+            return flag
     return None
 
 

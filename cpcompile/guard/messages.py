@@ -51,6 +51,38 @@ def _explain(flag: Flag) -> tuple[str, str]:
             "afterwards (dist.all_reduce, README's loss recipe); normalise per token, not over tokens; " + MARK_FIX
         )
         return rule, fix
+    if flag.kind == "branch":
+        rule = (
+            f"{op} lets a reduction over tokens decide a value ({flag.detail}): each rank reduces only its own "
+            "tokens (a max of its position ids, a count, a sum), so each rank would decide on a different value "
+            "(a different branch or size; HF's dynamic RoPE takes max(position_ids)) and compute the wrong result"
+        )
+        fix = (
+            "decide such values from the whole batch outside the compiled model and pass them in (a length: the "
+            "GLOBAL length; positions: the tokens' GLOBAL position ids; HF: a RoPE type that does not read "
+            "max(position_ids), or compile with fullgraph=True to see the branch); " + MARK_FIX
+        )
+        return rule, fix
+    if flag.kind == "length":
+        rule = (
+            f"{op} uses this rank's LOCAL sequence length as a number with token data ({flag.detail}): each rank "
+            "holds L of the cp*L tokens, so a scale, mean or position computed from L would be wrong on every rank"
+        )
+        fix = (
+            "use the GLOBAL length (pass it into the model as a number or read it from the batch before "
+            "cpcompile.shard_batch) and build positions from the tokens' GLOBAL position ids; " + MARK_FIX
+        )
+        return rule, fix
+    if flag.kind == "eager":
+        rule = (
+            f"{flag.detail}: Dynamo runs it eagerly, outside every graph, so cpcompile can neither rewrite nor check "
+            "it; a cumsum, conv or other token mixing there would see this rank's tokens only and be silently wrong"
+        )
+        fix = (
+            f"let Dynamo compile {op} (remove torch.compiler.disable) so that cpcompile checks it; if it is "
+            f"token-local (each output token depends only on its own token): cpcompile.mark_token_local({op})"
+        )
+        return rule, fix
     if flag.kind == "unknown":
         rule = f"{op} takes sequence-sharded values and cpcompile cannot tell whether it mixes tokens ({flag.detail})"
         return rule, MARK_FIX

@@ -40,8 +40,9 @@ class Verdict:
     outs: tuple = ()
     """One tag (or None) per output tensor, in pytree order."""
     kind: str | None = None
-    """None: fine. "gather": needs other ranks' tokens; "partial": a share used as the total; "positions": a
-    value made from the local length used as positions; "unknown": cannot follow."""
+    """None: fine. "gather": needs other ranks' tokens; "partial": a share used as the total; "branch": a share
+    that decides a value (a comparison, a Python number); "positions": a value made from the local length used as
+    positions; "unknown": cannot follow."""
     pairwise: bool = False
     detail: str = ""
 
@@ -76,6 +77,8 @@ def _identity(tag, n: int) -> tuple:
 
 _LINEAR_SUM = {"add", "sub", "add_", "sub_"}
 _SCALE = {"mul", "div", "mul_", "div_", "neg", "true_divide"}
+_COMPARE = {"gt", "lt", "ge", "le", "eq", "ne", "gt_", "lt_", "ge_", "le_", "eq_", "ne_", "where"}
+"""A share compared: each rank decides on its own tokens (HF's dynamic RoPE: max(position_ids) + 1 > n)."""
 _KEEP = {"_to_copy", "clone", "alias", "detach", "lift_fresh", "lift_fresh_copy", "copy", "contiguous",
          "to", "type_as", "positive", "_conj", "conj", "resolve_conj", "resolve_neg"}  # fmt: skip
 
@@ -106,6 +109,8 @@ def merge_inputs(func, name: str, inputs: list, out_ndim: int) -> Verdict:
             or (name in _SCALE and len(shares) == 1 and not (name.startswith("div") and inputs[0][1] is None))
             or (name in _KEEP)
         )
+        if not linear and name in _COMPARE:
+            return refuse("branch", f"{shares[0][1].describe()} is compared ({name})")
         if not linear:
             return refuse("partial", f"{shares[0][1].describe()} goes through {name}, which is not linear in it")
         return Verdict((shares[0][1],))
@@ -289,3 +294,4 @@ STATE: set[int] = set()
 length is a table cut to this rank's length (a position buffer)."""
 LOCAL_LENGTH: dict[int, int] = {}
 """{0: this graph's local sequence length} while a graph is analysed (set by the tracker)."""
+register_rule(pointwise, "polar", "complex")  # elementwise, without torch's pointwise tag (Llama 4's RoPE: polar)

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import torch
 import torch.fx
+from torch.utils import _pytree as pytree
 
+from ..compat.graph_break import disabled_callee, ends_at_graph_break
 from ..graph.bodies import BRANCHES, ONCE
 from ..mixers import TOKEN_REGION
 from ..regions.guards import agree_condition, check_packed_metadata
-from ..token_local import is_token_local_node
+from ..token_local import is_token_local_function, is_token_local_node
 from . import rules
 from .flow import NodeTracker, Result, fresh, leaves, tensors, traced
+from .length import length_use
 from .stand_ins import region, token_region
-from .tags import whole
+from .tags import Seq, Share, whole
 
 RUN_TIME_GUARDS = frozenset({agree_condition, check_packed_metadata})
 """The pass's run-time checks (regions/guards.py): token-local, not run here (they would communicate)."""
@@ -41,9 +44,17 @@ class Runner(torch.fx.Interpreter):
             if n.op in ("call_function", "call_method", "call_module") and not n.meta.get("cpcompile_plan"):
                 if is_token_local_node(n):
                     return self._token_local(n)
+                if (length := rules.LOCAL_LENGTH.get(0)) and not self.tracker.suspended:
+                    self._length_use(n, length)
             return super().run_node(n)
         finally:
             self.tracker.node = prev
+
+    def _length_use(self, n: torch.fx.Node, length: int) -> None:
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        if (why := length_use(n, args, kwargs, length, self.tracker.tag)) is not None:
+            self.tracker.flag(n.target if n.op == "call_method" else getattr(n.target, "__name__", n.target),
+                              "length", detail=why)  # fmt: skip
 
     def _token_local(self, n: torch.fx.Node):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -115,9 +126,73 @@ def track(
                 if n.name in seeds:
                     tracker.place(t, whole(seeds[n.name], t.shape[seeds[n.name]]))
             with tracker:
-                Runner(gm, tracker).run(*inputs)
+                out = Runner(gm, tracker).run(*inputs)
+            if ends_at_graph_break(gm):
+                _outputs_into_python(gm, tracker, out)
+                if length:
+                    _outputs_into_disabled(gm, tracker, out)
     finally:
         rules.LOCAL_LENGTH.clear()
         rules.STATE.clear()
     tracker.result.fallbacks = tracker.fallbacks
+    alive = live(gm)
+    tracker.result.flags = [f for f in tracker.result.flags if f.node is None or f.node.graph is not gm.graph
+                            or f.node in alive]  # fmt: skip
     return tracker.result
+
+
+def _outputs_into_python(gm: torch.fx.GraphModule, tracker: NodeTracker, out) -> None:
+    """A graph cut at a graph break hands its outputs on to Python code: an integer or bool reduction over
+    tokens among them (max(position_ids) + 1, a count) is read there as a number (a branch, a size), each rank
+    its own. A floating-point one (a loss share) is taken as the caller's share to combine."""
+    node = next(n for n in gm.graph.nodes if n.op == "output")
+    sources = pytree.tree_leaves(node.args[0])
+    for value, source in zip(pytree.tree_leaves(out), sources):
+        tag = tracker.tag(value) if isinstance(value, torch.Tensor) else None
+        if isinstance(tag, Share) and not (value.is_floating_point() or value.is_complex()):
+            tracker.node = source if isinstance(source, torch.fx.Node) else node
+            detail = f"{tag.describe()} leaves the graph at a graph break, into Python code"
+            tracker.flag("the graph's output", "branch", detail=detail)
+            return
+
+
+def _outputs_into_disabled(gm: torch.fx.GraphModule, tracker: NodeTracker, out) -> None:
+    """A graph cut to call a torch.compiler.disable'd function: it runs eagerly on what the graph hands on, where
+    no graph (and no guard) sees it. Refused when this rank's tokens are among the outputs, unless the function
+    is marked token-local (the eager guard catches attention there; a cumsum it cannot)."""
+    callee = disabled_callee(gm)
+    if callee is None or (callee[1] is not None and is_token_local_function(callee[1])):
+        return
+    node = next(n for n in gm.graph.nodes if n.op == "output")
+    sources = pytree.tree_leaves(node.args[0])
+    for value, source in zip(pytree.tree_leaves(out), sources):
+        if isinstance(value, torch.Tensor) and isinstance(tracker.tag(value), Seq):
+            tracker.node = source if isinstance(source, torch.fx.Node) else node
+            detail = f"this rank's tokens go on into the torch.compiler.disable'd function {callee[0]} ({callee[2]})"
+            tracker.flag(callee[0], "eager", detail=detail)
+            return
+
+
+def live(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """Nodes whose result reaches the graph's output or an op with a side effect: a refusal of a dead node (a
+    value Dynamo traced but nothing uses) would refuse a correct model."""
+    roots = [n for n in gm.graph.nodes if n.op == "output" or _effectful(n)]
+    seen: set[torch.fx.Node] = set()
+    while roots:
+        n = roots.pop()
+        if n not in seen:
+            seen.add(n)
+            roots.extend(n.all_input_nodes)
+    return seen
+
+
+def _effectful(n: torch.fx.Node) -> bool:
+    if n.op not in ("call_function", "call_method"):
+        return n.op != "placeholder" and n.op != "get_attr"
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    if name.endswith("_") or "out" in n.kwargs or isinstance(n.target, torch._ops.HigherOrderOperator):
+        return True
+    try:
+        return n.is_impure()
+    except Exception:  # noqa: BLE001  (a target torch cannot judge: kept)
+        return True

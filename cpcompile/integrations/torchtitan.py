@@ -26,7 +26,6 @@ from ..errors import CPCompileError
 from ..layouts import LAYOUTS, THD_LAYOUTS
 from ..mesh import resolve_group
 from ..sharding import plan_documents, shard
-from ..token_local import mark_builtin_token_local
 from .rows import check_strategy, pack_rows
 
 ATTENTION_STRATEGIES = {"sdpa": tuple(LAYOUTS), "varlen": tuple(THD_LAYOUTS)}
@@ -55,31 +54,13 @@ def _torchtitan_attention_classes() -> dict[str, type]:
     return {"sdpa": ScaledDotProductAttention, "varlen": VarlenAttention, "flex": FlexAttention}
 
 
-_ROPE_MARKED = False
-
-
-def _mark_rope_token_local() -> None:
-    """torchtitan's RoPE looks its cache up at each token's position (`cache[positions]`, an aten.index by a
-    sequence-sharded tensor), which DTensor has no sharding rule for, so the token guard cannot tell that it is
-    token-local and refuses it. It is token-local (each token reads the cache row of its own position): mark it,
-    once. A torchtitan without that function is left to the guard, which then refuses rather than guesses."""
-    global _ROPE_MARKED
-    if _ROPE_MARKED:
-        return
-    from torchtitan.models.common import rope
-
-    lookup = getattr(rope, "_reshape_for_broadcast", None)
-    if lookup is not None:
-        mark_builtin_token_local(lookup)
-    _ROPE_MARKED = True
-
-
 def check_model(model: torch.nn.Module) -> str:
     """The torchtitan inner attention every layer of `model` uses (compiled or not): "sdpa" or "varlen".
 
     FlexAttention (torchtitan's default, attn_backend="flex"), a mix of kinds, or none raise CPCompileError.
-    Also marks torchtitan's RoPE cache lookup token-local for the token guard (see _mark_rope_token_local):
-    call it, or shard_batch, before the compiled model's first call."""
+    Nothing of torchtitan's is marked token-local: the token guard follows its RoPE cache lookup
+    (`rope_cache[positions]`, a gather at token positions) and refuses the prefix slice it takes without
+    positions (`rope_cache[0:seqlen]`, positions of the LOCAL length)."""
     model = getattr(model, "_orig_mod", model)
     classes = _torchtitan_attention_classes()
     found = {kind for m in model.modules() for kind, cls in classes.items() if isinstance(m, cls)}
@@ -97,7 +78,6 @@ def check_model(model: torch.nn.Module) -> str:
             f"found {sorted(found) or 'none'}. Fix: pass the torchtitan Decoder (e.g. Llama3Model) whose layers "
             "all use one of them."
         )
-    _mark_rope_token_local()
     return found.pop()
 
 

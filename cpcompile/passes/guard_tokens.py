@@ -9,14 +9,15 @@ from .. import guard as token_guard
 from ..errors import CPCompileError
 from ..mesh import resolve_group
 
-_SEEN: dict[int, tuple[object, set[int]]] = {}
-"""id(backend config) -> (config, the local sequence lengths of the attention sites compiled with it): a later
-graph of the same backend with no site (after a graph break) whose inputs have one is checked with it as the
-sequence length, fully."""
+_SEEN: dict[int, tuple[object, set[int], list]] = {}
+"""id(backend config) -> (config, the local sequence lengths of the attention sites compiled with it, its graphs
+compiled before any length was known): a later graph of the same backend with no site (after a graph break) whose
+inputs have one is checked with it as the sequence length, fully; the graph that brings the first length checks
+the earlier ones with it (guard/infer.check_pending)."""
 
 
-def _seen(config) -> set[int]:
-    return _SEEN.setdefault(id(config), (config, set()))[1]
+def _memory(config) -> tuple[object, set[int], list]:
+    return _SEEN.setdefault(id(config), (config, set(), []))
 
 
 def _cp_size(state) -> int:
@@ -33,4 +34,5 @@ def _cp_size(state) -> int:
 def refuse_token_mixing(gm: torch.fx.GraphModule, state) -> None:
     """The pass step: raise one CPCompileError for the first token-mixing op left in `gm` (or a flex_attention
     node the rewrite did not reach)."""
-    token_guard.refuse_token_mixing(gm, state.plans, _cp_size(state), _seen(state.config), state.config.strategy)
+    _, seen, pending = _memory(state.config)
+    token_guard.refuse_token_mixing(gm, state.plans, _cp_size(state), seen, state.config.strategy, pending)

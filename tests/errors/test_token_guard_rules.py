@@ -5,6 +5,8 @@ copies into slices (DeepSeek-V3's new_empty + copy_) and replicated tables read 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -150,4 +152,47 @@ def test_bert_without_position_ids_is_refused(no_comm):
 
     model = build("bert", "cpcompile", dtype=torch.float32)
     msg = refusal(lambda ids: model(input_ids=ids).logits, torch.randint(3, 100, (1, 16)))
+    assert "LOCAL sequence length" in msg and POSITIONS_FIX in msg, msg
+
+
+def length_scale(x):
+    return attend(x) * x.shape[1]
+
+
+def log_length_scale(x):  # a log-n attention scale: Dynamo folds math.log(8) into the graph
+    return attend(x * math.log(x.shape[1]))
+
+
+def positions_over_length(x, pos):
+    return attend(x * (pos[..., None] / x.size(1)))
+
+
+@pytest.mark.parametrize("fn,form", [(length_scale, "L"), (log_length_scale, "log(L)"), (positions_over_length, "L")])
+def test_the_local_length_as_a_number_is_refused(no_comm, fn, form):
+    """x * L, log(L), pos / L with L = x.shape[1]: each rank's L is its share of the tokens (was error 0.5-0.74)."""
+    args = (torch.randn(B, L, D),) + ((torch.arange(L).expand(B, L),) if fn is positions_over_length else ())
+    msg = refusal(fn, *args)
+    assert f"at {__file__}:" in msg and "LOCAL sequence length as a number" in msg, msg
+    assert f"is {form} for this rank's length L = {L}" in msg and "use the GLOBAL length" in msg, msg
+
+
+def test_numbers_that_are_not_the_length_compile():
+    """A constant equal to L on a line that reads no size, and sizes read for a view beside other numbers."""
+    assert D == L
+    compile_cp(lambda x: attend(x) * 8, torch.randn(B, L, D))
+    compile_cp(lambda x: attend(x.view(x.shape[0], x.shape[1], 2, -1).flatten(2) * 2), torch.randn(B, L, D))
+
+
+def test_llama4_temperature_tuning_is_refused(no_comm):
+    """Llama 4's NoPE layers scale queries by a temperature of positions it makes from the LOCAL length
+    (`torch.arange(hidden_states.shape[1])`); without it the model is in the HF zoo (tests/parity/test_hf_zoo.py)."""
+    pytest.importorskip("transformers")
+    from tests.support.hf_zoo import build
+
+    model = build("llama4", "cpcompile", dtype=torch.float32, attn_temperature_tuning=True)
+    ids, pos = torch.randint(3, 100, (1, 16)), torch.arange(16, 32)[None]
+    msg = refusal(lambda ids, pos: model(input_ids=ids, position_ids=pos, use_cache=False).logits, ids, pos)
+    assert "modeling_llama4.py" in msg and "query_states * attn_scales" in msg and "torch.arange of the local" in msg, (
+        msg
+    )
     assert "LOCAL sequence length" in msg and POSITIONS_FIX in msg, msg

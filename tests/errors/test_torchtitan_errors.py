@@ -71,3 +71,20 @@ def test_without_torchtitan(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchtitan.models.common.attention", None)  # import fails
     with pytest.raises(CPCompileError, match="needs torchtitan"):
         titan.check_model(torch.nn.Linear(2, 2))
+
+
+def test_positions_omitted_are_refused(models):
+    """Without positions torchtitan's RoPE reads its cache from 0 to the rank's LOCAL length: refused by the token
+    guard, naming the line and the fix (was error 6.8e-3 unchecked)."""
+    import cpcompile
+
+    with fake_group(0, 2), pytest.raises(Exception) as excinfo:
+        torch._dynamo.reset()
+        compiled = torch.compile(models["sdpa"], backend=cpcompile.backend(strategy="zigzag", inner="eager"))
+        compiled(cpcompile.shard(TOKENS, strategy="zigzag", seq_dim=1))
+    error = excinfo.value
+    while error is not None and not isinstance(error, CPCompileError):
+        error = error.__cause__ or error.__context__
+    assert error is not None, excinfo.value
+    msg = str(error)
+    assert "LOCAL sequence length" in msg and "torchtitan: pass positions=" in msg and "/torchtitan/" in msg, msg

@@ -24,7 +24,7 @@ from cpcompile.testing.distributed import RankPool
 
 pytest.importorskip("transformers")
 
-from tests.support.hf_zoo import CAUSAL, MODELS, MOE, RUNS, WINDOW, batch, build  # noqa: E402
+from tests.support.hf_zoo import CAUSAL, MASKED, MODELS, MOE, RUNS, WINDOW, batch, build  # noqa: E402
 
 BATCH, SEQ = 2, 32
 LOGITS_TOL = 1e-10  # fp64 logits, relative to the largest
@@ -51,7 +51,7 @@ AOT = ("gemma2",)
 
 def _reference(name: str, full: dict) -> dict:
     model = build(name, "eager" if name in EAGER_REFERENCE else "sdpa")
-    kwargs = {} if name == "bert" else {"use_cache": False}
+    kwargs = {} if name in MASKED else {"use_cache": False}
     out = model(**full, **kwargs)
     out.loss.backward()
     return {
@@ -68,7 +68,7 @@ def _cp(name: str, full: dict, strategy: str, comm: str) -> dict:
     be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager" if name in AOT else "eager")
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=be, fullgraph=True)
-    out = compiled(**local, **({} if name == "bert" else {"use_cache": False}))
+    out = compiled(**local, **({} if name in MASKED else {"use_cache": False}))
     loss = out.loss
     if name == "bert":  # BertForMaskedLM takes a plain mean over the rank's targets (it ignores num_items_in_batch)
         loss = loss * (local["labels"] != -100).sum() / local["num_items_in_batch"]
@@ -123,6 +123,7 @@ WINDOWED = {
     "gemma2": [(WINDOW - 1, 0), None],
     "gemma3": [(WINDOW - 1, 0), None],
     "gpt_oss": [(WINDOW - 1, 0), None],
+    "modernbert": [(WINDOW, WINDOW), None],  # HF's mask: |q - kv| <= config.sliding_window (local_attention / 2)
 }
 
 

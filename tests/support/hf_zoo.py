@@ -80,6 +80,19 @@ def _config(name: str):
             first_k_dense_replace=1, n_shared_experts=1, num_key_value_heads=4,
         )  # fmt: skip
         return T.DeepseekV3ForCausalLM, T.DeepseekV3Config(**cfg)
+    if name == "llama4":  # MoE every layer (4 experts, top 1, sigmoid router, shared expert), a RoPE and a NoPE
+        cfg = _llama_sizes(  # layer (no temperature tuning: it builds positions from the LOCAL length, refused)
+            head_dim=16, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=1,
+            no_rope_layers=[1, 0], attn_temperature_tuning=False, layer_types=["full_attention"] * 2,
+            attention_chunk_size=None,
+        )  # fmt: skip
+        return T.Llama4ForCausalLM, T.Llama4TextConfig(**cfg)
+    if name == "modernbert":  # layer 0 global, layer 1 a bidirectional window of WINDOW tokens each side
+        cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+        drop = dict(attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0)
+        ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+        extra = dict(local_attention=2 * WINDOW, global_attn_every_n_layers=2, max_position_embeddings=64)
+        return T.ModernBertForMaskedLM, T.ModernBertConfig(**cfg, **drop, **ids, **extra)
     if name == "bert":
         drop = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
@@ -87,13 +100,15 @@ def _config(name: str):
     raise KeyError(name)
 
 
-MOE = ("qwen3_moe", "mixtral", "deepseek_v3")
+MOE = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4")
 """Mixture-of-experts models (DeepSeek-V3 with MLA): the token guard follows their routing unmarked."""
 CAUSAL = (
     "llama", "qwen2", "qwen3", "mistral", "mistral_sw", "gemma2", "gemma3", "gpt_oss", "phi3", "gpt_neox", "gpt2",
     "olmo2", *MOE,
 )  # fmt: skip
-MODELS = (*CAUSAL, "bert")
+MASKED = ("bert", "modernbert")
+"""Masked LMs (bidirectional attention); the rest are causal."""
+MODELS = (*CAUSAL, *MASKED)
 RUNS: dict[str, tuple[tuple[str, str, int], ...]] = {name: (("zigzag", "all_gather", 2),) for name in MODELS}
 """What tests/parity/test_hf_zoo.py runs each model under: (strategy, comm, ranks); README's table reads it too."""
 for _name in ("gemma3", "bert"):  # a2a at 4 ranks: gemma3 has a sliding and a full layer
@@ -123,18 +138,17 @@ def features(name: str) -> list[str]:
 
 def _gpt_oss_moe(cfg) -> None:
     """GPT-OSS's experts on HF's batched_mm implementation (its default loops over the experts a batch hits, a
-    data-dependent graph break), and its MoE block declared token-local: the token guard cannot yet tell that a
-    router's top-k over the experts and the experts' weight gather keep every token to itself (another change
-    teaches it routers; until then the mark is this test's promise, which parity checks)."""
-    from transformers.models.gpt_oss import modeling_gpt_oss
-
+    data-dependent graph break). Its MoE block is not marked: the token guard follows the router's top-k over the
+    experts and the experts' weight gather."""
     cfg._experts_implementation = "batched_mm"
-    cpcompile.mark_token_local(modeling_gpt_oss.GptOssMLP)
 
 
-def build(name: str, attn_implementation: str, seed: int = 0, dtype: torch.dtype = torch.float64):
-    """The tiny model `name` with seeded random weights, in `dtype`, in training mode (all dropout is 0)."""
+def build(name: str, attn_implementation: str, seed: int = 0, dtype: torch.dtype = torch.float64, **config):
+    """The tiny model `name` with seeded random weights, in `dtype`, in training mode (all dropout is 0);
+    `config`: attributes of its config to change."""
     cls, cfg = _config(name)
+    for key, value in config.items():
+        setattr(cfg, key, value)
     cfg._attn_implementation = attn_implementation
     if name == "gpt_oss":
         _gpt_oss_moe(cfg)

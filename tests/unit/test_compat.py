@@ -147,3 +147,24 @@ def test_mesh_flatten_is_there_where_stated():
     from torch.distributed.device_mesh import DeviceMesh
 
     assert callable(getattr(DeviceMesh, "_flatten", None)) == serves(mesh_flatten.TORCH_VERSIONS)
+
+
+def test_graph_break_is_read_from_dynamo():
+    """A graph cut at a graph break says so; a frame's whole graph does not."""
+    from cpcompile.compat import graph_break
+
+    found = []
+
+    def backend(gm, example_inputs):
+        found.append(graph_break.ends_at_graph_break(gm))
+        return gm
+
+    def broken(x):
+        y = x + 1
+        torch._dynamo.graph_break()
+        return y * 2
+
+    torch._dynamo.reset()
+    torch.compile(broken, backend=backend)(torch.ones(2))
+    assert found == [True, False], found
+    assert serves(graph_break.TORCH_VERSIONS)

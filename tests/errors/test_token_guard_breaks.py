@@ -1,0 +1,175 @@
+"""Graphs Dynamo cuts at graph breaks (compiled without fullgraph=True): a graph before the first attention graph
+has no local length of its own; the backend keeps it and checks it fully once its first attention graph brings
+the length, before that graph's collectives. A per-rank reduction over tokens that decides a value there (HF's
+dynamic RoPE compares max(position_ids) + 1 with its cache and branches in Python) is refused on every rank, as
+are local-length positions made there and an integer reduction over tokens handed to Python at a break."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import cpcompile
+from cpcompile.testing.distributed import RankPool
+from tests.errors.test_token_guard import B, D, L, attend, no_marks  # noqa: F401
+from tests.support.errors import cp_error as _cp_error
+from tests.support.fake_pg import fake_group
+
+POSITIONS_FIX = "pass the tokens' GLOBAL position ids"
+H = 12
+"""The hidden size here: not the local length, so a graph without attention has one reading of its dims (with
+L == D the guard refuses when any reading mixes tokens)."""
+
+
+def compile_broken(fn, *args):
+    """Compile (without fullgraph) and run `fn` as rank 0 of a fake CP group of 2."""
+    with fake_group(0, 2):
+        be = cpcompile.backend(strategy="zigzag", inner="eager")
+        torch._dynamo.reset()
+        return torch.compile(fn, backend=be)(*args)
+
+
+def refusal(fn, *args) -> str:
+    with pytest.raises(Exception) as excinfo:
+        compile_broken(fn, *args)
+    return str(_cp_error(excinfo))
+
+
+def branch_on_max_position(x, pos):
+    seq_len = pos.max() + 1
+    if seq_len > 4 * L:  # the global batch decides once; each rank would decide on its own positions
+        x = x * 2
+    return attend(x)
+
+
+def python_number_from_max_position(x, pos):
+    seq_len = int(pos.max())  # a graph break: the per-rank max leaves the graph into Python
+    return attend(x * seq_len)
+
+
+def loss_share_at_a_break(x):
+    loss = attend(x).sum()  # a floating-point share: the caller combines it across ranks
+    torch._dynamo.graph_break()
+    return loss * 2
+
+
+table = nn.Embedding(64, H)
+
+
+def positions_before_attention(x):
+    x = x + table(torch.arange(x.shape[1]))  # local positions, in a graph with no attention
+    torch._dynamo.graph_break()
+    return attend(x)
+
+
+def global_positions_before_attention(x, pos):
+    x = x + table(pos)
+    torch._dynamo.graph_break()
+    return attend(x)
+
+
+def test_a_per_rank_max_deciding_a_branch_is_refused(no_comm):
+    pos = torch.arange(L).expand(B, L)
+    msg = refusal(branch_on_max_position, torch.randn(B, L, D), pos)
+    assert f"node 'gt' at {__file__}:" in msg and "if seq_len > 4 * L" in msg, msg
+    assert "reduction over tokens decide a value" in msg and "max(position_ids)" in msg, msg
+
+
+def test_an_integer_reduction_over_tokens_leaving_at_a_break_is_refused(no_comm):
+    msg = refusal(python_number_from_max_position, torch.randn(B, L, D), torch.arange(L).expand(B, L))
+    assert f"node 'max_1' at {__file__}:" in msg and "leaves the graph at a graph break" in msg, msg
+
+
+def test_local_positions_before_the_first_attention_graph_are_refused(no_comm):
+    msg = refusal(positions_before_attention, torch.randn(B, L, H))
+    assert f"at {__file__}:" in msg and "LOCAL sequence length" in msg and POSITIONS_FIX in msg, msg
+
+
+def test_correct_graphs_around_breaks_compile():
+    """A loss share returned at a break, global positions before the first attention graph: not refused."""
+    compile_broken(loss_share_at_a_break, torch.randn(B, L, H))
+    compile_broken(global_positions_before_attention, torch.randn(B, L, H), torch.arange(L).expand(B, L))
+
+
+def _hf_rope(rank: int, world: int, rope_type: str) -> str:
+    """HF Llama with `rope_type` RoPE, compiled without fullgraph on the CP ranks against one process: the
+    error on this rank, or the largest relative error of logits and summed gradients."""
+    import transformers as T
+
+    def build(impl):
+        cfg = T.LlamaConfig(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=16,
+            rope_parameters={"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0},
+        )  # fmt: skip
+        cfg._attn_implementation = impl
+        torch.manual_seed(0)
+        return T.LlamaForCausalLM(cfg).double().train()
+
+    ids = torch.randint(3, 128, (1, 32), generator=torch.Generator().manual_seed(1))
+    full = {"input_ids": ids, "labels": ids.clone()}
+    ref = build("sdpa")
+    out = ref(**full, use_cache=False)
+    out.loss.backward()
+    model = build("cpcompile")
+    local = cpcompile.shard_batch(full, strategy="zigzag", hf_loss="causal_lm")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", inner="eager"))
+    try:
+        got = compiled(**local, use_cache=False)
+    except Exception as e:  # noqa: BLE001
+        return str(_cp_error_of(e))
+    got.loss.backward()
+    logits = cpcompile.shard(out.logits.detach(), strategy="zigzag", seq_dim=1)
+    errors = [((got.logits - logits).abs().max() / logits.abs().max()).item()]
+    for p, q in zip(model.parameters(), ref.parameters()):
+        dist.all_reduce(p.grad)
+        errors.append(((p.grad - q.grad).abs().max() / q.grad.abs().max()).item())
+    return f"error {max(errors):.3g}"
+
+
+def _cp_error_of(e: BaseException) -> BaseException:
+    while e is not None and not isinstance(e, cpcompile.CPCompileError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+@pytest.fixture(scope="module")
+def ranks2():
+    pool = RankPool(2)
+    yield pool
+    pool.close()
+
+
+@pytest.mark.multirank
+def test_hf_dynamic_rope_without_fullgraph_fails_every_rank(ranks2):
+    """Each rank's max(position_ids) picks its own RoPE frequencies (logits 1e-3, grads 0.15 off unchecked)."""
+    pytest.importorskip("transformers")
+    for rank, msg in enumerate(ranks2.run(_hf_rope, "dynamic", timeout=600)):
+        assert "node 'gt'" in msg and "in dynamic_frequency_update" in msg, (rank, msg)
+        assert "max(position_ids)" in msg, (rank, msg)
+    for rank, msg in enumerate(ranks2.run(_hf_rope, "linear", timeout=600)):  # the same breaks, no branch on max
+        assert msg.startswith("error") and float(msg.split()[1]) < 1e-10, (rank, msg)
+
+
+@torch.compiler.disable
+def eager_cumsum(h):
+    return h.cumsum(1) / 4
+
+
+def around_eager_cumsum(x):
+    return attend(eager_cumsum(attend(x)))
+
+
+def test_tokens_into_a_disabled_function_are_refused(no_comm):
+    """The cumsum runs eagerly between two graphs, where no graph sees it (was error 0.4-0.6 on 2 ranks)."""
+    msg = refusal(around_eager_cumsum, torch.randn(B, L, H))
+    assert "torch.compiler.disable'd function eager_cumsum" in msg and f"({__file__}:" in msg, msg
+    assert "cpcompile.mark_token_local(eager_cumsum)" in msg, msg
+
+
+def test_a_marked_disabled_function_compiles():
+    cpcompile.mark_token_local(eager_cumsum)  # a false promise, for the test: the mark is the user's word
+    compile_broken(around_eager_cumsum, torch.randn(B, L, H))
