@@ -134,21 +134,17 @@ def _whole(t: torch.Tensor, spec: MixerSpec, cp: int) -> torch.Tensor:
     return torch.empty(shape, dtype=t.dtype, device="meta", requires_grad=t.requires_grad)
 
 
-def _shared_lengths(node, spec: MixerSpec, shared: dict) -> set[int]:
-    """The local lengths of the shared inputs (each must hold tokens on seq_dim)."""
+def token_lengths(node, spec: MixerSpec, named, fix: str) -> set[int]:
+    """The local lengths (sizes on seq_dim) of the tensors in `named` ((what it is, value) pairs; values that are
+    not tensors are skipped); a DTensor, or a tensor without seq_dim, is refused (`fix`: what to declare instead)."""
     lengths = set()
-    for name, t in shared.items():
+    for what, t in named:
         if isinstance(t, DTensor):
-            raise refuse(node, spec, f"takes a DTensor {name}", "feed the model plain tensors from shard_batch")
+            raise refuse(node, spec, f"takes a DTensor {what}", "feed the model plain tensors from shard_batch")
         if not isinstance(t, torch.Tensor):
             continue
         if not -t.dim() <= spec.seq_dim < t.dim():
-            raise refuse(
-                node,
-                spec,
-                f"has a shared input {name} of shape {tuple(t.shape)} without seq_dim={spec.seq_dim}",
-                "declare as shared_inputs only token tensors (tokens on seq_dim, no heads dim)",
-            )
+            raise refuse(node, spec, f"has a {what} of shape {tuple(t.shape)} without seq_dim={spec.seq_dim}", fix)
         lengths.add(int(t.shape[spec.seq_dim]))
     return lengths
 
@@ -205,7 +201,12 @@ def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
     outputs = _token_shapes(node, spec, pytree.tree_leaves(example(node)), cp, "output")
     if not inputs:
         raise refuse(node, spec, "has no tensor argument", "call it on the token tensors it mixes")
-    lengths = {length for _, length in inputs + outputs} | _shared_lengths(node, spec, shared)
+    lengths = {length for _, length in inputs + outputs} | token_lengths(
+        node,
+        spec,
+        ((f"shared input {name}", t) for name, t in shared.items()),
+        "declare as shared_inputs only token tensors (tokens on seq_dim, no heads dim)",
+    )
     if len(lengths) != 1:
         raise refuse(
             node,

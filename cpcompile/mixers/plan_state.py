@@ -16,12 +16,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
-from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from ..mesh import CPGroup
 from .declare import MIXERS, MixerSpec
-from .plan import example, refuse
+from .plan import example, refuse, token_lengths
 from .state_region import halo_region, state_region
 
 _FLAT = "flat"
@@ -61,24 +60,6 @@ class StatePlan:
             state_dtype=self.state_dtype,
             **where,
         )
-
-
-def _lengths(node, spec: MixerSpec, values, what: str) -> set[int]:
-    found = set()
-    for t in values:
-        if isinstance(t, DTensor):
-            raise refuse(node, spec, f"takes a DTensor {what}", "feed the model plain tensors from shard_batch")
-        if not isinstance(t, torch.Tensor):
-            continue
-        if not -t.dim() <= spec.seq_dim < t.dim():
-            raise refuse(
-                node,
-                spec,
-                f"has a {what} of shape {tuple(t.shape)} without seq_dim={spec.seq_dim}",
-                "declare the dim its token tensors hold the tokens on",
-            )
-        found.add(int(t.shape[spec.seq_dim]))
-    return found
 
 
 def _meta(t, spec: MixerSpec | None = None, extra: int = 0):
@@ -205,8 +186,9 @@ def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
         )
     if spec.state is not None:
         _check_flags(node, spec, spec.named(args, kwargs)[1])
-    lengths = _lengths(node, spec, pytree.tree_leaves((args, kwargs)), "tensor argument")
-    lengths |= _lengths(node, spec, pytree.tree_leaves(example(node)), "output")
+    fix = "declare the dim its token tensors hold the tokens on"
+    lengths = token_lengths(node, spec, (("tensor argument", t) for t in pytree.tree_leaves((args, kwargs))), fix)
+    lengths |= token_lengths(node, spec, (("output", t) for t in pytree.tree_leaves(example(node))), fix)
     if len(lengths) != 1:
         raise refuse(
             node,
