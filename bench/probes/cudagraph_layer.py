@@ -1,0 +1,101 @@
+"""Is the compiled layer's small-shard gap host time? One CP rank of the GPU check's layer (Llama3-8B attention,
+bf16, fwd+bwd, S=32K, cp=8: 4K tokens a rank, fake process group) compiled twice, with torch.compile's default mode
+and with mode="reduce-overhead" (Inductor's CUDA graphs: the step's launches replayed from one graph), each against
+the single-GPU layer compiled the same way / cp, side by side in one run. Prints a row per (comm, layout): the two
+efficiencies, and the CUDA-graph skips Inductor counted (a graph it did not capture runs as before).
+
+    python -m bench.probes.cudagraph_layer [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+import cpcompile
+from bench.common import time_many_ms
+from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents, layer_inputs
+from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, fake_group
+
+ROWS = (
+    ("all_gather", "zigzag"),
+    ("a2a", "zigzag"),
+    ("ring", "zigzag"),
+    ("all_gather", "thd_zigzag"),
+    ("ring", "thd_zigzag"),
+    ("all_gather", "thd_balanced"),
+)
+MODES = ("default", "reduce-overhead")
+
+
+def _step(fn, x, extra, mode):
+    x = x.detach().requires_grad_()
+    dout = torch.randn(x.shape, device="cuda", dtype=DTYPE)
+
+    def run():
+        if mode != "default":
+            torch.compiler.cudagraph_mark_step_begin()
+        fn(x, *extra).backward(dout)
+
+    return run
+
+
+def _skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["inductor"].get(k, 0) for k in ("cudagraph_skips",))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch._logging.set_logs(perf_hints=True)  # Inductor's "skipping cudagraphs due to ..." lines
+    torch._dynamo.config.cache_size_limit = 256
+    torch._dynamo.config.accumulated_cache_size_limit = 1024
+    layer = build(LLAMA3_8B, DTYPE)
+    dense_x = torch.randn(1, SPEED_SEQ, LLAMA3_8B.hidden, device="cuda", dtype=DTYPE)
+    cu = cu_of(documents(SPEED_SEQ, seed=3, unit=2 * SPEED_CP))
+    longest = int((cu[1:] - cu[:-1]).max())
+    single = {}
+    for mode in MODES:
+        fn = torch.compile(layer, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)
+        single[("dense", mode)] = _step(fn, dense_x, (), mode)
+        single[("packed", mode)] = _step(fn, dense_x[0], (cu.cuda(), longest), mode)
+    records = []
+    with fake_group(0, SPEED_CP):
+        for comm, layout in ROWS:
+            kind = "packed" if layout in PACKED else "dense"
+            x = dense_x[0] if kind == "packed" else dense_x
+            local, model_cu, longest_local = layer_inputs(layout, x, cu)
+            extra = () if model_cu is None else (model_cu, longest_local)
+            steps, skips = {}, {}
+            for mode in MODES:
+                be = cpcompile.backend(strategy=layout, comm=comm, kernel="auto", inner="inductor")
+                try:
+                    before = _skips()
+                    fn = torch.compile(layer, backend=be, fullgraph=True, dynamic=False,
+                                       mode=None if mode == "default" else mode)  # fmt: skip
+                    steps[mode] = _step(fn, local, extra, mode)
+                    for _ in range(3):
+                        steps[mode]()
+                    skips[mode] = _skips() - before
+                except Exception as e:  # noqa: BLE001  (a row that fails prints why and the others go on)
+                    print(f"{comm}/{layout} {mode}: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+            for mode, step in steps.items():
+                ref_ms, rank_ms = time_many_ms([single[(kind, mode)], step], iters=10, warmup=3)
+                eff = ref_ms / SPEED_CP / rank_ms
+                records.append(dict(layout=layout, comm=comm, S=SPEED_SEQ, cp=SPEED_CP, rank=0, mode=mode,
+                                    efficiency=round(eff, 4), rank_ms=round(rank_ms, 3), single_gpu_ms=round(ref_ms, 3),
+                                    cudagraph_skips=skips[mode]))  # fmt: skip
+                print(f"{comm}/{layout} {mode}: {eff:.3f} ({rank_ms:.2f} ms vs {ref_ms:.2f} / {SPEED_CP}), "
+                      f"cudagraph skips {skips[mode]}", flush=True)  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
