@@ -62,20 +62,28 @@ def _nodes(cp: int) -> tuple[int, ...]:
 
 
 def grid(quick: bool) -> list[Case]:
-    """The GPU grid in priority order (issue 25's cp=8 rows first, then issue 31's meshes, packed, cp 2/4, 16)."""
-    dense = ("all_gather", "a2a", "ring")
-    sizes = (8192,) if quick else (8192, 4096, 32768)
-    cases = [Case("zigzag", c, s, 8, _nodes(8)) for s in sizes for c in dense]
-    cases += [Case("zigzag", "hierarchical", s, 8, (4,), (2, 4)) for s in sizes]
-    packed_sizes = (8192,) if quick else (8192, 32768)
-    cases += [Case("thd_balanced", c, s, 8, _nodes(8)) for s in packed_sizes for c in ("all_gather", "selective")]
+    """The GPU grid in priority order, since the budget may end it: cp=8 at 8K and 4K tokens a rank (every comm,
+    hierarchical on 2x4), packed at 8K, cp=8 at 32K, cp 4 and 2, packed at 32K, then 16 ranks (2x8, 4x4)."""
+    dense, packed = ("all_gather", "a2a", "ring"), ("all_gather", "selective")
+
+    def cp8(s: int) -> list[Case]:
+        return [Case("zigzag", c, s, 8, _nodes(8)) for c in dense] + [
+            Case("zigzag", "hierarchical", s, 8, (4,), (2, 4))
+        ]
+
+    def small_cp(sizes: tuple[int, ...]) -> list[Case]:
+        return [Case("zigzag", c, s, cp, (cp,)) for s in sizes for cp in (4, 2) for c in dense]
+
+    cases = cp8(8192)
     if quick:
-        return cases
-    cases += [Case("zigzag", c, s, cp, (cp,)) for cp in (4, 2) for s in sizes for c in dense]
+        return cases + [Case("thd_balanced", c, 8192, 8, _nodes(8)) for c in packed]
+    cases += cp8(4096) + [Case("thd_balanced", c, 8192, 8, _nodes(8)) for c in packed] + cp8(32768)
+    cases += small_cp((8192, 4096)) + [Case("thd_balanced", c, 32768, 8, _nodes(8)) for c in packed]
+    cases += small_cp((32768,))
     for s in (8192, 32768):
         cases += [Case("zigzag", c, s, 16, _nodes(16)) for c in dense]
         cases += [Case("zigzag", "hierarchical", s, 16, (m[1],), m) for m in ((2, 8), (4, 4))]
-        cases += [Case("thd_balanced", c, s, 16, _nodes(16)) for c in ("all_gather", "selective")]
+        cases += [Case("thd_balanced", c, s, 16, _nodes(16)) for c in packed]
     return cases
 
 
@@ -171,7 +179,8 @@ def _wire(be, case: Case) -> dict:
 
 def _count(link: Link, step, topo: Topology) -> dict:
     """One recorded step on `topo`: what the link group counted (bytes, link time) and the sleeps' GPU time. On
-    CUDA the sleep clock is first corrected by one measured step (the SM clock under load is not the idle one)."""
+    CUDA the sleep clock is first corrected by one measured step (the SM clock under load is not the idle one,
+    and each sleep has a launch; the correction is held within 0.5-2x and recorded as `sleep_scale`)."""
     link.topology, link.enabled, link.scale = topo, True, 1.0
     link.record()
     step()
@@ -179,7 +188,7 @@ def _count(link: Link, step, topo: Topology) -> dict:
     measured = link.measured_ms()
     target = 1e3 * sum(s.seconds for s in sent)
     if measured > 0 and target > 0:
-        link.scale = target / measured
+        link.scale = min(2.0, max(0.5, target / measured))
         link.record()
         step()
         link.stop()

@@ -9,7 +9,8 @@ bandwidth (cpcompile/testing/link_model.py), so a compiled step shows how much c
 How one collective runs (`LinkGroup._issue`), with the link on and on CUDA:
 1. an event recorded on the current stream marks the input ready;
 2. the group's link stream (one per process group, as NCCL has one per communicator, so the collectives of one
-   group queue behind each other and two groups' overlap) waits for it, then sleeps `torch.cuda._sleep` for the
+   group queue behind each other and two groups' overlap; high priority, so the sleep's one thread block is not
+   queued behind the compute kernels' blocks) waits for it, then sleeps `torch.cuda._sleep` for the
    collective's seconds at the calibrated clock (`calibrate`), then records a done event;
 3. the Work's `wait()` (functional collectives' `wait_tensor`, where the compiled graph first needs the result)
    makes the then-current stream wait for the done event.
@@ -150,7 +151,7 @@ class LinkGroup(dist.ProcessGroup):
         if not (link.enabled and sample.is_cuda and seconds > 0):
             return LinkWork(None, outputs)
         if self._stream is None:
-            self._stream = torch.cuda.Stream(device=sample.device)
+            self._stream = torch.cuda.Stream(device=sample.device, priority=-1)  # not queued behind compute blocks
         ready, done = torch.cuda.Event(), torch.cuda.Event()
         ready.record()
         with torch.cuda.stream(self._stream):
