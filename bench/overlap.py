@@ -244,7 +244,8 @@ def run_case(env: Env, case: Case) -> list[dict]:
         rec = dict(
             layout=case.layout, comm=case.comm, S=case.tokens, S_total=case.tokens * case.cp, cp=case.cp,
             levels=topo.describe(case.cp).split(" ")[0], mesh=f"{case.mesh[0]}x{case.mesh[1]}" if case.mesh else None,
-            kernel=kernel, heads=f"{env.shape.hq}/{env.shape.hkv}", intra_gbps=env.intra, inter_gbps=env.inter,
+            kernel=kernel, hq=env.shape.hq, hkv=env.shape.hkv, head_dim=env.shape.head_dim,
+            max_doc=longest if case.layout in PACKED else None, intra_gbps=env.intra, inter_gbps=env.inter,
             **wire, **count, step_ms_link=round(t, 4), step_ms_compute=round(compute_ms, 4),
             exposed_frac=round((t - compute_ms) / t, 4), single_gpu_ms=None if ref is None else round(ref, 4),
             efficiency_link=None if ref is None else round(ref / case.cp / t, 4),

@@ -156,7 +156,7 @@ COMMS: dict[str, Comm] = {
         level_bytes=hierarchical.level_bytes,
         varlen_region=hierarchical_varlen.hierarchical_varlen_attention,
         varlen_rank_blocks=hierarchical_varlen.rank_blocks,
-        auto_option=False,  # its gain is the slower link across nodes, which the cost model (one link) does not see
+        # an option on 2-D CP meshes only (its rules refuse a 1-D group): each level costed on its own link
         overhead_as="a2a",  # the same pack and unpack of q/k/v and the output around the exchange
         capabilities=Capabilities(
             packed_layouts=("thd",),
