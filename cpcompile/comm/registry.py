@@ -44,7 +44,8 @@ class Comm:
     (cost/model.py): every comm has it, since kernel="auto" costs the kernel options under a named comm too."""
     auto_option: bool = True
     """Whether comm="auto" considers it. The ring's advantage is overlap and memory, which the cost model (no
-    overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named."""
+    overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named, except
+    at a point the overlap bench measured (cost/measured.py), where the measured step times rank it."""
     varlen_region: Callable | None = None
     """The packed-document region (q, k, v, cu_seqlens, *, ..., max_doc, window) -> varlen_attn's outputs."""
     varlen_rank_blocks: Callable | None = None

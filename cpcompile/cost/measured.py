@@ -2,7 +2,8 @@
 `measured.json` next to this module by `python -m bench.overlap_fit`: where a site is exactly a measured point
 (layout, tokens a rank, cp, heads, head dim, the 2-D mesh or one node, the link bandwidths the model assumes),
 comm="auto" ranks the measured options by their measured step time, communication and its overlap included,
-instead of the model's estimate (cost/choose.py). Everywhere else nothing changes. No table: no measured point.
+instead of the model's estimate (cost/choose.py), and the comms "auto" otherwise never considers (the ring:
+Comm.auto_option) compete there (passes/auto.py). Everywhere else nothing changes. No table: no measured point.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ TABLE = Path(__file__).with_name("measured.json")
 
 
 @functools.cache
-def _rows() -> dict[tuple, dict[str, float]]:
-    """{point: {(comm, kernel): step ms with the link}} from the shipped table."""
+def rows() -> dict[tuple, dict[str, float]]:
+    """{point: {(comm, kernel): step ms with the link}} from the shipped table (cached: `rows.cache_clear()`
+    after changing TABLE)."""
     if not TABLE.exists():
         return {}
     out: dict[tuple, dict] = {}
@@ -46,4 +48,12 @@ def measured_ms(point: tuple | None, comm: str, kernel: str) -> float | None:
     """The measured step time of (comm, kernel) at `point`, or None."""
     if point is None:
         return None
-    return _rows().get(point, {}).get((comm, kernel))
+    return rows().get(point, {}).get((comm, kernel))
+
+
+def measured_at(shape, layout: str, comm: str, kernel: str) -> float | None:
+    """The measured step time of (comm, kernel) at the site `shape` under `layout`, on the links the cost model
+    assumes (cost/rates.py), or None."""
+    from .rates import inter_gbps, link_gbps
+
+    return measured_ms(point_of_site(shape, layout, link_gbps(), inter_gbps()), comm, kernel)

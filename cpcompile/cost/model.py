@@ -25,7 +25,7 @@ from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
 from ..layouts.thd import get_packed_layout
 from ..precision import acc_dtype
-from .measured import measured_ms, point_of_site
+from .measured import measured_at
 from .rates import inter_gbps, kernel_rate, link_gbps, region_overhead_ms
 from .work import CallWork, dense_work, flops, varlen_work
 
@@ -198,9 +198,8 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
         times.append(rate.ms(work, q_heads, shape.head_dim, shape.v_head_dim) + overhead)
     rates = rate.name if rate.proxy_for is None else f"{rate.name} (proxy: {kernel} has no measured rate)"
     wire_ms = wire_time_ms(fwd + bwd, levels, shape.levels, comm)
-    point = point_of_site(shape, layout, link_gbps(), inter_gbps())
     return Estimate(layout, comm, kernel, rates, tuple(blocks), tuple(work_flops), tuple(times), fwd, bwd, wire_ms,
-                    documents, levels, measured_ms(point, comm, kernel))  # fmt: skip
+                    documents, levels, measured_at(shape, layout, comm, kernel))  # fmt: skip
 
 
 ALL_TO_ALL = ("a2a", "selective")
