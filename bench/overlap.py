@@ -29,8 +29,9 @@ import torch
 
 import cpcompile
 from bench.gpu_layer import LLAMA3_8B, PACKED, SMALL, build, cu_of, documents, layer_inputs
+from cpcompile.cost.rates import inter_gbps, link_gbps
 from cpcompile.testing.link_group import Link, link_group
-from cpcompile.testing.link_model import IB_400G_GBPS, NVLINK4_GBPS, Topology
+from cpcompile.testing.link_model import Topology
 
 REF_MAX_TOKENS = 131072
 """The single-GPU reference is timed up to this many tokens (a 256K-token step on one GPU takes seconds)."""
@@ -265,8 +266,10 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=280.0, help="seconds; cases not started by then are skipped")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the smoke test's tiny grid")
     p.add_argument("--iters", type=int, default=0, help="timed runs per mode (default: ~3 s a case, 3 to 10)")
-    p.add_argument("--intra-gbps", type=float, default=NVLINK4_GBPS)
-    p.add_argument("--inter-gbps", type=float, default=IB_400G_GBPS)
+    p.add_argument("--intra-gbps", type=float, default=link_gbps(), help="GB/s a rank sends inside a node "
+                   f"(default: the cost model's, {link_gbps():g}; NVLink 4 is 450 a direction)")  # fmt: skip
+    p.add_argument("--inter-gbps", type=float, default=inter_gbps(), help="GB/s a rank sends across nodes "
+                   f"(default: the cost model's, {inter_gbps():g}: one 400 Gb/s NIC a GPU)")  # fmt: skip
     args = p.parse_args(argv)
     start = time.perf_counter()
     cuda = args.device == "cuda"

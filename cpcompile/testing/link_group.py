@@ -155,9 +155,7 @@ class LinkGroup(dist.ProcessGroup):
         ready, done = torch.cuda.Event(), torch.cuda.Event()
         ready.record()
         with torch.cuda.stream(self._stream):
-            self._stream.wait_event(ready)
-            for t in [sample, *outputs]:  # the caching allocator must not reuse them before the link is done
-                t.record_stream(self._stream)
+            self._stream.wait_event(ready)  # no tensor is touched here: nothing for the caching allocator to hold
             start = end = None
             if link.recording:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

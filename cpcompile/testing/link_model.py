@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 GB = 1e9
 
-NVLINK4_GBPS = 350.0
-"""An H100/H200 GPU's NVLink 4 bandwidth in one direction is 450 GB/s (18 links x 25 GB/s); NCCL reaches about
-350 GB/s of it in bus bandwidth on large all-gathers (an assumption, not measured here: one GPU is lent)."""
+NVLINK4_GBPS = 300.0
+"""An H100/H200 GPU's NVLink 4 bandwidth in one direction is 450 GB/s (18 links x 25 GB/s); what NCCL delivers of
+it to a rank is taken as 300 GB/s, the cost model's assumption (cpcompile/cost/rates.json: not measured here, one
+GPU is lent), so the bench measures at the link the planner assumes."""
 IB_400G_GBPS = 50.0
-"""One 400 Gb/s InfiniBand NIC a GPU (ConnectX-7, the usual H100/H200 node): 50 GB/s in one direction."""
+"""One 400 Gb/s InfiniBand NIC a GPU (ConnectX-7, the usual H100/H200 node): 50 GB/s in one direction, the cost
+model's inter-node assumption (cpcompile/cost/rates.py: inter_gbps)."""
 
 
 @dataclass(frozen=True)
