@@ -87,11 +87,7 @@ def inter_gbps() -> float:
     """The inter-node bandwidth a 2-D CP mesh's cross-node level is costed at, GB/s a rank sends
     (CPCOMPILE_INTER_GBPS overrides the table's assumption; the intra-node level uses `link_gbps`)."""
     link = table()["link"]
-    return float(os.environ.get("CPCOMPILE_INTER_GBPS", link.get("inter_GBps", INTER_GBPS)))
-
-
-INTER_GBPS = 50.0
-"""Assumed: one 400 Gb/s InfiniBand NIC a GPU (50 GB/s one direction), the usual H100/H200 node."""
+    return float(os.environ.get("CPCOMPILE_INTER_GBPS", link["inter_GBps"]))
 
 
 def provenance() -> str:
