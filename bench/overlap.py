@@ -185,7 +185,7 @@ def _count(link: Link, step, topo: Topology) -> dict:
     link.topology, link.enabled, link.scale = topo, True, 1.0
     link.record()
     step()
-    sent = link.stop()
+    sent, waits = link.stop(), link.waits
     measured = link.measured_ms()
     target = 1e3 * sum(s.seconds for s in sent)
     if measured > 0 and target > 0:
@@ -196,7 +196,7 @@ def _count(link: Link, step, topo: Topology) -> dict:
         measured = link.measured_ms()
     return dict(
         link_bytes=sum(s.bytes for s in sent), link_ms=round(target, 4), link_measured_ms=round(measured, 4),
-        sleep_scale=round(link.scale, 4), collectives=len(sent),
+        sleep_scale=round(link.scale, 4), collectives=len(sent), waited=waits,
         bytes_by_group={g: sum(s.bytes for s in sent if s.group == g) for g in dict.fromkeys(s.group for s in sent)},
     )  # fmt: skip
 

@@ -65,11 +65,15 @@ class Link:
     recording: bool = False
     log: list[Sent] = field(default_factory=list)
     timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+    waits: int = 0
+    """Works waited while recording: one per logged collective when every result reaches the graph through this
+    group's `wait()` (the bench checks it: a wait that bypassed it would hide the link)."""
 
     def record(self) -> None:
         """Start a fresh log (the next collectives are counted, their sleeps timed)."""
         self.log.clear()
         self.timed.clear()
+        self.waits = 0
         self.recording = True
 
     def stop(self) -> list[Sent]:
@@ -87,13 +91,15 @@ class Link:
 class LinkWork(dist._Work):
     """Done when the link stream's done event is (None: done at once)."""
 
-    def __init__(self, done: torch.cuda.Event | None, result: list[torch.Tensor]) -> None:
+    def __init__(self, done: torch.cuda.Event | None, result: list[torch.Tensor], link: Link | None = None) -> None:
         super().__init__()
-        self._done = done
+        self._done, self._link = done, link
         self._future = torch.futures.Future()
         self._future.set_result(result)
 
     def wait(self, timeout=None) -> bool:
+        if self._link is not None and self._link.recording:
+            self._link.waits += 1
         if self._done is not None:
             torch.cuda.current_stream().wait_event(self._done)
         return True
@@ -149,7 +155,7 @@ class LinkGroup(dist.ProcessGroup):
             for t in outputs:  # zeros, not whatever the allocator held (denormals make CPU math crawl)
                 t.zero_()
         if not (link.enabled and sample.is_cuda and seconds > 0):
-            return LinkWork(None, outputs)
+            return LinkWork(None, outputs, link)
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=sample.device, priority=-1)  # not queued behind compute blocks
         ready, done = torch.cuda.Event(), torch.cuda.Event()
@@ -165,7 +171,7 @@ class LinkGroup(dist.ProcessGroup):
                 end.record()
                 link.timed.append((start, end))
             done.record()
-        return LinkWork(done, outputs)
+        return LinkWork(done, outputs, link)
 
     # all-gather: the input to every other rank; its copies in every slot, as the fake group writes them (the
     # regions' checks compare gathered checksums and verdicts: a gathered copy of this rank's agrees)

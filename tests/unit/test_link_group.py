@@ -77,6 +77,7 @@ def test_functional_collectives_reach_the_group_eager_and_compiled():
 
         assert torch.compile(f, backend="aot_eager", fullgraph=True)(x).shape == (16, 2)
         sent = link.stop()
+        assert link.waits == len(sent)  # wait_tensor (eager and compiled) waits through LinkWork.wait
     assert [(s.kind, s.bytes) for s in sent] == [
         ("all_gather", 3 * 32), ("reduce_scatter", 3 * 8), ("all_to_all", 3 * 8), ("all_to_all", 32),
         ("all_gather", 3 * 32),
