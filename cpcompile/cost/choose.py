@@ -33,14 +33,18 @@ class Choice:
 
     def describe(self) -> str:
         """E.g. `a2a + flash_varlen 3.1 ms (runner-up all_gather + cudnn_varlen 3.55 ms)`."""
-        text = f"{_name(self.chosen)} {self.chosen.total_ms:.3g} ms"
+        text = f"{_name(self.chosen)} {_ms(self.chosen)}"
         if (other := self.runner_up) is not None:
-            text += f" (runner-up {_name(other)} {other.total_ms:.3g} ms)"
+            text += f" (runner-up {_name(other)} {_ms(other)})"
         return text
 
 
 def _name(e: Estimate) -> str:
     return f"{e.comm} + {e.kernel}"
+
+
+def _ms(e: Estimate) -> str:
+    return f"{e.total_ms:.3g} ms" + (" measured" if e.measured_ms is not None else "")
 
 
 @functools.lru_cache(maxsize=256)
