@@ -246,7 +246,9 @@ def _register() -> None:
 
 
 def calibrate(device: int | None = None, cycles: int = 20_000_000) -> float:
-    """GPU clock cycles of torch.cuda._sleep a millisecond on this GPU, timed by CUDA events (median of 3)."""
+    """GPU clock cycles of torch.cuda._sleep a millisecond on this GPU, timed by CUDA events (median of 3, after a
+    ~50 ms sleep that takes the SM clock out of idle)."""
+    torch.cuda._sleep(5 * cycles)
     ms = []
     for _ in range(4):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
