@@ -161,21 +161,36 @@ def _inner(env: Env) -> str:
     return "inductor" if env.inner == "inductor" else "aot_eager"
 
 
-def _wire(be, case: Case) -> dict:
-    """The registry's bytes a rank sends (through the cost model's estimate of the planned site)."""
+def _wire(be, case: Case) -> tuple[dict, object]:
+    """(the registry's bytes a rank sends, through the cost model's estimate of the planned site; the site's
+    cost-model shape, None when it could not be made)."""
     from cpcompile.cost import SiteShape, estimate
 
-    out = {}
+    out, shape = {}, None
     try:
         plan = be.plans[0]
-        est = estimate(SiteShape.of_plan(plan, case.cp), case.layout, case.comm, plan.kernel)
+        shape = SiteShape.of_plan(plan, case.cp)
+        est = estimate(shape, case.layout, case.comm, plan.kernel)
         out = dict(wire_bytes_fwd=est.sent_fwd, wire_bytes_bwd=est.sent_bwd,
                    model_compute_ms=round(max(est.compute_ms), 4))  # fmt: skip
         if est.levels:
             out["level_bytes"] = [dict(dim=lv.dim, comm=lv.comm, fwd=lv.fwd, bwd=lv.bwd) for lv in est.levels]
     except Exception as e:  # noqa: BLE001  (a record without the model's bytes says why)
         out["wire_error"] = f"{type(e).__name__}: {e}"
-    return out
+    return out, shape
+
+
+def planner_point(shape, layout: str, topo: Topology, cp: int) -> tuple | None:
+    """The measured-point key (cost/measured.py) of the site the planner sees for this row: a 1-D comm timed on
+    several nodes is the same graph as on a 2-D CP mesh of that shape (it runs over the flattened group), where the
+    planner knows the levels; None where no measured point could apply. The record's key must equal it."""
+    from cpcompile.cost.measured import point_of_site
+
+    if shape is None:
+        return None
+    nodes = -(-cp // topo.per_node)
+    shape = dataclasses.replace(shape, levels=None if nodes == 1 else (nodes, topo.per_node))
+    return point_of_site(shape, layout, link_gbps(), inter_gbps())
 
 
 def _count(link: Link, step, topo: Topology) -> dict:
@@ -221,7 +236,7 @@ def run_case(env: Env, case: Case) -> list[dict]:
         link.enabled = False
         step()  # compile
         compile_s = time.perf_counter() - t0
-        wire = _wire(be, case)
+        wire, site_shape = _wire(be, case)
         kernel = ",".join(sorted({p.kernel for p in be.plans}))
         topos = [Topology(n, env.intra, env.inter) for n in case.topologies]
         counts = [_count(link, step, t) for t in topos]
@@ -252,6 +267,7 @@ def run_case(env: Env, case: Case) -> list[dict]:
             efficiency_link=None if ref is None else round(ref / case.cp / t, 4),
             efficiency_compute=None if ref is None else round(ref / case.cp / compute_ms, 4),
             iters=iters, compile_s=round(compile_s, 1), rank=0,
+            planner_point=planner_point(site_shape, case.layout, topo, case.cp),
         )  # fmt: skip
         if rec.get("wire_bytes_fwd") is not None:  # the packed regions' metadata check: 16 bytes to each peer
             rec["unmodelled_bytes"] = rec["link_bytes"] - rec["wire_bytes_fwd"] - rec["wire_bytes_bwd"]

@@ -29,6 +29,7 @@ def test_cpu_smoke_rows_count_the_registry_bytes(tmp_path):
         assert r["unmodelled_bytes"] == (16 * (r["cp"] - 1) if r["layout"] == "thd_balanced" else 0), r
         assert r["link_ms"] > 0 and r["link_measured_ms"] == 0  # no GPU: counted, not slept
         assert r["waited"] == r["collectives"], r  # every result waited through the link group's Work
+        assert r["planner_point"] is None  # fp32: no measured point could apply (the GPU rows are bf16)
     hier = next(r for r in rows if r["comm"] == "hierarchical")
     assert [lv["dim"] for lv in hier["level_bytes"]] == ["cp_intra", "cp_inter"]
     assert len(hier["bytes_by_group"]) == 2  # the a2a inside the node and the ring across, each on its group

@@ -54,6 +54,8 @@ def test_auto_picks_the_measured_fastest_comm_at_every_measured_point():
             continue  # measured on other links than the model assumes: not a point the planner sees
         shape = _shape(r0)
         assert point_of_site(shape, r0["layout"], link_gbps(), inter_gbps()) == point
+        for r in rows:  # the key of the site the planner saw in the bench is the record's
+            assert tuple(r["planner_point"]) == point, (r["planner_point"], point)
         rows = sorted(rows, key=lambda r: list(COMMS).index(r["comm"]))  # "auto"'s options come in registry order
         fastest = min(rows, key=lambda r: r["step_ms_link"])
         comm, kernel, _ = resolve(shape, r0["layout"], [r["comm"] for r in rows], sorted({r["kernel"] for r in rows}))
