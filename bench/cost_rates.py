@@ -45,6 +45,9 @@ LINK = {
     "assumed": True,
     "why": "not measured: an effective NCCL bandwidth a rank sends on one NVLink (H200) host, below the 450 GB/s "
     "one direction of NVLink 4; CPCOMPILE_LINK_GBPS overrides it",
+    "inter_GBps": 50.0,
+    "inter_why": "not measured: one 400 Gb/s InfiniBand NIC a GPU, the link across nodes of a 2-D CP mesh's cp_inter "
+    "level; CPCOMPILE_INTER_GBPS overrides it",
 }
 
 

@@ -8,6 +8,10 @@ warm-up; the ideal (single-GPU cuDNN SDPA over the full sequence / cp, measured 
 context_parallel (eager; all-gather rotate method; head-tail load balancing; K/V heads expanded to the q heads
 for it, as its SDPA path needs equal heads); plus one training step of a small full model with and without
 cpcompile. `--dry-run` shrinks everything so one GPU (nproc 1) checks the script end to end.
+`--hierarchical PxQ` (P * Q = the world) also times every comm on a 2-D CP mesh (cp_inter=P nodes, cp_intra=Q
+ranks a node): comm="hierarchical" and the 1-D comms over the flattened group, e.g. on 2 nodes of 8 GPUs
+
+    torchrun --nnodes=2 --nproc-per-node=8 ... -m bench.multi_gpu --hierarchical 2x8
 """
 
 from __future__ import annotations
@@ -144,6 +148,28 @@ def ratio(a, b):
     return None if a is None or b is None else a / b
 
 
+def hierarchical_rows(args, seq: int, tpg: int, ideal, device: str) -> list[dict]:
+    """Every comm on the 2-D CP mesh `args.hierarchical` ("PxQ"), zigzag: hierarchical a level each, the 1-D comms
+    over the flattened group."""
+    inter, intra = (int(n) for n in args.hierarchical.lower().split("x"))
+    if inter * intra != dist.get_world_size():
+        raise SystemExit(f"--hierarchical {args.hierarchical}: {inter} x {intra} is not the world size")
+    mesh = torch.distributed.device_mesh.init_device_mesh(
+        DEVICE, (inter, intra), mesh_dim_names=("cp_inter", "cp_intra")
+    )
+    rows = []
+    for comm in (n for n, c in COMMS.items() if c.region is not None):
+        ms = attempt(f"cpcompile zigzag/{comm} on {args.hierarchical}", cpcompile_layer_ms, "zigzag", comm, seq, mesh,
+                     args.iters, args.warmup)  # fmt: skip
+        rows.append(dict(layout="zigzag", comm=comm, mesh=args.hierarchical, cp=inter * intra, tokens_per_gpu=tpg,
+                         latency_ms=ms, ideal_ms=ideal, efficiency=ratio(ideal, ms), device=device,
+                         torch=torch.__version__, dry_run=args.dry_run))  # fmt: skip
+        if dist.get_rank() == 0:
+            eff = rows[-1]["efficiency"]
+            print(f"zigzag  {comm:12s} mesh {args.hierarchical} tokens/GPU={tpg}: {ms} ms, eff {eff}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="8192,32768", help="tokens per GPU")
@@ -152,6 +178,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/multi_gpu.json")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--hierarchical", default=None, help="PxQ: also time the comms on a (cp_inter, cp_intra) mesh")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -190,6 +217,8 @@ def main() -> None:
                     print(f"{layout:7s} {comm:10s} cp={world} tokens/GPU={tpg}: {ms} ms, ideal {ideal}, "
                           f"eff {rec['efficiency']}, PyTorch CP {torch_cp} ms ({rec['speedup_vs_pytorch_cp']}x)",
                           flush=True)  # fmt: skip
+        if args.hierarchical:
+            records += hierarchical_rows(args, seq, tpg, ideal, device)
         with_cp = attempt("train step with cpcompile", train_step_ms, True, tpg, mesh, max(3, args.iters // 4), 2)
         without = attempt("train step without CP", train_step_ms, False, tpg, mesh, max(3, args.iters // 4), 2)
         records.append(dict(kind="train_step", model="TinyLlama 4x1024 (GQA 8/2)", cp=world, tokens_per_gpu=tpg,

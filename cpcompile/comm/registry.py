@@ -44,7 +44,8 @@ class Comm:
     (cost/model.py): every comm has it, since kernel="auto" costs the kernel options under a named comm too."""
     auto_option: bool = True
     """Whether comm="auto" considers it. The ring's advantage is overlap and memory, which the cost model (no
-    overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named."""
+    overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named, except
+    at a point the overlap bench measured (cost/measured.py), where the measured step times rank it."""
     varlen_region: Callable | None = None
     """The packed-document region (q, k, v, cu_seqlens, *, ..., max_doc, window) -> varlen_attn's outputs."""
     varlen_rank_blocks: Callable | None = None
@@ -156,7 +157,7 @@ COMMS: dict[str, Comm] = {
         level_bytes=hierarchical.level_bytes,
         varlen_region=hierarchical_varlen.hierarchical_varlen_attention,
         varlen_rank_blocks=hierarchical_varlen.rank_blocks,
-        auto_option=False,  # its gain is the slower link across nodes, which the cost model (one link) does not see
+        # an option on 2-D CP meshes only (its rules refuse a 1-D group): each level costed on its own link
         overhead_as="a2a",  # the same pack and unpack of q/k/v and the output around the exchange
         capabilities=Capabilities(
             packed_layouts=("thd",),

@@ -33,14 +33,18 @@ class Choice:
 
     def describe(self) -> str:
         """E.g. `a2a + flash_varlen 3.1 ms (runner-up all_gather + cudnn_varlen 3.55 ms)`."""
-        text = f"{_name(self.chosen)} {self.chosen.total_ms:.3g} ms"
+        text = f"{_name(self.chosen)} {_ms(self.chosen)}"
         if (other := self.runner_up) is not None:
-            text += f" (runner-up {_name(other)} {other.total_ms:.3g} ms)"
+            text += f" (runner-up {_name(other)} {_ms(other)})"
         return text
 
 
 def _name(e: Estimate) -> str:
     return f"{e.comm} + {e.kernel}"
+
+
+def _ms(e: Estimate) -> str:
+    return f"{e.total_ms:.3g} ms" + (" measured" if e.measured_ms is not None else "")
 
 
 @functools.lru_cache(maxsize=256)
@@ -49,8 +53,12 @@ def _estimate(shape: SiteShape, layout: str, comm: str, kernel: str) -> Estimate
 
 
 def choose(shape: SiteShape, layout: str, options: list[tuple[str, str]]) -> Choice:
-    """The first (comm, kernel) of `options` (today's order) whose estimate is within TIE of the fastest."""
+    """The first (comm, kernel) of `options` (today's order) whose estimate is within TIE of the fastest; where
+    the site is a measured point (cost/measured.py), the measured option with the lowest measured time."""
     estimates = tuple(_estimate(shape, layout, comm, kernel) for comm, kernel in options)
+    measured = [e for e in estimates if e.measured_ms is not None]
+    if measured:  # measurements include the communication's overlap, which the model cannot see: no tie rule
+        return Choice(min(measured, key=lambda e: e.measured_ms), estimates)
     fastest = min(e.total_ms for e in estimates)
     chosen = next(e for e in estimates if e.total_ms <= fastest * (1 + TIE))
     return Choice(chosen, estimates)

@@ -25,7 +25,8 @@ from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
 from ..layouts.thd import get_packed_layout
 from ..precision import acc_dtype
-from .rates import kernel_rate, link_gbps, region_overhead_ms
+from .measured import measured_at
+from .rates import inter_gbps, kernel_rate, link_gbps, region_overhead_ms
 from .work import CallWork, dense_work, flops, varlen_work
 
 
@@ -110,10 +111,15 @@ class Estimate:
     """Which documents a packed site was costed with ("" for dense sites)."""
     levels: tuple[LevelBytes, ...] = ()
     """A comm on a 2-D CP mesh: what a rank sends on each level (sent_fwd / sent_bwd are their sums)."""
+    measured_ms: float | None = None
+    """The step time bench/overlap.py measured at exactly this site, comm and kernel (cost/measured.py), if any."""
 
     @property
     def total_ms(self) -> float:
-        """The slowest rank's compute plus the time on the wire (no overlap assumed)."""
+        """The measured step time where there is one, else the slowest rank's compute plus the time on the wire
+        (no overlap assumed)."""
+        if self.measured_ms is not None:
+            return self.measured_ms
         return max(self.compute_ms) + self.wire_ms
 
     @property
@@ -191,6 +197,28 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
         work_flops.append(flops(work.pairs, q_heads, shape.head_dim, shape.v_head_dim))  # batch counted in work
         times.append(rate.ms(work, q_heads, shape.head_dim, shape.v_head_dim) + overhead)
     rates = rate.name if rate.proxy_for is None else f"{rate.name} (proxy: {kernel} has no measured rate)"
-    wire_ms = (fwd + bwd) / (link_gbps() * 1e6)
+    wire_ms = wire_time_ms(fwd + bwd, levels, shape.levels, comm)
     return Estimate(layout, comm, kernel, rates, tuple(blocks), tuple(work_flops), tuple(times), fwd, bwd, wire_ms,
-                    documents, levels)  # fmt: skip
+                    documents, levels, measured_at(shape, layout, comm, kernel))  # fmt: skip
+
+
+ALL_TO_ALL = ("a2a", "selective")
+"""The 1-D comms whose collectives are all-to-alls: on a 2-D mesh their bytes to peers on the rank's node move
+on the intra-node link while the rest cross nodes (the others' collectives, all-gathers and the ring's shifts,
+run at the slowest link they cross)."""
+
+
+def wire_time_ms(sent: int, levels: tuple[LevelBytes, ...], mesh: tuple[int, int] | None, comm: str) -> float:
+    """Milliseconds on the wire of `sent` bytes a rank: one link (`link_gbps`) on a 1-D CP group; on a 2-D CP mesh
+    (inter, intra) a level comm's bytes each on its level's link (cp_intra: `link_gbps`, cp_inter:
+    `inter_gbps`), a 1-D comm's over the flattened group, which crosses nodes."""
+    intra, inter = link_gbps() * 1e6, inter_gbps() * 1e6
+    if levels:
+        return sum((lv.fwd + lv.bwd) / (intra if lv.dim == "cp_intra" else inter) for lv in levels)
+    if mesh is None or mesh[0] == 1:
+        return sent / intra
+    if comm in ALL_TO_ALL:  # equal parts to the world - 1 others, intra - 1 of them on the node
+        world = mesh[0] * mesh[1]
+        local = sent * (mesh[1] - 1) // (world - 1)
+        return max(local / intra, (sent - local) / inter)
+    return sent / inter

@@ -83,6 +83,13 @@ def link_gbps() -> float:
     return float(os.environ.get("CPCOMPILE_LINK_GBPS", table()["link"]["GBps"]))
 
 
+def inter_gbps() -> float:
+    """The inter-node bandwidth a 2-D CP mesh's cross-node level is costed at, GB/s a rank sends
+    (CPCOMPILE_INTER_GBPS overrides the table's assumption; the intra-node level uses `link_gbps`)."""
+    link = table()["link"]
+    return float(os.environ.get("CPCOMPILE_INTER_GBPS", link["inter_GBps"]))
+
+
 def provenance() -> str:
     """One line: what the rates were measured on, and what is assumed."""
     t = table()

@@ -7,7 +7,9 @@ mismatches (fp16 vs bf16, flat vs zigzag) even "succeed" with garbage. The store
 rank already talks to (no tensor collective, so nothing can hang on a mismatched size): each rank writes a
 summary of its plans for its n-th compiled graph, waits for the other ranks' n-th summaries and compares.
 A rank whose planner refused the graph writes its error instead, so the others fail with that error rather
-than waiting. The fake process group (graph snapshots, one process) has no peers: nothing to agree on.
+than waiting. The fake process group (graph snapshots, one process) has no peers: nothing to agree on, nor has
+a Python process group that says it stands in for its peers (`stands_in_for_peers`: the bench's link group,
+cpcompile/testing/link_group.py).
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def differences(mine: str, theirs: str, rank: int, other: int) -> str:
 
 def _store_and_peers(group: dist.ProcessGroup):
     """(the default store, the CP group's global ranks), or None where there is nothing to agree on."""
-    if dist.get_backend(group) == "fake" or dist.get_world_size(group) == 1:
+    one_process = dist.get_backend(group) == "fake" or getattr(group, "stands_in_for_peers", False)
+    if one_process or dist.get_world_size(group) == 1:
         return None
     return dist.distributed_c10d._get_default_store(), dist.get_process_group_ranks(group)
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from ..comm.registry import COMMS
 from ..cost import Choice, SiteShape, choose
+from ..cost.measured import measured_at
 from ..errors import site_error
 from ..kernels import supported_kernels
 from .checks import site_kernel
@@ -23,22 +24,26 @@ AUTO = "auto"
 
 def site_comms(site: AttentionSite, name: str, problem: Callable[[str], tuple[str, str] | None]) -> list[str]:
     """The comms this site may use: `name` when it meets its rules (else its error), or for "auto" every comm of
-    the registry that does and that "auto" considers (Comm.auto_option)."""
+    the registry that does and that "auto" considers (Comm.auto_option), followed by those it considers only at
+    a measured point (`resolve` keeps them where cost/measured.py has the site)."""
     if name != AUTO:
         if (found := problem(name)) is not None:
             raise site_error(site.node, *found)
         return [name]
-    options, reasons = [], []
+    options, measured_only, reasons = [], [], []
     for comm, entry in COMMS.items():
-        found = problem(comm) or (None if entry.auto_option else ("comm='auto' never picks it: name it", ""))
-        if found is None:
+        found = problem(comm)
+        if found is None and entry.auto_option:
             options.append(comm)
+        elif found is None:
+            measured_only.append(comm)
+            reasons.append((comm, ("comm='auto' never picks it: name it", "")))
         else:
             reasons.append((comm, found))
     if not options:
         rules = "; ".join(f"{comm}: {rule}" for comm, (rule, _) in reasons)
         raise site_error(site.node, f"comm='auto' found no comm that can run it ({rules})", reasons[0][1][1])
-    return options
+    return options + measured_only
 
 
 def site_kernels(
@@ -61,7 +66,10 @@ def site_kernels(
 
 
 def resolve(shape: SiteShape, layout: str, comms: list[str], kernels: list[str]) -> tuple[str, str, Choice | None]:
-    """(comm, kernel, the Choice when the cost model made one: more than one option)."""
+    """(comm, kernel, the Choice when the cost model made one: more than one option). Of several comms ("auto"),
+    those "auto" does not consider (Comm.auto_option) stay only where the site is a measured point for them."""
+    if len(comms) > 1:
+        comms = [c for c in comms if COMMS[c].auto_option or any(measured_at(shape, layout, c, k) for k in kernels)]
     options = [(comm, kernel) for comm in comms for kernel in kernels]
     if len(options) == 1:
         return (*options[0], None)
