@@ -35,6 +35,7 @@ def _step(fn, x, extra, mode):
     dout = torch.randn(x.shape, device="cuda", dtype=DTYPE)
 
     def run():
+        x.grad = None  # accumulating into a grad that CUDA graphs own reads memory the next replay overwrote
         if mode != "default":
             torch.compiler.cudagraph_mark_step_begin()
         fn(x, *extra).backward(dout)

@@ -28,7 +28,7 @@ class Choice:
 
     @property
     def runner_up(self) -> Estimate | None:
-        others = sorted((e for e in self.options if e is not self.chosen), key=lambda e: e.total_ms)
+        others = sorted((e for e in self.options if e is not self.chosen), key=_rank_key(self.options))
         return others[0] if others else None
 
     def describe(self) -> str:
@@ -44,7 +44,20 @@ def _name(e: Estimate) -> str:
 
 
 def _ms(e: Estimate) -> str:
-    return f"{e.total_ms:.3g} ms" + (" measured" if e.measured_ms is not None else "")
+    return f"{e.total_ms:.3g} ms" + (f" (measured {e.measured_ms:.3g} ms)" if e.measured_ms is not None else "")
+
+
+def measured_options(estimates: tuple[Estimate, ...]) -> list[Estimate]:
+    """The measured options, when the measurements speak for every comm among the options (some kernel of each
+    measured at this point), else none: an unmeasured comm's model time cannot be compared with a measured step."""
+    measured = [e for e in estimates if e.measured_ms is not None]
+    return measured if {e.comm for e in measured} == {e.comm for e in estimates} else []
+
+
+def _rank_key(estimates: tuple[Estimate, ...]):
+    if measured_options(estimates):
+        return lambda e: (e.measured_ms is None, e.measured_ms or 0.0, e.total_ms)
+    return lambda e: e.total_ms
 
 
 @functools.lru_cache(maxsize=256)
@@ -54,9 +67,10 @@ def _estimate(shape: SiteShape, layout: str, comm: str, kernel: str) -> Estimate
 
 def choose(shape: SiteShape, layout: str, options: list[tuple[str, str]]) -> Choice:
     """The first (comm, kernel) of `options` (today's order) whose estimate is within TIE of the fastest; where
-    the site is a measured point (cost/measured.py), the measured option with the lowest measured time."""
+    the site is a measured point for every comm of the options (cost/measured.py), the measured option with the
+    lowest measured time."""
     estimates = tuple(_estimate(shape, layout, comm, kernel) for comm, kernel in options)
-    measured = [e for e in estimates if e.measured_ms is not None]
+    measured = measured_options(estimates)
     if measured:  # measurements include the communication's overlap, which the model cannot see: no tie rule
         return Choice(min(measured, key=lambda e: e.measured_ms), estimates)
     fastest = min(e.total_ms for e in estimates)

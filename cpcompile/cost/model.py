@@ -116,10 +116,9 @@ class Estimate:
 
     @property
     def total_ms(self) -> float:
-        """The measured step time where there is one, else the slowest rank's compute plus the time on the wire
-        (no overlap assumed)."""
-        if self.measured_ms is not None:
-            return self.measured_ms
+        """The model's time: the slowest rank's compute plus the time on the wire (no overlap assumed). Never the
+        measurement: that is the whole layer's step (projections included), comparable only with the other
+        measurements at its point (cost/choose.py), not with other layouts' or sites' estimates."""
         return max(self.compute_ms) + self.wire_ms
 
     @property

@@ -67,9 +67,12 @@ def site_kernels(
 
 def resolve(shape: SiteShape, layout: str, comms: list[str], kernels: list[str]) -> tuple[str, str, Choice | None]:
     """(comm, kernel, the Choice when the cost model made one: more than one option). Of several comms ("auto"),
-    those "auto" does not consider (Comm.auto_option) stay only where the site is a measured point for them."""
-    if len(comms) > 1:
-        comms = [c for c in comms if COMMS[c].auto_option or any(measured_at(shape, layout, c, k) for k in kernels)]
+    those "auto" does not consider (Comm.auto_option) stay only where the site is a measured point for them and
+    for every comm "auto" considers (cost/choose.measured_options)."""
+    if len(comms) > 1:  # measured-only comms compete where every comm "auto" considers was measured too
+        measured = {c for c in comms if any(measured_at(shape, layout, c, k) for k in kernels)}
+        whole = all(c in measured for c in comms if COMMS[c].auto_option)
+        comms = [c for c in comms if COMMS[c].auto_option or (whole and c in measured)]
     options = [(comm, kernel) for comm in comms for kernel in kernels]
     if len(options) == 1:
         return (*options[0], None)

@@ -14,6 +14,7 @@ from bench.overlap_fit import RECORDS, TABLE, table_of
 from cpcompile.comm.registry import COMMS
 from cpcompile.comm.wire import LevelBytes
 from cpcompile.cost import SiteShape, measured
+from cpcompile.cost.choose import TIE
 from cpcompile.cost.measured import point_of_record, point_of_site
 from cpcompile.cost.model import wire_time_ms
 from cpcompile.cost.rates import inter_gbps, link_gbps
@@ -96,6 +97,13 @@ def test_a_measured_point_ranks_by_measured_time_and_lets_the_ring_compete(tmp_p
         off = dataclasses.replace(shape, tokens=8216)  # not measured: the model, without the ring
         comm, _, choice = resolve(off, "zigzag", ["all_gather", "a2a", "ring"], ["cudnn"])
         assert comm != "ring" and all(e.comm != "ring" and e.measured_ms is None for e in choice.options)
+        # a point where a comm "auto" considers was not measured: the model decides, without the ring
+        partial = [_row("all_gather", 9.0, 8232), _row("ring", 1.0, 8232)]
+        table.write_text(json.dumps({"rows": rows + partial}))
+        measured.rows.cache_clear()
+        comm, _, choice = resolve(_shape(partial[0]), "zigzag", ["all_gather", "a2a", "ring"], ["cudnn"])
+        assert comm != "ring" and all(e.comm != "ring" for e in choice.options)
+        assert choice.chosen.total_ms <= (1 + TIE) * min(e.total_ms for e in choice.options)  # the model's rule
         # a named ring is kept whatever was measured
         assert resolve(off, "zigzag", ["ring"], ["cudnn"])[:2] == ("ring", "cudnn")
     finally:
