@@ -17,7 +17,9 @@ local document piece against itself (bottom-right causal); later steps the piece
 piece of the same document, unmasked (all of it precedes this rank's tokens), and nothing for a later rank
 under causal attention. thd_zigzag: every rank's local offsets of a document are the same, so a held front
 chunk (rank p < r) is seen by both local chunks, a held rank p > r is seen (both chunks) by the back chunk:
-per document the same work every step on every rank.
+per document the same work every step on every rank. A causal sliding window: the squares keep it, every held
+piece before a local piece becomes packed_band.py's two blocks (one window for every document), and thd's ring
+visits only the steps the window reaches (`packed_visited_steps`).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def _single_gpu(kernel, q, k, v, dout, cu, window):
 
 
 def _ring(q, k, v, dout, cu, *, strategy, kernel, window):
-    shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=0, cu_seqlens=cu).to(CUDA, torch.bfloat16)  # noqa: E731
+    shard = lambda t: cpcompile.shard(t.cpu(), strategy=strategy, seq_dim=0, cu_seqlens=cu).to(CUDA, torch.bfloat16)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
     be = cpcompile.backend(strategy=strategy, comm="ring", kernel=kernel, inner="aot_eager")
     torch._dynamo.reset()

@@ -49,7 +49,7 @@ def _cases(world: int) -> list[tuple]:
             ("dense", "ring", "zigzag", True, "mha", "bf16"),
             ("packed", "ring", "thd", False),
             ("packed", "ring", "thd", True, (40, 0)),  # longer than every document (but max_doc 64): band blocks
-            ("packed", "ring", "thd_zigzag", True, (5, 0)),
+            ("packed", "ring", "thd_zigzag", True, (5, 0)),  # shorter than a chunk (6, 12)
         ]
     if world == 3:
         return [
@@ -58,6 +58,7 @@ def _cases(world: int) -> list[tuple]:
             ("dense", "regather", "flat", True, "gqa", "fp64"),
             ("packed", "regather", "thd_zigzag", True),
             ("packed", "ring", "thd", True, (30, 0)),  # between a rank's piece (24) and two: every step
+            ("packed", "ring", "thd_zigzag", True, (13, 0)),  # longer than every chunk (4, 8), not a document
         ]
     return [
         ("dense", "ring", "flat", True, "gqa", "fp64"),
@@ -65,7 +66,6 @@ def _cases(world: int) -> list[tuple]:
         ("packed", "ring", "thd", True),
         ("packed", "ring", "thd_zigzag", False),
         ("packed", "ring", "thd", True, (5, 0)),  # shorter than a rank's piece (18): steps 0 and 1, home by 3
-        ("packed", "ring", "thd_zigzag", True, (13, 0)),
     ]
 
 

@@ -87,21 +87,23 @@ def _ring_coverage(strategy: str, lengths: list[int], cp: int, w: int) -> None:
 def _windowed(draw, multiple_of: int):
     cp = draw(st.integers(2, 4))
     unit = multiple_of * cp if multiple_of else 1
-    lengths = [n * unit for n in draw(st.lists(st.integers(1, 7), min_size=1, max_size=6))]
+    lengths = [n * unit for n in draw(st.lists(st.integers(0, 7), min_size=1, max_size=6))]  # empty ones too
+    if not any(lengths):
+        lengths.append(unit)
     if not multiple_of:
         extra = -sum(lengths) % cp
         lengths += [extra] if extra else []
     return cp, lengths, draw(st.integers(0, max(lengths) + 1))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(_windowed(0))
 def test_thd_ring_window_blocks_are_the_global_band(case):
     cp, lengths, w = case
     _ring_coverage("thd", lengths, cp, w)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(_windowed(2))
 def test_thd_zigzag_ring_window_blocks_are_the_global_band(case):
     cp, lengths, w = case
