@@ -32,9 +32,10 @@ class Capabilities:
     generic refusal: comm/registry.packed_layout_problem)."""
     packed_windows: PackedWindows = "sliding_causal"
     """The varlen_attn windows its varlen region takes besides causal (-1, 0) and full (-1, -1): "causal_or_full"
-    none (one held chunk a step: a band is not aligned with the kernel's diagonal there), "sliding_causal" (w, 0)
-    (every rank's q pieces end their key ranges, so the bottom-right window is right), "any" (it attends with
-    cp=1's mask after an exchange)."""
+    none (hierarchical: its ring's node pieces have no window blocks yet), "sliding_causal" (w, 0) (all_gather:
+    every rank's q pieces end their key ranges, so the bottom-right window is right; ring: layouts/packed_band.py
+    cuts each held piece into blocks whose window is the same for every document), "any" (it attends with cp=1's
+    mask after an exchange)."""
     lse_on_demand: bool = False
     """Whether the varlen region takes `return_lse` (the lse costs it a collective, sent only when read)."""
     splits_heads: bool = False
@@ -69,9 +70,10 @@ class Capabilities:
         """(rule, fix) when the varlen region cannot take varlen_attn's window_size `window`, else None."""
         if window not in ((-1, 0), NO_WINDOW) and self.packed_windows == "causal_or_full":
             return (
-                f"window_size={window}: comm={comm!r} attends one held chunk per step, and a sliding window's "
-                "band is not aligned with the kernel's diagonal on a chunk that is not the query's own",
-                "use comm='all_gather' (causal windows (w, 0)) or comm='a2a' with strategy='thd' (any window)",
+                f"window_size={window}: comm={comm!r} takes causal (-1, 0) and full (-1, -1) attention of packed "
+                "documents, not sliding windows",
+                "use comm='ring' or 'all_gather' (causal windows (w, 0)) or comm='a2a' with strategy='thd' (any "
+                "window)",
             )
         if not causal and window != NO_WINDOW and self.packed_windows != "any":
             return (

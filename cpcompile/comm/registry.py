@@ -118,7 +118,7 @@ COMMS: dict[str, Comm] = {
                 for name in THD_LAYOUTS
                 if name not in RING_PACKED
             },
-            packed_windows="causal_or_full",
+            packed_windows="sliding_causal",  # layouts/packed_band.py: exact on every varlen provider
             overlaps=True,
         ),
     ),

@@ -182,6 +182,7 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
         shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.capabilities.lse_on_demand,
         max_doc=shape.max_doc if shape.kind == "varlen" else None,
         dense_mask=(layout, shape.causal, shape.block_window) if shape.kind == "sdpa" else None,
+        packed_mask=(layout, shape.causal, shape.window) if shape.kind == "varlen" else None,
         levels=shape.levels,
     )  # fmt: skip
     fwd, bwd = entry.wire_bytes(wire)

@@ -17,7 +17,9 @@ local document piece against itself (bottom-right causal); later steps the piece
 piece of the same document, unmasked (all of it precedes this rank's tokens), and nothing for a later rank
 under causal attention. thd_zigzag: every rank's local offsets of a document are the same, so a held front
 chunk (rank p < r) is seen by both local chunks, a held rank p > r is seen (both chunks) by the back chunk:
-per document the same work every step on every rank.
+per document the same work every step on every rank. A causal sliding window: the squares keep it, every held
+piece before a local piece becomes packed_band.py's two blocks (one window for every document), and thd's ring
+visits only the steps the window reaches (`packed_visited_steps`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from ..kernels.base import NO_WINDOW
 from .base import Block, ChunkLayout
+from .packed_band import earlier_keys_band
 from .thd import VarlenBlock, _bound, _interleave, _ranges, get_packed_layout
 from .window import ring_window_blocks
 
@@ -88,6 +91,12 @@ def visited_steps(
     return tuple(sorted(used))
 
 
+def step_gap(visited: tuple[int, ...], i: int, world: int) -> int:
+    """How far the held chunk moves after visited step i: to the next visited step, or after the last one the
+    way home to its owner (world - step: 1 when every step is visited)."""
+    return visited[i + 1] - visited[i] if i + 1 < len(visited) else world - visited[i]
+
+
 def _coalesce(blocks: list[Block]) -> list[Block]:
     """Merge unmasked blocks that share a q range and touch along the keys, or share a key range and touch
     along q: one kernel call instead of two, the same (q, k) pairs."""
@@ -115,6 +124,31 @@ def _coalesce(blocks: list[Block]) -> list[Block]:
     return sorted(out, key=lambda b: (b.q_start, b.kv_start))
 
 
+def packed_window(window: tuple[int, int], causal: bool, max_doc: int | None, total: int) -> tuple[int, int]:
+    """The window the packed ring's steps apply: NO_WINDOW when it keeps no pair of one document apart (w at
+    least the longest document, `max_doc`, or the packed `total`, minus one), else (w, -1) under causal
+    attention (the planner takes no other: Capabilities.packed_window_problem)."""
+    left = window[0]
+    if left < 0 or left >= (total if max_doc is None else min(max_doc, total)) - 1:
+        return NO_WINDOW
+    assert causal, "the packed ring takes causal sliding windows only (the planner refuses two-sided ones)"
+    return (left, -1)
+
+
+def packed_visited_steps(
+    strategy: str, local_len: int, cp: int, window: tuple[int, int] = NO_WINDOW
+) -> tuple[int, ...]:
+    """The ring steps some rank has packed blocks at, under `packed_window`'s window: thd's held rank s steps
+    back is at least (s - 1) * local_len + 1 tokens before every local row, so a causal window w reaches steps
+    0 .. 1 + (w - 1) // local_len only (w shorter than a rank's piece: the neighbour's step). thd_zigzag's
+    chunks are a share of each document, as short as it, so no step is provably out of reach: every step."""
+    left = window[0]
+    if left < 0 or strategy != "thd":
+        return tuple(range(cp))
+    last = 0 if left == 0 else 1 + (left - 1) // local_len
+    return tuple(range(min(cp - 1, last) + 1))
+
+
 def packed_step_blocks(
     strategy: str,
     cu_seqlens: torch.Tensor,
@@ -124,16 +158,18 @@ def packed_step_blocks(
     step: int,
     causal: bool,
     max_doc: int | None = None,
+    window: tuple[int, int] = NO_WINDOW,
 ) -> list[VarlenBlock]:
-    """Rank `rank`'s varlen blocks at ring step `step` over the held buffer (source 0); [] when it has none."""
+    """Rank `rank`'s varlen blocks at ring step `step` over the held buffer (source 0); [] when it has none.
+    `window`: `packed_window`'s (a causal (w, -1), or NO_WINDOW)."""
     if strategy == "thd":
-        return _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc)
+        return _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc, window)
     if strategy == "thd_zigzag":
-        return _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc)
+        return _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc, window)
     raise ValueError(f"no ring steps for packed layout {strategy!r}")
 
 
-def _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc):
+def _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc, window):
     held = held_rank(rank, step, cp)
     if causal and held > rank:
         return []
@@ -141,20 +177,27 @@ def _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc):
     piece = lambda r: ((cu[:-1] - r * local_len).clamp(0, local_len), (cu[1:] - r * local_len).clamp(0, local_len))  # noqa: E731
     q0, q1 = piece(rank)
     bound = _bound(local_len, max_doc)
-    if step == 0:  # every local piece against itself: a causal square per document piece, or unmasked
-        return [VarlenBlock(HELD, causal, _ranges(q0, q1, q0, q1), bound, bound, NO_WINDOW, True, True, True)]
+    if step == 0:  # every local piece against itself: a causal square per document piece (windowed), or unmasked
+        return [VarlenBlock(HELD, causal, _ranges(q0, q1, q0, q1), bound, bound, window, True, True, True)]
     k0, k1 = piece(held)  # the held rank's piece of each document: all before this rank's tokens when causal
-    return [VarlenBlock(HELD, False, _ranges(q0, q1, k0, k1), bound, bound)]
+    if window[0] < 0:
+        return [VarlenBlock(HELD, False, _ranges(q0, q1, k0, k1), bound, bound)]
+    if window[0] <= (step - 1) * local_len:  # the held keys are at least (step - 1) * L + 1 before the rows
+        return []
+    return earlier_keys_band(q0, q1, rank * local_len, k0, k1, held * local_len, window[0], local_len)
 
 
-def _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc):
+def _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc, window):
     layout = get_packed_layout("thd_zigzag")
-    start, mid, end, _ = layout._local_docs(cu_seqlens, cp)
+    start, mid, end, chunk = layout._local_docs(cu_seqlens, cp)
     one = _bound(local_len // 2, None if max_doc is None else max_doc // (2 * cp))  # one chunk, at most
     full = dict(covers_rows=True, covers_keys=True)
     if not causal:  # both local chunks against both held chunks of every document
         return [VarlenBlock(HELD, False, _ranges(start, end, start, end), 2 * one, 2 * one, NO_WINDOW, **full)]
     held = held_rank(rank, step, cp)
+    if window[0] >= 0:
+        bounds = (one, local_len)
+        return _thd_zigzag_band(start, mid, end, chunk, cu_seqlens.long()[:-1], cp, rank, held, window, bounds)
     if step == 0:  # two causal squares (front, back), then the back chunk against the front chunk
         squares = _ranges(
             _interleave(start, mid), _interleave(mid, end), _interleave(start, mid), _interleave(mid, end)
@@ -168,3 +211,26 @@ def _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc):
         return [VarlenBlock(HELD, False, _ranges(start, end, start, mid), 2 * one, one, NO_WINDOW, covers_rows=True)]
     # held > rank: both held chunks precede the local back chunk and follow the local front chunk
     return [VarlenBlock(HELD, False, _ranges(mid, end, start, end), one, 2 * one, NO_WINDOW, covers_keys=True)]
+
+
+def _thd_zigzag_band(start, mid, end, chunk, doc_start, cp, rank, held, window, bounds):
+    """thd_zigzag's causal step blocks under a sliding window: the squares keep the window (a square's two
+    anchors agree), every chunk pair whose keys precede its rows is `earlier_keys_band`'s two blocks (the local
+    and held pieces are chunks r, 2cp-1-r and p, 2cp-1-p of each document: global = local + offset). `bounds`:
+    (one chunk, the local length: any stretch of the buffers, which the band blocks' fillers may span)."""
+    w, (one, local_len) = window[0], bounds
+    front = lambda x: doc_start + x * chunk - start  # noqa: E731  (global - local, rank x's front chunk)
+    back = lambda x: doc_start + (2 * cp - 1 - x) * chunk - mid  # noqa: E731
+    band = lambda rows, keys: earlier_keys_band(*rows, *keys, w, local_len)  # noqa: E731
+    rows_front, rows_back = (start, mid, front(rank)), (mid, end, back(rank))
+    if held == rank:  # two causal squares (front, back), then the back chunk against the front chunk
+        squares = _ranges(
+            _interleave(start, mid), _interleave(mid, end), _interleave(start, mid), _interleave(mid, end)
+        )
+        square = VarlenBlock(HELD, True, squares, one, one, window, covers_rows=True, covers_keys=True, square=True)
+        return [square, *band(rows_back, (start, mid, front(rank)))]
+    if held < rank:  # the held front chunk precedes both local chunks; its back chunk follows both
+        keys = (start, mid, front(held))
+        return [*band(rows_front, keys), *band(rows_back, keys)]
+    # held > rank: both held chunks precede the local back chunk and follow the local front chunk
+    return [*band(rows_back, (start, mid, front(held))), *band(rows_back, (mid, end, back(held)))]

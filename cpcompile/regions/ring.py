@@ -8,7 +8,7 @@ held K/V: each rank adds its part (fp32, straight from the executor in the packe
 arrived with the chunk and sends it on, so after cp shifts every K/V gradient is home, summed in fp32, rounded
 once. GQA travels as the kv heads (the executor reads each group's q heads against them). Under a sliding window
 the ring visits only the steps some rank has blocks at, shifting by the gap between them, and sends each gradient
-home from the last one (`_gap`).
+home from the last one (`layouts/ring.step_gap`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..comm.wire import WireShape
 from ..executor.blocks import encode_dense
 from ..executor.sinks import fold_sinks, sinks_grad
 from ..layouts import Block, ChunkLayout, get_layout
-from ..layouts.ring import ring_blocks, visited_steps
+from ..layouts.ring import packed_visited_steps, packed_window, ring_blocks, step_gap, visited_steps
 from .all_gather import executor_extra, pack_slots, unpack_slots
 from .partials import add_part, merge_step
 
@@ -35,7 +35,7 @@ class _RingAttention(torch.autograd.Function):
         mine = held
         acc = lse = None
         for i, (blocks, extra) in enumerate(zip(steps, extras)):
-            gap = _gap(visited, i, world)
+            gap = step_gap(visited, i, world)
             pending = start_shift(held, group_name, rank, world, gap) if i + 1 < len(visited) else None
             if blocks:
                 o, l = torch.ops.cpcompile.attend_blocks(q, [], [], blocks, scale, kernel, held, True, **extra)
@@ -59,7 +59,7 @@ class _RingAttention(torch.autograd.Function):
         for i, (blocks, extra) in enumerate(zip(steps, extras)):
             # the first shift's input tied to dout keeps every K/V shift in the backward graph (comm/pending.py)
             sent = in_backward(held, dout) if i == 0 else held
-            gap = _gap(visited, i, world)
+            gap = step_gap(visited, i, world)
             pending = start_shift(sent, group_name, rank, world, gap) if i + 1 < len(visited) else None
             part = None
             if blocks:
@@ -80,12 +80,6 @@ class _RingAttention(torch.autograd.Function):
         dk, dv = unpack_slots(home, q.shape[-1])
         dsinks = None if sinks is None else sinks_grad(dout, out, lse, sinks)
         return dq.to(q.dtype), dk.to(ctx.kv_dtype), dv.to(ctx.kv_dtype), dsinks, *([None] * 8)
-
-
-def _gap(visited: tuple[int, ...], i: int, world: int) -> int:
-    """How far the held chunk moves after visited step i: to the next visited step, or after the last one the
-    way home to its owner (world - step: 1 when every step is visited)."""
-    return visited[i + 1] - visited[i] if i + 1 < len(visited) else world - visited[i]
 
 
 def ring_attention(
@@ -142,11 +136,16 @@ def wire_bytes(shape: WireShape) -> tuple[int, int]:
     of `tokens` tokens once per visited step but the last; backward, the K/V again and the travelling fp32 K/V
     gradient once per visited step (it comes home from the last one). Every step is visited (world - 1 K/V
     shifts, world gradient shifts) unless `dense_mask` (layout, causal, window) has a window that keeps some
-    steps from every rank (layouts/ring.visited_steps): then only those. The lse never travels."""
+    steps from every rank (layouts/ring.visited_steps), or `packed_mask` a causal sliding window that thd's steps
+    do not all reach (layouts/ring.packed_visited_steps): then only those. The lse never travels."""
     s = shape
     lay = None
     if s.dense_mask is not None and s.dense_mask[2] is not None:
         lay = get_layout(s.dense_mask[0])
+    if s.packed_mask is not None:
+        layout, causal, window = s.packed_mask
+        window = packed_window(window, causal, s.max_doc, s.tokens * s.world)
+        return _shift_bytes(shape, len(packed_visited_steps(layout, s.tokens, s.world, window)))
     return layout_wire_bytes(shape, lay)
 
 
@@ -158,6 +157,11 @@ def layout_wire_bytes(shape: WireShape, lay: ChunkLayout | None) -> tuple[int, i
     if lay is not None and s.dense_mask is not None and s.dense_mask[2] is not None:
         _, causal, window = s.dense_mask
         visited = len(visited_steps(lay, s.world, s.tokens // lay.chunks_per_rank, causal, window))
+    return _shift_bytes(shape, visited)
+
+
+def _shift_bytes(s: WireShape, visited: int) -> tuple[int, int]:
+    """(forward, backward) bytes of a ring that visits `visited` steps."""
     kv = s.tokens * s.batch * s.kv_heads * (s.head_dim + s.v_head_dim)
     grad_shifts = visited if visited > 1 else 0  # from each visited step to the next, and home
     return (visited - 1) * kv * s.elt, (visited - 1) * kv * s.elt + grad_shifts * kv * s.acc_elt

@@ -5,7 +5,10 @@ held rank's K/V are attended with that step's varlen blocks (layouts/ring.py, co
 cu_seqlens with device ops, so documents change without recompiling), the partial outputs merged by LSE in
 fp32. Every step's blocks and kernel metadata (masks, cu_seqlens, lse slots: executor.varlen_meta) are built
 before the step loop, in the graph, so a step's host work is its kernel call, its merge and its shift.
-Backward sends each held chunk's K/V gradient on with the chunk, in fp32, home after one circle.
+Backward sends each held chunk's K/V gradient on with the chunk, in fp32, home after one circle. Under a causal
+sliding window the steps' blocks are layouts/packed_band.py's (exact per document on every provider), and the
+ring visits only the steps some rank can reach (thd: the neighbours' for a window shorter than a rank's piece;
+layouts/ring.packed_visited_steps), shifting by the gap between two and sending each gradient home from the last.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from ..executor.blocks import encode_varlen
 from ..executor.packed_kv import pack_kv, unpack_kv
 from ..executor.varlen_meta import prepare_blocks
 from ..kernels.base import NO_WINDOW
-from ..layouts.ring import packed_step_blocks
+from ..layouts.ring import packed_step_blocks, packed_visited_steps, packed_window, step_gap
 from .partials import add_part, merge_step
 
 KV_DIM = 0
@@ -36,12 +39,13 @@ class _RingVarlenAttention(torch.autograd.Function):
     the trailing tensors (0 ranges: no work), its metadata prepared once per batch (executor.varlen_meta)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, specs, counts, scale, kernel, group_name, rank, world, *tensors):
+    def forward(ctx, q, k, v, specs, counts, visited, scale, kernel, group_name, rank, world, *tensors):
         held = mine = pack_kv(k, v, KV_DIM)
         d = q.shape[-1]
         acc = lse = None
-        for s, (spec, (rs, meta)) in enumerate(zip(specs, _per_step(tensors, counts))):
-            pending = start_shift(held, group_name, rank, world) if s + 1 < world else None
+        for i, (spec, (rs, meta)) in enumerate(zip(specs, _per_step(tensors, counts))):
+            gap = step_gap(visited, i, world)
+            pending = start_shift(held, group_name, rank, world, gap) if i + 1 < len(visited) else None
             if rs:
                 ks, vs, rl, spec = _step_inputs(spec, rs, held, d)
                 o, l = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, rl, spec, scale, kernel, list(meta))
@@ -50,19 +54,20 @@ class _RingVarlenAttention(torch.autograd.Function):
                 held = wait(pending).view(held.shape)
         out = acc.to(q.dtype)
         ctx.save_for_backward(q, mine, out, lse, *tensors)
-        ctx.args = (specs, counts, scale, kernel, group_name, rank, world)
+        ctx.args = (specs, counts, visited, scale, kernel, group_name, rank, world)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, held, out, lse, *tensors = ctx.saved_tensors
-        specs, counts, scale, kernel, group_name, rank, world = ctx.args
+        specs, counts, visited, scale, kernel, group_name, rank, world = ctx.args
         dout, d = dout.contiguous(), q.shape[-1]
         held = in_backward(held, dout)  # keeps the K/V shifts in the backward graph (comm/pending.py)
         dq = travel = pending_grad = None
-        for s, (spec, (rs, meta)) in enumerate(zip(specs, _per_step(tensors, counts))):
-            pending = start_shift(held, group_name, rank, world) if s + 1 < world else None
+        for i, (spec, (rs, meta)) in enumerate(zip(specs, _per_step(tensors, counts))):
+            gap = step_gap(visited, i, world)
+            pending = start_shift(held, group_name, rank, world, gap) if i + 1 < len(visited) else None
             part = None
             if rs:
                 ks, vs, rl, spec = _step_inputs(spec, rs, held, d)
@@ -74,12 +79,13 @@ class _RingVarlenAttention(torch.autograd.Function):
                 travel = part
             else:  # the held chunk's gradient so far arrived with it: add this rank's part, send it on
                 travel = add_part(wait(pending_grad).view(held.shape), part)
-            pending_grad = start_shift(travel, group_name, rank, world) if world > 1 else None
+            # on with the chunk to the next visited step; after the last, home to the chunk's owner
+            pending_grad = start_shift(travel, group_name, rank, world, gap) if gap % world else None
             if pending is not None:
                 held = wait(pending).view(held.shape)
         home = travel if pending_grad is None else wait(pending_grad).view(held.shape)
         dk, dv = unpack_kv(home.to(held.dtype), KV_DIM, d)
-        return dq.to(q.dtype), dk, dv, *([None] * (7 + len(tensors)))
+        return dq.to(q.dtype), dk, dv, *([None] * (8 + len(tensors)))
 
 
 def _per_step(tensors: tuple, counts: tuple[tuple[int, int], ...]) -> list[tuple[tuple, tuple]]:
@@ -107,12 +113,13 @@ def ring_varlen_attention(
     max_doc: int | None = None,
     window: tuple[int, int] = NO_WINDOW,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """varlen_attn of this rank's packed q over every rank's K/V (same document only, causal when asked),
-    the K/V arriving one rank at a time. `window` must be NO_WINDOW (the planner refuses sliding windows
-    under the ring). Returns (out, lse (Hq, T_local) fp32, rng_state) like torch_attn._varlen_attn."""
-    assert tuple(window) == NO_WINDOW, "the planner refuses sliding windows under comm='ring'"
+    """varlen_attn of this rank's packed q over every rank's K/V (same document only, causal when asked, within
+    a causal sliding `window` (w, -1) when given), the K/V arriving one rank at a time. Returns (out, lse
+    (Hq, T_local) fp32, rng_state) like torch_attn._varlen_attn."""
     local = q.shape[0]
-    steps = [packed_step_blocks(layout, cu_seqlens, local, world, rank, s, causal, max_doc) for s in range(world)]
+    window = packed_window(tuple(window), causal, max_doc, local * world)
+    visited = packed_visited_steps(layout, local, world, window)
+    steps = [packed_step_blocks(layout, cu_seqlens, local, world, rank, s, causal, max_doc, window) for s in visited]
     specs = tuple(encode_varlen(blocks) for blocks in steps)
     tensors, counts = [], []
     for blocks, spec in zip(steps, specs):  # every step's metadata, here in the graph: none in the step loop
@@ -120,7 +127,7 @@ def ring_varlen_attention(
         meta = prepare_blocks(ranges, spec, local, [k.shape[0]], kernel)
         tensors += ranges + meta
         counts.append((len(ranges), len(meta)))
-    args = (specs, tuple(counts), scale, kernel, group_name, rank, world)
+    args = (specs, tuple(counts), visited, scale, kernel, group_name, rank, world)
     out, lse = _RingVarlenAttention.apply(q, k, v, *args, *tensors)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state
@@ -136,10 +143,10 @@ def rank_blocks(
     max_doc: int | None = None,
     window: tuple[int, int] = NO_WINDOW,
 ) -> list:
-    """Every varlen block this rank runs, over all ring steps (each against that step's held K/V)."""
-    assert tuple(window) == NO_WINDOW, "the planner refuses sliding windows under comm='ring'"
+    """Every varlen block this rank runs, over the visited ring steps (each against that step's held K/V)."""
+    window = packed_window(tuple(window), causal, max_doc, local_len * world)
     return [
         block
-        for step in range(world)
-        for block in packed_step_blocks(layout, cu_seqlens, local_len, world, rank, step, causal, max_doc)
+        for step in packed_visited_steps(layout, local_len, world, window)
+        for block in packed_step_blocks(layout, cu_seqlens, local_len, world, rank, step, causal, max_doc, window)
     ]

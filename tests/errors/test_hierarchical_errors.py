@@ -87,7 +87,11 @@ def test_the_same_heads_run_on_a_1d_comm_over_the_2d_mesh():
     "strategy, window, message",
     [
         ("thd_zigzag", (-1, 0), "contiguous run in global order only under strategy='thd' ('thd_zigzag' interleaves"),
-        ("thd", (3, 0), "window_size=(3, 0): comm='hierarchical' attends one held chunk per step"),
+        (
+            "thd",
+            (3, 0),
+            "window_size=(3, 0): comm='hierarchical' takes causal (-1, 0) and full (-1, -1) attention of packed",
+        ),
     ],
 )
 def test_packed_layouts_and_windows_it_cannot_take_are_refused(no_collective, strategy, window, message):

@@ -86,12 +86,13 @@ def test_negative_window_is_refused_under_a2a():
     _refused(fn, *_qkv(), CU, comm="a2a", match=r"window_size=\(-2, 0\): each side must be a token count")
 
 
-def test_window_needs_a_windowed_kernel(monkeypatch):
+@pytest.mark.parametrize("comm", ["a2a", "ring"])
+def test_window_needs_a_windowed_kernel(monkeypatch, comm):
     from cpcompile.kernels import VARLEN_PROVIDERS
 
     monkeypatch.setattr(VARLEN_PROVIDERS["cpu_varlen_ref"], "supports_window", False)
     fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(4, 0))  # noqa: E731
-    _refused(fn, *_qkv(), CU, comm="a2a", match="needs a varlen kernel with sliding windows")
+    _refused(fn, *_qkv(), CU, comm=comm, match="needs a varlen kernel with sliding windows")
 
 
 def test_a2a_refuses_thd_zigzag():
@@ -201,10 +202,12 @@ def test_zigzag_region_asserts_document_lengths_on_device():
         torch.compile(fn, backend=be, fullgraph=True)(*_qkv(), CU)
 
 
-@pytest.mark.parametrize("window", [(2, 0), (-1, 3), (2, 2)])
-def test_sliding_window_under_the_ring_is_refused(window):
+@pytest.mark.parametrize("window", [(-1, 3), (2, 2)])
+def test_two_sided_window_under_the_ring_is_refused(window):
+    """The ring takes causal sliding windows (w, 0) of packed documents (layouts/packed_band.py), not windows that
+    reach right of the diagonal."""
     fn = lambda q, k, v, cu: varlen_attn(q, k, v, cu, cu, 16, 16, window_size=window)  # noqa: E731
-    match = rf"window_size=\({window[0]}, {window[1]}\): comm='ring' attends one held chunk.*Fix: use comm='all_gather'"
+    match = rf"window_size=\({window[0]}, {window[1]}\): a sliding window that reaches right.*ring THD region.*Fix: use comm='a2a'"
     _refused(fn, *_qkv(), CU, comm="ring", match=match)
 
 

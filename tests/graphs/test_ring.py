@@ -192,3 +192,35 @@ def test_a_short_window_skips_the_steps_it_never_reaches():
 
     assert [to_rank(n) for n in fw] == [rank + 1]
     assert sorted(to_rank(n) for n in bw) == [rank - 1, rank + 1, rank + 1]
+
+
+def _packed_windowed(q, k, v, cu):
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(3, 0))
+
+
+class TestPackedRingWindowSnapshot(expecttest.TestCase):
+    def test_rewritten_call_and_step_blocks(self):
+        """thd cp=2, a causal window of 3 tokens (8 a rank): the region call carries the window; step 0 is the
+        rank's pieces against themselves (a windowed causal square), step 1 the band block with window (0, 3)
+        and the unmasked block (layouts/packed_band.py), bounded by the local length its fillers may span."""
+        cu = torch.tensor([0, 5, 16], dtype=torch.int32)
+        qkv = [torch.randn(8, 2, 4) for _ in range(3)]
+        with fake_group(rank=1, world=2):
+            code = rewritten_graph(_packed_windowed, *qkv, cu, strategy="thd", comm="ring")
+            fwd, _ = aot_graphs(_packed_windowed, *(t.requires_grad_() for t in qkv), cu, strategy="thd", comm="ring")
+        (call,) = [line.strip() for line in code.splitlines() if "ring_varlen_attention(" in line]
+        self.assertExpectedInline(
+            call,
+            """ring_varlen_attention = cpcompile_regions_ring_varlen_ring_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 2, max_doc = 16, window = (3, -1))""",  # noqa: E501
+        )
+        specs = re.findall(
+            r"attend_varlen_blocks\.default\(primals_1, \[[^]]*\], \[[^]]*\], \[[^]]*\], (\[[^]]*\])", fwd
+        )
+        self.assertExpectedInline(
+            "\n".join(specs),
+            """\
+[0, 1, 8, 8, 3, -1, 1, 1, 1]
+[0, 0, 8, 8, 0, 3, 0, 0, 0, 0, 0, 8, 8, -1, -1, 0, 0, 0]""",
+        )

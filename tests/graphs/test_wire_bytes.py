@@ -128,3 +128,24 @@ def test_windowed_ring_wire_bytes_are_the_collectives(layout, window, steps):
     expected = get_comm("ring").wire_bytes(WireShape(16, 2, 4, 4, 8, 8, WORLD, 4, 4, dense_mask=(layout, True, window)))
     assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == expected
     assert visited == steps  # 2 and 3 of 4: the window saves shifts; 4: it reaches every step
+
+
+@pytest.mark.parametrize("layout, window, steps", [("thd", (3, 0), 2), ("thd", (9, 0), 3)])
+def test_windowed_packed_ring_wire_bytes_are_the_collectives(layout, window, steps):
+    """Packed documents under a causal sliding window: thd's ring visits the steps the window reaches (a window
+    shorter than a rank's 8 tokens: the neighbour's; layouts/ring.packed_visited_steps); the cost model's bytes
+    are the collectives the region launches."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 4, 8, generator=g, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 8, 24, 32], dtype=torch.int32)
+
+    def fn(q, k, v, cu):
+        return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=window)
+
+    with fake_group(RANK, WORLD):
+        graphs = capture_graphs(fn, cpcompile.backend(strategy=layout, comm="ring", inner="eager"), q, k, v, cu)
+    shape = WireShape(8, 1, 4, 4, 8, 8, WORLD, 4, 4, max_doc=32, packed_mask=(layout, True, (window[0], -1)))
+    expected = get_comm("ring").wire_bytes(shape)
+    assert (_sent(graphs["fw"]), _sent(graphs["bw"])) == expected
+    kv = 8 * 4 * 16 * 4  # one rank's K and V, fp32
+    assert expected[0] == (steps - 1) * kv, "the window saves K/V shifts"

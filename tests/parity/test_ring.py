@@ -1,5 +1,6 @@
 """comm="ring" (and the all-gather's regather option) against single-process attention at cp 2, 3 and 4: every
-layout, GQA and MHA, causal and full, fp64 and bf16 (under the rounding-aware rule), and a small transformer
+layout, GQA and MHA, causal and full, fp64 and bf16 (under the rounding-aware rule), packed documents under
+causal sliding windows shorter than a rank's piece, between, and longer than every document, and a small transformer
 trained over the ring with per-block activation checkpointing. One spawn per cp: every case of a cp runs in it."""
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ def _dense(strategy, causal, dtype, shape, comm, regather=False) -> dict:
 
 
 def _cases(world: int) -> list[tuple]:
-    """Every layout under the ring, causal and full, GQA and MHA, fp64 and bf16, regather of both regions, spread
+    """Every layout under the ring, causal and full, GQA and MHA, fp64 and bf16, regather of both regions, packed
+    sliding windows, spread
     over cp 2, 3 and 4 so that each spawn compiles few cases (CI has 2 cores)."""
     if world == 2:  # + the checkpointed transformer trained over the ring
         return [
             ("dense", "ring", "flat", False, "gqa", "fp64"),
             ("dense", "ring", "zigzag", True, "mha", "bf16"),
             ("packed", "ring", "thd", False),
+            ("packed", "ring", "thd", True, (40, 0)),  # longer than every document (but max_doc 64): band blocks
+            ("packed", "ring", "thd_zigzag", True, (5, 0)),  # shorter than a chunk (6, 12)
         ]
     if world == 3:
         return [
@@ -53,12 +57,15 @@ def _cases(world: int) -> list[tuple]:
             ("packed", "ring", "thd_zigzag", True),
             ("dense", "regather", "flat", True, "gqa", "fp64"),
             ("packed", "regather", "thd_zigzag", True),
+            ("packed", "ring", "thd", True, (30, 0)),  # between a rank's piece (24) and two: every step
+            ("packed", "ring", "thd_zigzag", True, (13, 0)),  # longer than every chunk (4, 8), not a document
         ]
     return [
         ("dense", "ring", "flat", True, "gqa", "fp64"),
         ("dense", "ring", "zigzag", False, "gqa", "fp64"),
         ("packed", "ring", "thd", True),
         ("packed", "ring", "thd_zigzag", False),
+        ("packed", "ring", "thd", True, (5, 0)),  # shorter than a rank's piece (18): steps 0 and 1, home by 3
     ]
 
 
@@ -71,7 +78,8 @@ def _run(case) -> dict:
         dtype = torch.bfloat16 if dtype == "bf16" else torch.float64
         return _dense(strategy, causal, dtype, SHAPES[shape], comm, regather)
     be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager", regather=regather)
-    return compare_packed(strategy, causal, torch.float64, DOCS[strategy], backend=be)
+    window = rest[0] if rest else None  # a causal sliding window (w, 0): layouts/packed_band.py's blocks
+    return compare_packed(strategy, causal, torch.float64, DOCS[strategy], backend=be, window=window)
 
 
 def _sweep(rank, world):
