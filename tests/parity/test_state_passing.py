@@ -1,7 +1,8 @@
 """Multi-rank parity of state passing (token_mixer(comm="state")) against one process: a Gated DeltaNet model (a
 causal conv with a halo from the previous rank, the gated delta rule with its chunk transitions all-gathered and
-composed) around a softmax attention block, flat layout, cp 2, 3 and 4, fp64; and HF Qwen3-Next under
-hf_token_mixers(comm="state") at cp 2. Logits, loss and every parameter gradient, gloo ranks, aot_eager. One pool
+composed) around a softmax attention block, cp 2, 3 and 4, fp64, under flat (one chunk a rank) and zigzag (two chunks
+a rank, r and 2cp-1-r: each chunk's halo and state come from the chunk before it in sequence order, the attention
+keeps its zigzag balance); and HF Qwen3-Next under hf_token_mixers(comm="state") at cp 2, flat and zigzag. Logits, loss and every parameter gradient, gloo ranks, aot_eager. One pool
 of 4 ranks: cp=4, cp=2 as the "cp" dim of a (dp=2, cp=2) mesh, cp=3 as a group of ranks 0-2."""
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ the A_log and dt_bias gradients at cp 2 (a2a: 1.4e-7); with HF's function patche
 1.3e-7 everywhere (the model's own fp32 decay), so the difference is the scan's fp32 rounding."""
 
 
-def _compare(rank, world, cp, name="gdn"):
+def _compare(rank, world, cp, name="gdn", strategy="flat"):
     torch._dynamo.reset()
     torch.manual_seed(0)
-    seq = 4 * cp  # 4 tokens a rank: more than the conv's 3-token halo, fewer than HF's 64-token chunk
+    # 4 tokens a chunk: more than the conv's 3-token halo, fewer than HF's 64-token chunk (zigzag: 2 chunks a rank)
+    seq = 4 * cp * (2 if strategy == "zigzag" else 1)
     if name != "gdn" or world % cp:  # ranks 0..cp-1 (every rank creates the group); the others idle
         group = dist.new_group(list(range(cp)))
         if rank >= cp:
@@ -56,15 +58,15 @@ def _compare(rank, world, cp, name="gdn"):
     loss.backward()
 
     def local(x):
-        return cpcompile.shard(x, strategy="flat", seq_dim=1, **where)
+        return cpcompile.shard(x, strategy=strategy, seq_dim=1, **where)
 
-    be = cpcompile.backend(strategy="flat", comm="all_gather", inner="aot_eager", **where)
+    be = cpcompile.backend(strategy=strategy, comm="all_gather", inner="aot_eager", **where)
     out = torch.compile(cp_model, backend=be, fullgraph=True)(local(ids), *(local(p) for p in positions))
     cp_loss = F.cross_entropy(out.flatten(0, 1), local(labels).flatten(), reduction="sum") / labels.numel()
     cp_loss.backward()
     summed = cp_loss.detach().clone()
     dist.all_reduce(summed, group=group)
-    full = cpcompile.unshard(out.detach(), strategy="flat", seq_dim=1, **where)
+    full = cpcompile.unshard(out.detach(), strategy=strategy, seq_dim=1, **where)
     errors = {"logits": rel_err(full, logits.detach()), "loss": rel_err(summed, loss.detach())}
     grads = dict(model.named_parameters())
     for param, p in cp_model.named_parameters():
@@ -83,18 +85,21 @@ def ranks4():
     pool.close()
 
 
+@pytest.mark.parametrize("strategy", ["flat", "zigzag"])
 @pytest.mark.parametrize("cp", [2, 3, 4])
-def test_gdn_model_matches_one_process(ranks4, cp):
-    for rank, errors in enumerate(ranks4.run(_compare, cp, timeout=600)[:cp]):
+def test_gdn_model_matches_one_process(ranks4, cp, strategy):
+    for rank, errors in enumerate(ranks4.run(_compare, cp, "gdn", strategy, timeout=600)[:cp]):
         assert len(errors) == 2 + len(list(GDNModel().parameters())), errors
         bad = {n: e for n, e in errors.items() if not e <= TOL}
         assert not bad, f"rank {rank}: {bad}"
 
 
-def test_hf_qwen3_next_matches_one_process(ranks4):
+@pytest.mark.parametrize("strategy", ["flat", "zigzag"])
+def test_hf_qwen3_next_matches_one_process(ranks4, strategy):
     """HF Qwen3-Next's Gated DeltaNet layer on its torch fallbacks (causal_conv1d_fn: a halo;
-    torch_chunk_gated_delta_rule: state passing) and its attention layer, flat, cp 2."""
-    for rank, errors in enumerate(ranks4.run(_compare, 2, "qwen3_next", timeout=600)[:2]):
+    torch_chunk_gated_delta_rule: state passing) and its attention layer, cp 2. Zigzag's bound is flat's: its
+    chunks end at other tokens than flat's, but HF's scan rounds to fp32 at every chunk edge alike."""
+    for rank, errors in enumerate(ranks4.run(_compare, 2, "qwen3_next", strategy, timeout=600)[:2]):
         assert "model.model.layers.0.linear_attn.conv1d.weight" in errors, sorted(errors)
         assert "model.model.layers.0.linear_attn.A_log" in errors, sorted(errors)
         bad = {n: e for n, e in errors.items() if not e <= HF_TOL}
