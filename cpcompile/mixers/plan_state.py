@@ -26,6 +26,7 @@ from .declare import MIXERS, MixerSpec
 from .plan import example, refuse, token_lengths
 from .state_region import halo_region, state_region
 
+
 @dataclass(frozen=True)
 class StatePlan:
     """A comm="state" mixer node's region call."""
