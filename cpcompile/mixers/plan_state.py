@@ -1,15 +1,15 @@
 """Plan one mixer declared with comm="state": check that state passing can run it here, before any collective.
 
-Rules (each violation is one CPCompileError naming the node and its source line): a chunk layout (flat, zigzag:
-each chunk's state follows the chunk before it in sequence order, wherever that is; packed documents would need the
-state reset at document starts); plain tensors; every token tensor with the declared seq dim and one local length.
-The mixer runs once per chunk a rank owns (flat: its L tokens; zigzag: two chunks of L/2), so the dry runs use a
-chunk's length C. A conv-like mixer (`context`): a context of 0..C tokens, and a dry run on meta tensors of C +
-context tokens that gives C + context outputs. A linear recurrence (`state`): its value argument a 4-D (batch, ...,
-value dim last) tensor with heads and tokens on the declared dims, no initial state given, no final state asked
-for, outputs (output, None); dry runs on meta tensors read the state's key dim and dtype, then check that the mixer
-takes values of Dv + Dk columns with an initial state of as many (one run gives the chunk's transition and its
-outputs: state_region.py).
+Rules (each violation is one CPCompileError naming the node and its source line): a chunk layout (flat, zigzag: each
+chunk's state follows the chunk before it in sequence order, wherever that is; packed documents would need the state
+reset at document starts, and so would boundaries given as cu_seqlens= or seq_idx=); plain tensors; every token
+tensor with the declared seq dim and one local length. The mixer runs once per chunk a rank owns (flat: its L
+tokens; zigzag: two chunks of L/2), so the dry runs use a chunk's length C. A conv-like mixer (`context`): a context
+of 0..C tokens, and a dry run on meta tensors of C + context tokens that gives C + context outputs. A linear
+recurrence (`state`): its value argument a 4-D (batch, ..., value dim last) tensor with heads and tokens on the
+declared dims, no initial state given, no final state asked for, outputs (output, None); dry runs on meta tensors
+read the state's key dim and dtype, then check that the mixer takes values of Dv + Dk columns with an initial state
+of as many (one run gives the chunk's transition and its outputs: state_region.py).
 """
 
 from __future__ import annotations
@@ -116,6 +116,24 @@ def _plan_halo(node, spec: MixerSpec, weights, args, kwargs, length: int, chunk:
     return context
 
 
+_DOCUMENTS = ("cu_seqlens", "seq_idx")
+"""Keyword arguments that carry packed documents' boundaries (fla's and transformers' convs and scans)."""
+
+
+def _check_documents(node, spec: MixerSpec, kwargs) -> None:
+    """No packed documents: a document starting inside a chunk would have to cut the chain there (its transition
+    zeroed from that point, the halo dropped), which the regions do not do."""
+    given = [name for name in _DOCUMENTS if kwargs.get(name) is not None]
+    if given:
+        raise refuse(
+            node,
+            spec,
+            f"is given packed documents' boundaries ({given[0]}=...); state passing does not reset the state or the "
+            "conv's halo at a document start inside a chunk (not supported yet)",
+            f"call it without {given[0]} (one document a sequence), or leave this model's documents unpacked",
+        )
+
+
 def _check_flags(node, spec: MixerSpec, kwargs) -> None:
     """No initial state given, no final state asked for (checked first: a state has no token dim)."""
     names = spec.state
@@ -195,6 +213,7 @@ def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
             "(packed documents would need the state reset at every document start)",
             "use strategy='flat' or 'zigzag'",
         )
+    _check_documents(node, spec, spec.named(args, kwargs)[1])
     if spec.state is not None:
         _check_flags(node, spec, spec.named(args, kwargs)[1])
     fix = "declare the dim its token tensors hold the tokens on"

@@ -129,6 +129,29 @@ def test_packed_documents_are_refused_naming_the_chunk_layouts():
     assert "token mixer 'mixer_call' at " in msg, msg
 
 
+def _scan_with_documents(query, key, value, g, beta, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """The gated delta rule with fla's `cu_seqlens` keyword (ignored, as HF's torch fallback ignores it)."""
+    return gated_delta_rule(query, key, value, g, beta, initial_state, output_final_state)
+
+
+class PackedScan(nn.Module):
+    """The gated delta rule given packed documents' boundaries (fla's cu_seqlens keyword)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scan = cpcompile.token_mixer(_scan_with_documents, heads_dim=2, comm="state", state=True)
+
+    def forward(self, q, k, v, g, beta, cu_seqlens):
+        return self.scan(q, k, v, g, beta, cu_seqlens=cu_seqlens)[0]
+
+
+def test_packed_document_boundaries_are_refused():
+    """A document starting inside a chunk would cut the chain there: not supported, said before any collective."""
+    msg = _compile_error(PackedScan(), *_scan_inputs(8), torch.tensor([0, 3, 8], dtype=torch.int32))
+    assert "is given packed documents' boundaries (cu_seqlens=...); state passing does not reset" in msg, msg
+    assert "_scan_with_documents" in msg and "call it without cu_seqlens" in msg, msg
+
+
 def test_a_halo_longer_than_a_zigzag_chunk_is_refused():
     msg = _compile_error(ConvScan(), *_inputs(seq=4), strategy="zigzag")  # 2 chunks of 2 tokens, a 3-token halo
     assert "reads context=3 earlier tokens, not an int from 0 to the 2 tokens of each of a rank's 2 chunks" in msg
