@@ -112,7 +112,7 @@ def _explain(flag: Flag) -> tuple[str, str]:
         f"{SDPA_FIX}; a head- or channel-local token mixer (a short causal depthwise conv, a linear-attention, "
         "gated-delta or SSM scan whose every head reads only its own head) runs head-parallel once declared: "
         "cpcompile.token_mixer(module_or_fn, heads_dim=...) (its code must read head counts and the length "
-        "from its inputs), or under strategy='flat' with its state passed between ranks (token_mixer(..., "
+        "from its inputs), or with its state passed along the chunks (flat or zigzag; token_mixer(..., "
         "comm='state', context=... for a causal conv, state=True for a chunked linear recurrence)); other token "
         "mixing (a mixer that mixes heads, pooling, sorting tokens) is not supported: keep it out of the "
         f"CP-compiled model; {MARK_FIX}"

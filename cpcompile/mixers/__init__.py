@@ -3,9 +3,10 @@ and SSM scans) run head-parallel in an all-to-all region.
 
 `token_mixer` (declare.py) marks a module or function; the pass step `rewrite_mixers` (rewrite.py) plans
 (plan.py) and rewrites each declared call into `mixer_region` (region.py), whose all-to-alls (exchange.py) trade
-the sequence for heads and back; or, declared with comm="state" (flat layout), plans (plan_state.py) and rewrites
+the sequence for heads and back; or, declared with comm="state" (flat or zigzag), plans (plan_state.py) and rewrites
 it into `halo_region` / `state_region` (state_region.py), which pass a conv's edge tokens and a linear
-recurrence's chunk transitions along the ranks (passing.py). cost.py: both comms' bytes, for explain().
+recurrence's chunk transitions along the chunks in sequence order (chain.py: which rank holds the chunk before;
+passing.py: the collectives). cost.py: both comms' bytes, and the relayout break-even, for explain().
 """
 
 from .declare import MIXERS, MixerSpec, StateArgs, is_mixer_call, mixer_call, token_mixer

@@ -26,9 +26,9 @@ T = TypeVar("T")
 
 COMMS = ("a2a", "state", "auto")
 """How a mixer's region communicates: "a2a" trades the sequence for heads (any head-local mixer, any chunk layout);
-"state" passes state along the ranks in sequence order (flat layout): a conv's last `context` tokens to the next
-rank (a halo), or a linear recurrence's chunk transition (mixers/state_region.py); "auto": per call, the one whose
-forward moves fewer bytes a rank among those that can run it (state passing needs the flat layout and context= or
+"state" passes state along a chunk layout's chunks (flat, zigzag) in sequence order: a conv's last `context` tokens
+to the chunk after them (a halo), or a linear recurrence's chunk transitions (mixers/state_region.py); "auto": per
+call, the one whose forward moves fewer bytes a rank among those that can run it (state passing needs context= or
 state=)."""
 
 
@@ -157,10 +157,10 @@ def token_mixer(
     gradients are summed over the ranks.
 
     `comm` picks the region: "a2a" (above; any chunk layout), "auto" (per call, the one that moves fewer bytes) or
-    "state" (strategy="flat": every rank runs the
-    mixer on its own tokens, all heads, and receives what the earlier tokens leave behind). A "state" mixer is
+    "state" (strategy "flat" or "zigzag": every rank runs the mixer on each of its chunks, all heads, and receives what
+    the earlier tokens leave behind). A "state" mixer is
     either a causal conv-like mixer reading `context` earlier tokens (an int, or a function of its weights by name,
-    e.g. `lambda w: w["weight"].shape[-1] - 1`), which gets the previous rank's last `context` tokens, or a chunked
+    e.g. `lambda w: w["weight"].shape[-1] - 1`), which gets the previous chunk's last `context` tokens, or a chunked
     linear recurrence in flash-linear-attention's convention (`state`: True or a StateArgs naming its value,
     initial_state and output_final_state arguments), whose chunk transitions are all-gathered and composed.
     """

@@ -43,7 +43,8 @@ _DONE: dict[tuple[str, str], tuple[object, object, str]] = {}
 def hf_token_mixers(model: nn.Module, comm: str = "a2a") -> list[str]:
     """Declare the known token mixers of every modeling module `model`'s layers come from; returns the
     `module.function` names declared (already declared ones included). `comm`: "a2a" (head-parallel, every
-    layout), "state" (state passing where the function can, strategy="flat"; Mamba's scans stay "a2a") or "auto"
+    layout), "state" (state passing where the function can, strategy "flat" or "zigzag"; Mamba's scans stay "a2a") or
+    "auto"
     (where the function can pass state: per call, the comm that moves fewer bytes)."""
     if comm not in COMMS:
         raise ValueError(f"hf_token_mixers: comm={comm!r}; use one of {list(COMMS)}")

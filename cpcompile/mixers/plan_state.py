@@ -1,13 +1,15 @@
 """Plan one mixer declared with comm="state": check that state passing can run it here, before any collective.
 
-Rules (each violation is one CPCompileError naming the node and its source line): the flat layout (rank order =
-sequence order: rank r's state follows rank r-1's tokens); plain tensors; every token tensor with the declared seq
-dim and one local length. A conv-like mixer (`context`): a context of 0..L tokens, and a dry run on meta tensors
-of L + context tokens that gives L + context outputs. A linear recurrence (`state`): its value argument a 4-D
-(batch, ..., value dim last) tensor with heads and tokens on the declared dims, no initial state given, no final
-state asked for, outputs (output, None); dry runs on meta tensors read the state's key dim and dtype, then check
-that the mixer takes values of Dv + Dk columns with an initial state of as many (one run gives the chunk's
-transition and its outputs: state_region.py).
+Rules (each violation is one CPCompileError naming the node and its source line): a chunk layout (flat, zigzag: each
+chunk's state follows the chunk before it in sequence order, wherever that is; packed documents would need the state
+reset at document starts, and so would boundaries given as cu_seqlens= or seq_idx=); plain tensors; every token
+tensor with the declared seq dim and one local length. The mixer runs once per chunk a rank owns (flat: its L
+tokens; zigzag: two chunks of L/2), so the dry runs use a chunk's length C. A conv-like mixer (`context`): a context
+of 0..C tokens, and a dry run on meta tensors of C + context tokens that gives C + context outputs. A linear
+recurrence (`state`): its value argument a 4-D (batch, ..., value dim last) tensor with heads and tokens on the
+declared dims, no initial state given, no final state asked for, outputs (output, None); dry runs on meta tensors
+read the state's key dim and dtype, then check that the mixer takes values of Dv + Dk columns with an initial state
+of as many (one run gives the chunk's transition and its outputs: state_region.py).
 """
 
 from __future__ import annotations
@@ -18,12 +20,11 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from ..layouts import LAYOUTS
 from ..mesh import CPGroup
 from .declare import MIXERS, MixerSpec
 from .plan import example, refuse, token_lengths
 from .state_region import halo_region, state_region
-
-_FLAT = "flat"
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class StatePlan:
     local_len: int
     layout: str
     group: CPGroup
+    chunk_len: int = 0
+    """The tokens of one of a rank's chunks (the mixer runs once a chunk): local_len / chunks a rank."""
     context: int | None = None
     """A conv-like mixer: the earlier tokens an output reads (the halo); None: a linear recurrence."""
     key_dim: int = 0
@@ -51,6 +54,8 @@ class StatePlan:
 
     def region_kwargs(self) -> dict:
         where = dict(group_name=self.group.name, rank=self.group.rank, world=self.group.size)
+        if self.layout != "flat":  # flat's region calls keep the default (their graphs stay as they were)
+            where["layout"] = self.layout
         if self.context is not None:
             return dict(key=self.spec.key, call_kwargs=dict(self.node.kwargs), context=self.context, **where)
         return dict(
@@ -86,26 +91,47 @@ def _shapes(out) -> list[tuple[int, ...]]:
     return [tuple(t.shape) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
-def _plan_halo(node, spec: MixerSpec, weights, args, kwargs, length: int) -> int:
+def _plan_halo(node, spec: MixerSpec, weights, args, kwargs, length: int, chunk: int, strategy: str) -> int:
     context = spec.context(dict(zip(spec.weight_names, weights))) if callable(spec.context) else spec.context
-    if not isinstance(context, int) or not 0 <= context <= length:
+    if not isinstance(context, int) or not 0 <= context <= chunk:
+        held = f"the {length} tokens a rank holds"
+        if chunk != length:
+            held = f"the {chunk} tokens of each of a rank's {length // chunk} chunks ({strategy})"
         raise refuse(
             node,
             spec,
-            f"reads context={context!r} earlier tokens, not an int from 0 to the {length} tokens a rank holds",
-            "declare context= as the conv's kernel size - 1, and give each rank at least that many tokens",
+            f"reads context={context!r} earlier tokens, not an int from 0 to {held}",
+            "declare context= as the conv's kernel size - 1, and give each rank's chunks at least that many tokens",
         )
-    grown = pytree.tree_map(lambda t: _meta(t, spec, context), (args, kwargs))
-    out = _run(node, spec, weights, *grown, f"on {length} + {context} tokens")
-    want = [tuple(s) for s in _shapes(pytree.tree_map(lambda t: _meta(t, spec, context), example(node)))]
+    grown = pytree.tree_map(lambda t: _meta(t, spec, chunk - length + context), (args, kwargs))
+    out = _run(node, spec, weights, *grown, f"on {chunk} + {context} tokens")
+    want = _shapes(pytree.tree_map(lambda t: _meta(t, spec, chunk - length + context), example(node)))
     if _shapes(out) != want:
         raise refuse(
             node,
             spec,
-            f"gives outputs of shapes {_shapes(out)} on {length} + {context} tokens, not {want}",
+            f"gives outputs of shapes {_shapes(out)} on {chunk} + {context} tokens, not {want}",
             "make it read its length from its inputs' shapes",
         )
     return context
+
+
+_DOCUMENTS = ("cu_seqlens", "seq_idx")
+"""Keyword arguments that carry packed documents' boundaries (fla's and transformers' convs and scans)."""
+
+
+def _check_documents(node, spec: MixerSpec, kwargs) -> None:
+    """No packed documents: a document starting inside a chunk would have to cut the chain there (its transition
+    zeroed from that point, the halo dropped), which the regions do not do."""
+    given = [name for name in _DOCUMENTS if kwargs.get(name) is not None]
+    if given:
+        raise refuse(
+            node,
+            spec,
+            f"is given packed documents' boundaries ({given[0]}=...); state passing does not reset the state or the "
+            "conv's halo at a document start inside a chunk (not supported yet)",
+            f"call it without {given[0]} (one document a sequence), or leave this model's documents unpacked",
+        )
 
 
 def _check_flags(node, spec: MixerSpec, kwargs) -> None:
@@ -122,7 +148,8 @@ def _check_flags(node, spec: MixerSpec, kwargs) -> None:
         )
 
 
-def _plan_state(node, spec: MixerSpec, weights, args, kwargs) -> tuple[int, tuple[int, ...], torch.dtype]:
+def _plan_state(node, spec: MixerSpec, weights, args, kwargs, cut: int) -> tuple[int, tuple[int, ...], torch.dtype]:
+    """`cut`: the tokens a chunk has fewer than the rank (the dry runs are on one chunk)."""
     names = spec.state
     args, kwargs = spec.named(args, kwargs)
     v = kwargs.get(names.value)
@@ -141,7 +168,9 @@ def _plan_state(node, spec: MixerSpec, weights, args, kwargs) -> tuple[int, tupl
         raise refuse(
             node, spec, "does not return (output, None)", "return (output, final state or None) like fla's functions"
         )
-    metas = pytree.tree_map(_meta, (args, kwargs))
+    metas = pytree.tree_map(lambda t: _meta(t, spec, -cut), (args, kwargs))
+    v = metas[1][names.value]
+    out = pytree.tree_map(lambda t: _meta(t, spec, -cut), out)
     plain = _run(node, spec, weights, metas[0], metas[1] | {names.output_final_state: True}, "asked for its state")
     final = plain[1] if isinstance(plain, (tuple, list)) and len(plain) == 2 else None
     dv = int(v.shape[-1])
@@ -176,14 +205,15 @@ def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
     weights = [example(a) for a in node.args[1 : 1 + n]]
     args = tuple(example(a) for a in node.args[1 + n :])
     kwargs = {k: example(v) for k, v in node.kwargs.items()}
-    if strategy != _FLAT:
+    if strategy not in LAYOUTS:
         raise refuse(
             node,
             spec,
-            f"passes state from rank to rank (comm='state'), which needs rank order = sequence order "
-            f"(strategy='flat'), not {strategy!r}",
-            "use strategy='flat', or declare it with comm='a2a' (head-parallel, any chunk layout)",
+            f"passes state along the chunks of a chunk layout {sorted(LAYOUTS)} (comm='state'), not {strategy!r} "
+            "(packed documents would need the state reset at every document start)",
+            "use strategy='flat' or 'zigzag'",
         )
+    _check_documents(node, spec, spec.named(args, kwargs)[1])
     if spec.state is not None:
         _check_flags(node, spec, spec.named(args, kwargs)[1])
     fix = "declare the dim its token tensors hold the tokens on"
@@ -197,8 +227,18 @@ def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
             "call it on token tensors of this rank's length (tokens on seq_dim)",
         )
     length = lengths.pop()
-    where = dict(node=node, spec=spec, local_len=length, layout=strategy, group=group)
+    count = LAYOUTS[strategy].chunks_per_rank
+    if length % count:
+        raise refuse(
+            node,
+            spec,
+            f"holds {length} tokens a rank, not a multiple of the {count} chunks a rank owns under {strategy!r}",
+            "shard the sequence with cpcompile.shard (its length a multiple of the layout's chunk count)",
+        )
+    chunk = length // count
+    where = dict(node=node, spec=spec, local_len=length, layout=strategy, group=group, chunk_len=chunk)
     if spec.context is not None:
-        return StatePlan(**where, context=_plan_halo(node, spec, weights, args, kwargs, length))
-    dk, shape, dtype = _plan_state(node, spec, weights, args, kwargs)
+        context = _plan_halo(node, spec, weights, args, kwargs, length, chunk, strategy)
+        return StatePlan(**where, context=context)
+    dk, shape, dtype = _plan_state(node, spec, weights, args, kwargs, length - chunk)
     return StatePlan(**where, key_dim=dk, state_shape=shape, state_dtype=dtype)

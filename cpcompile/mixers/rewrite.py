@@ -12,7 +12,7 @@ import torch.fx
 
 from ..errors import CPCompileError, node_origin
 from ..mesh import CPGroup
-from .cost import a2a_bytes, describe, state_bytes
+from .cost import a2a_bytes, describe, describe_relayout, state_bytes
 from .declare import MIXERS, is_mixer_call
 from .plan import MixerPlan, plan_mixer
 from .plan_state import StatePlan, plan_state
@@ -43,11 +43,11 @@ def _plan(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan | Sta
     spec = MIXERS[node.args[0]]
     if spec.comm != "auto":
         return plan_state(node, strategy, group) if spec.comm == "state" else plan_mixer(node, strategy, group)
-    if strategy != "flat" or (spec.context is None and spec.state is None):
+    if spec.context is None and spec.state is None:
         return plan_mixer(node, strategy, group)
     try:
         state = plan_state(node, strategy, group)
-    except CPCompileError:  # e.g. a halo longer than a rank's tokens: a2a, or its refusal
+    except CPCompileError:  # e.g. a halo longer than a rank's chunk, packed documents: a2a, or its refusal
         return plan_mixer(node, strategy, group)
     try:
         heads = plan_mixer(node, strategy, group)
@@ -94,6 +94,11 @@ def rewrite_mixers(gm: torch.fx.GraphModule, strategy: str, group: CPGroup | Non
         return []
     plans = [_plan(node, strategy, group) for node in nodes]
     plans = [dataclasses.replace(p, note=describe(p)) for p in plans]
+    relayout = describe_relayout(plans)
+    if relayout is not None:  # said once a graph, after its first mixer that passes state on several chunks a rank
+        i = next(i for i, p in enumerate(plans) if p.comm == "state" and p.layout != "flat")
+        plans[i] = dataclasses.replace(plans[i], note=f"{plans[i].note}; {relayout}")
+        log.info("cpcompile: %s", relayout)
     modules = {id(p.node.graph): p.node.graph.owning_module for p in plans}
     for plan in plans:
         _replace(plan)

@@ -1,18 +1,21 @@
-"""The state-passing regions (comm="state", flat layout: rank r holds tokens [r*L, (r+1)*L)), written once for
-any declared mixer of each kind. Every rank runs the mixer on its own tokens, all heads; what the tokens before
-them leave behind comes from the earlier ranks.
+"""The state-passing regions (comm="state"), written once for any declared mixer of each kind and any chunk
+layout. Every rank runs the mixer on its own tokens, all heads, once per chunk it owns (flat: one, zigzag: two,
+chunks r and 2cp-1-r); what the tokens before each chunk leave behind comes from the chunk before it in sequence
+order (mixers/chain.py: another rank's, or this rank's own).
 
-`halo_region` (a causal conv-like mixer that reads `context` earlier tokens): the previous rank's last `context`
-tokens of every token input are put before this rank's (zeros on rank 0: the conv's own zero padding), the mixer
-runs, the first `context` outputs are dropped. One send to the next rank a token input, its gradient sent back.
+`halo_region` (a causal conv-like mixer that reads `context` earlier tokens): each chunk gets the last `context`
+tokens of the chunk before it put first (zeros before the sequence's first chunk: the conv's own zero padding),
+the mixer runs, the first `context` outputs are dropped. The tails travel in one shift per rank offset
+(chain.halo_routes; flat: to the next rank; zigzag: to the next and the previous), their gradients sent back.
 
 `state_region` (a chunked linear recurrence in flash-linear-attention's convention): the final state is affine in
 the initial one, S_out = M @ S_in + B per head (M: Dk x Dk, B: Dk x Dv), and so is every output, o = O + P @ S_in,
-column by column of the values. One run of the mixer's own code gets all four: values [v | 0] (Dv + Dk columns)
-from the initial state [0 | I] give outputs [O | P] and the final state [B | M]. The (B | M) of every rank are
-all-gathered (H x Dk x (Dv + Dk) a rank, whatever the length), composed in rank order in fp32 (or the state's
-wider dtype) into this rank's initial state S, and o = O + P @ S. Backward is autograd's: the gather's is a
-reduce-scatter (every later rank reads a rank's transition), the rest differentiates the mixer's own code.
+column by column of the values. One run of the mixer's own code a chunk gets all four: values [v | 0] (Dv + Dk
+columns) from the initial state [0 | I] give outputs [O | P] and the final state [B | M]. The (B | M) of every
+rank's chunks are all-gathered (H x Dk x (Dv + Dk) a chunk, whatever the length), composed in GLOBAL chunk order in
+fp32 (or the state's wider dtype) into each chunk's initial state S, and o = O + P @ S. Backward is autograd's: the
+gather's is a reduce-scatter (every later chunk reads a chunk's transition), the shifts' the reverse shifts, the
+rest differentiates the mixer's own code.
 """
 
 from __future__ import annotations
@@ -20,39 +23,105 @@ from __future__ import annotations
 import torch
 from torch.utils import _pytree as pytree
 
+from ..layouts import get_layout
+from .chain import chunk_owners, halo_routes
 from .declare import MIXERS
 from .exchange import dense_grad
-from .passing import attach, from_previous, gather_states
+from .passing import attach, gather_states, shifted
 
 
-def halo_region(*flat, key: int, call_kwargs: dict, context: int, group_name: str, rank: int, world: int):
-    """Run declared mixer `key` on this rank's tokens with the previous rank's last `context` tokens first."""
+def _chunks(t: torch.Tensor, dim: int, count: int) -> list[torch.Tensor]:
+    """t cut into `count` equal pieces along `dim` (one piece: t itself)."""
+    if count == 1:
+        return [t]
+    size = t.shape[dim] // count
+    return [t.narrow(dim, i * size, size) for i in range(count)]
+
+
+def _joined(pieces: list, dim: int):
+    """The per-chunk outputs (same tree) joined along `dim` (one chunk: its output as it is)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return pytree.tree_map(lambda *ts: torch.cat(ts, dim=dim) if isinstance(ts[0], torch.Tensor) else ts[0], *pieces)
+
+
+def _halos(tails: list[torch.Tensor], token: torch.Tensor, routes, group_name: str, rank: int, world: int):
+    """Per local chunk the tokens before it (`tails`: each local chunk's last `context` tokens), and the received
+    tensors no chunk of this rank reads (they still need a gradient: see passing.attach)."""
+    received = []
+    for offset, slots in routes.sends:
+        sent = torch.stack([tails[s] if s is not None else torch.zeros_like(tails[0]) for s in slots])
+        received.append(shifted(sent, token, group_name, rank, world, offset))
+    read = set()
+    halos = []
+    for source in routes.sources:
+        if source.kind == "zero":
+            halos.append(torch.zeros_like(tails[0]))
+        elif source.kind == "local":
+            halos.append(tails[source.index])
+        else:
+            read.add(source.index)
+            halos.append(received[source.index][source.position])
+    unread = [r for i, r in enumerate(received) if i not in read]
+    return halos, unread
+
+
+def halo_region(
+    *flat, key: int, call_kwargs: dict, context: int, group_name: str, rank: int, world: int, layout: str = "flat"
+):
+    """Run declared mixer `key` on each of this rank's chunks with the `context` tokens before it put first."""
     spec = MIXERS[key]
     n = len(spec.weight_names)
     inputs, tree = pytree.tree_flatten((tuple(flat[n:]), dict(call_kwargs)))
-    seq = spec.seq_dim
-    length = None
-    for i, t in enumerate(inputs):
-        if isinstance(t, torch.Tensor) and context:
-            length = t.shape[seq]
-            halo = from_previous(t.narrow(seq, length - context, context), group_name, rank, world)
-            inputs[i] = dense_grad(torch.cat([halo, t], dim=seq))
-    args, kwargs = pytree.tree_unflatten(inputs, tree)
-    out = spec.call(flat[:n], args, kwargs)
     if not context:
-        return out
-    return pytree.tree_map(
-        lambda t: dense_grad(t.narrow(seq, context, length)) if isinstance(t, torch.Tensor) else t, out
-    )
+        args, kwargs = pytree.tree_unflatten(inputs, tree)
+        return spec.call(flat[:n], args, kwargs)
+    lay = get_layout(layout)
+    routes = halo_routes(lay, world, rank)
+    seq, count = spec.seq_dim, lay.chunks_per_rank
+    per_chunk = [list(inputs) for _ in range(count)]
+    unread = []
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            continue
+        pieces = _chunks(t, seq, count)
+        length = pieces[0].shape[seq]
+        tails = [p.narrow(seq, length - context, context) for p in pieces]
+        halos, missed = _halos(tails, t, routes, group_name, rank, world)
+        unread += missed
+        for s, (halo, piece) in enumerate(zip(halos, pieces)):
+            per_chunk[s][i] = dense_grad(torch.cat([halo, piece], dim=seq))
+    outs = []
+    for chunk_inputs in per_chunk:
+        args, kwargs = pytree.tree_unflatten(chunk_inputs, tree)
+        out = spec.call(flat[:n], args, kwargs)
+        outs.append(
+            pytree.tree_map(
+                lambda t: t.narrow(seq, context, t.shape[seq] - context) if isinstance(t, torch.Tensor) else t, out
+            )
+        )
+    out = pytree.tree_map(lambda t: dense_grad(t) if isinstance(t, torch.Tensor) else t, _joined(outs, seq))
+    for r in unread:  # tie every unread tensor to the first tensor output
+        leaves, out_tree = pytree.tree_flatten(out)
+        first = next(i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor))
+        leaves[first] = attach(leaves[first], r)
+        out = pytree.tree_unflatten(leaves, out_tree)
+    return out
 
 
-def _initial_states(gathered: torch.Tensor, rank: int, dv: int, acc: torch.dtype) -> torch.Tensor | None:
-    """This rank's initial state: S_0 = 0, S_{j+1} = M_j @ S_j + B_j over the earlier ranks (None on rank 0)."""
+def _initial_states(transition, chunks: tuple[int, ...], dv: int, acc: torch.dtype) -> list[torch.Tensor | None]:
+    """Each of `chunks`' initial state: S_0 = 0, S_{c+1} = M_c @ S_c + B_c over the chunks before it in sequence
+    order (`transition(c)`: chunk c's (B | M)); None: the sequence's first chunk (no earlier state)."""
+    at: dict[int, torch.Tensor | None] = {}
     state = None
-    for j in range(rank):
-        b, m = gathered[j].to(acc).split([dv, gathered.shape[-1] - dv], dim=-1)
+    for c in range(max(chunks) + 1):
+        at[c] = state
+        if c == max(chunks):
+            break
+        bm = transition(c).to(acc)
+        b, m = bm.split([dv, bm.shape[-1] - dv], dim=-1)
         state = b if state is None else m @ state + b
-    return state
+    return [at[c] for c in chunks]
 
 
 def _subscripts(dim: int, heads_dim: int, seq_dim: int, last: str) -> str:
@@ -61,16 +130,10 @@ def _subscripts(dim: int, heads_dim: int, seq_dim: int, last: str) -> str:
     return "".join(letters)
 
 
-def state_region(
-    *flat, key: int, call_kwargs: dict, key_dim: int, state_dtype: torch.dtype, group_name: str, rank: int, world: int
-):
-    """Run declared linear recurrence `key` on this rank's tokens from the state the earlier ranks leave; returns
-    (output, None) as the mixer does with output_final_state=False."""
-    spec = MIXERS[key]
+def _transitions(spec, weights, args, kwargs, key_dim: int, state_dtype: torch.dtype):
+    """One chunk's run from [0 | I] on values [v | 0]: (outputs [O | P], final state [B | M])."""
     names = spec.state
-    n = len(spec.weight_names)
-    inputs, tree = pytree.tree_flatten(spec.named(tuple(flat[n:]), dict(call_kwargs)))
-    args, kwargs = pytree.tree_unflatten([dense_grad(t) if isinstance(t, torch.Tensor) else t for t in inputs], tree)
+    kwargs = dict(kwargs)
     v = kwargs[names.value]
     dv, batch, heads = v.shape[-1], v.shape[0], v.shape[spec.heads_dim]
     kwargs[names.value] = torch.cat([v, v.new_zeros(*v.shape[:-1], key_dim)], dim=-1)
@@ -78,15 +141,54 @@ def state_region(
     zeros = torch.zeros(batch, heads, key_dim, dv, dtype=state_dtype, device=v.device)
     kwargs[names.initial_state] = torch.cat([zeros, eye], dim=-1)
     kwargs[names.output_final_state] = True
-    out, final = spec.call(flat[:n], args, kwargs)
+    return spec.call(weights, args, kwargs)
+
+
+def state_region(
+    *flat,
+    key: int,
+    call_kwargs: dict,
+    key_dim: int,
+    state_dtype: torch.dtype,
+    group_name: str,
+    rank: int,
+    world: int,
+    layout: str = "flat",
+):
+    """Run declared linear recurrence `key` on each of this rank's chunks from the state the chunks before it
+    leave; returns (output, None) as the mixer does with output_final_state=False."""
+    spec = MIXERS[key]
+    lay = get_layout(layout)
+    mine, count = lay.rank_chunks(rank, world), lay.chunks_per_rank
+    n = len(spec.weight_names)
+    inputs, tree = pytree.tree_flatten(spec.named(tuple(flat[n:]), dict(call_kwargs)))
+    inputs = [dense_grad(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+    per_chunk = [list(inputs) for _ in range(count)]
+    for i, t in enumerate(inputs):
+        if isinstance(t, torch.Tensor):
+            for s, piece in enumerate(_chunks(t, spec.seq_dim, count)):
+                per_chunk[s][i] = piece
+    runs = [_transitions(spec, flat[:n], *pytree.tree_unflatten(c, tree), key_dim, state_dtype) for c in per_chunk]
+    final, out = runs[0][1], runs[0][0]
+    dv = out.shape[-1] - key_dim
     acc = torch.promote_types(torch.promote_types(final.dtype, out.dtype), torch.float32)
-    gathered = gather_states(final, group_name, world)
-    state = _initial_states(gathered, rank, dv, acc)
-    o, p = out.split([dv, key_dim], dim=-1)
-    if state is None:  # rank 0 starts from zeros, but joins the gather's backward (a reduce-scatter) all the same
+    gathered = gather_states(final if count == 1 else torch.stack([f for _, f in runs]), group_name, world)
+    owners = chunk_owners(lay, world)
+
+    def transition(c: int) -> torch.Tensor:
+        p, slot = owners[c]
+        return gathered[p] if count == 1 else gathered[p, slot]
+
+    states = _initial_states(transition, mine, dv, acc)
+    outs = []
+    for (chunk_out, _), state in zip(runs, states):
+        o, p = chunk_out.split([dv, key_dim], dim=-1)
+        if state is not None:
+            sub = _subscripts(o.dim(), spec.heads_dim, spec.seq_dim, "k")
+            read = torch.einsum(f"{sub},bhkv->{sub.replace('k', 'v')}", p.to(state.dtype), state)
+            o = (o.to(state.dtype) + read).to(o.dtype)
+        outs.append(o)
+    o = _joined(outs, spec.seq_dim)
+    if all(s is None for s in states):  # flat rank 0 starts from zeros, but joins the gather's backward all the same
         o = attach(o, gathered)
-    else:
-        sub = _subscripts(o.dim(), spec.heads_dim, spec.seq_dim, "k")
-        read = torch.einsum(f"{sub},bhkv->{sub.replace('k', 'v')}", p.to(state.dtype), state)
-        o = (o.to(state.dtype) + read).to(o.dtype)
     return dense_grad(o), None

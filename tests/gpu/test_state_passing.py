@@ -1,7 +1,8 @@
 """GPU: state passing (hf_token_mixers(model, comm="state")) on CUDA through transformers' torch fallbacks: HF
 Qwen3-Next's causal conv (a halo from the previous rank) and gated delta rule (chunk transitions all-gathered and
-composed), MoE, fp32, 2 gloo ranks sharing the GPU (tests/gpu/test_gpu.py's host hop), flat all_gather: logits, the
-loss and every parameter gradient against the same model on one GPU."""
+composed), MoE, fp32, 2 gloo ranks sharing the GPU (tests/gpu/test_gpu.py's host hop), all_gather attention, flat
+and zigzag (two chunks a rank: the halo shifts and the transitions of both chunks): logits, the loss and every
+parameter gradient against the same model on one GPU."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ FP32_TOL = 1e-4  # relative to the largest reference value: fp32 on both sides, 
 SEQ, BATCH, VOCAB = 16, 2, 32
 
 
-def _qwen3_next(rank, world):
+def _qwen3_next(rank, world, strategy):
     _rank_setup()
     torch.backends.cudnn.allow_tf32 = False  # the causal conv: fp32 against fp32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -41,9 +42,9 @@ def _qwen3_next(rank, world):
     ref_loss.backward()
 
     def local(x):
-        return cpcompile.shard(x, strategy="flat", seq_dim=1)
+        return cpcompile.shard(x, strategy=strategy, seq_dim=1)
 
-    be = cpcompile.backend(strategy="flat", comm="all_gather", inner="aot_eager")
+    be = cpcompile.backend(strategy=strategy, comm="all_gather", inner="aot_eager")
     torch._dynamo.reset()
     out = torch.compile(cp_model, backend=be, fullgraph=True)(local(ids), local(positions))
     cp_loss = F.cross_entropy(out.flatten(0, 1), local(labels).flatten(), reduction="sum") / labels.numel()
@@ -66,10 +67,12 @@ def _qwen3_next(rank, world):
 
 
 @pytest.mark.multirank
-def test_gpu_qwen3_next_state_passing_matches_one_gpu(monkeypatch):
+@pytest.mark.parametrize("strategy", ["flat", "zigzag"])
+def test_gpu_qwen3_next_state_passing_matches_one_gpu(monkeypatch, strategy):
+    """SEQ=16 at 2 ranks: zigzag's chunks hold 4 tokens, more than the conv's 3-token halo."""
     pytest.importorskip("transformers")
     monkeypatch.setenv("CPCOMPILE_TEST_PG_TIMEOUT", "300")
-    for rank, errors in enumerate(run_ranks(_qwen3_next, 2, timeout=420)):
+    for rank, errors in enumerate(run_ranks(_qwen3_next, 2, strategy, timeout=420)):
         assert "model.model.layers.0.linear_attn.A_log" in errors, sorted(errors)
         bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
         assert not bad, f"rank {rank}: {bad}"

@@ -96,6 +96,22 @@ def test_the_first_and_last_ranks_join_every_collective(rank):
     assert (_collectives(graphs["fw"]), _collectives(graphs["bw"])) == ((1, 1, 0), (1, 0, 1))
 
 
+@pytest.mark.parametrize("rank,world,shifts", [(0, 4, 2), (3, 4, 2), (1, 2, 1)])
+def test_zigzag_passes_state_along_the_chunks(rank, world, shifts):
+    """Zigzag (rank r: chunks r and 2cp-1-r): the conv's tails go to the next rank (chunk r's halo is rank r-1's
+    first chunk) and to the previous one (chunk 2cp-1-r's is rank r+1's second chunk): two shifts each way, one at
+    cp 2 (both are offset 1 there); the transitions of both chunks of every rank in ONE all-gather, their gradients
+    in one reduce-scatter. Rank 0's first chunk and the last rank's second-chunk halo (its own first chunk) read
+    nothing received, yet join every collective. The region call names the layout; flat's does not."""
+    torch._dynamo.reset()
+    with fake_group(rank, world):
+        graphs = capture_graphs(ConvScan(), cpcompile.backend(strategy="zigzag", inner="eager"), *_inputs())
+    assert (_collectives(graphs["fw"]), _collectives(graphs["bw"])) == ((shifts, 1, 0), (shifts, 0, 1))
+    calls = [n for n in graphs["rewritten"].graph.nodes if n.op == "call_function" and "region" in n.name]
+    assert [n.kwargs["layout"] for n in calls] == ["zigzag", "zigzag"], calls
+    assert all(n.kwargs["rank"] == rank and n.kwargs["world"] == world for n in calls), calls
+
+
 def _compile_error(model, *inputs, world=4, strategy="flat") -> str:
     torch._dynamo.reset()
     with fake_group(0, world):
@@ -105,10 +121,40 @@ def _compile_error(model, *inputs, world=4, strategy="flat") -> str:
     return str(cp_error(e))
 
 
-def test_zigzag_is_refused_naming_flat():
-    msg = _compile_error(ConvScan(), *_inputs(), strategy="zigzag")
-    assert "needs rank order = sequence order (strategy='flat'), not 'zigzag'" in msg, msg
-    assert "token mixer 'mixer_call' at " in msg and "declare it with comm='a2a'" in msg, msg
+def test_packed_documents_are_refused_naming_the_chunk_layouts():
+    """What is still refused: a packed layout (thd), whose state would have to reset at every document start."""
+    msg = _compile_error(ConvScan(), *_inputs(), strategy="thd")
+    assert "passes state along the chunks of a chunk layout ['flat', 'zigzag'] (comm='state'), not 'thd'" in msg, msg
+    assert "reset at every document start" in msg and "use strategy='flat' or 'zigzag'" in msg, msg
+    assert "token mixer 'mixer_call' at " in msg, msg
+
+
+def _scan_with_documents(query, key, value, g, beta, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """The gated delta rule with fla's `cu_seqlens` keyword (ignored, as HF's torch fallback ignores it)."""
+    return gated_delta_rule(query, key, value, g, beta, initial_state, output_final_state)
+
+
+class PackedScan(nn.Module):
+    """The gated delta rule given packed documents' boundaries (fla's cu_seqlens keyword)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scan = cpcompile.token_mixer(_scan_with_documents, heads_dim=2, comm="state", state=True)
+
+    def forward(self, q, k, v, g, beta, cu_seqlens):
+        return self.scan(q, k, v, g, beta, cu_seqlens=cu_seqlens)[0]
+
+
+def test_packed_document_boundaries_are_refused():
+    """A document starting inside a chunk would cut the chain there: not supported, said before any collective."""
+    msg = _compile_error(PackedScan(), *_scan_inputs(8), torch.tensor([0, 3, 8], dtype=torch.int32))
+    assert "is given packed documents' boundaries (cu_seqlens=...); state passing does not reset" in msg, msg
+    assert "_scan_with_documents" in msg and "call it without cu_seqlens" in msg, msg
+
+
+def test_a_halo_longer_than_a_zigzag_chunk_is_refused():
+    msg = _compile_error(ConvScan(), *_inputs(seq=4), strategy="zigzag")  # 2 chunks of 2 tokens, a 3-token halo
+    assert "reads context=3 earlier tokens, not an int from 0 to the 2 tokens of each of a rank's 2 chunks" in msg
 
 
 def test_a_final_state_asked_for_is_refused():
@@ -169,11 +215,12 @@ def _scan_inputs(seq: int):
     return q, k, v, -torch.rand(1, seq, 4, generator=gen), torch.rand(1, seq, 4, generator=gen)
 
 
-@pytest.mark.parametrize("seq,strategy", [(64, "flat"), (4, "flat"), (64, "zigzag")])
+@pytest.mark.parametrize("seq,strategy", [(64, "flat"), (4, "flat"), (64, "zigzag"), (16, "zigzag")])
 def test_auto_picks_the_comm_that_moves_fewer_bytes(seq, strategy):
     """Under flat: state passing where the other 3 ranks' transitions (1 x 4 heads x 4 x (4 + 4) fp32: 3 x 512 =
     1536 bytes) weigh less than 3/4 of a rank's q, k, v, g, beta and output (16 tokens a rank: 3456 bytes), a2a where
-    they do not (1 token a rank: 216 bytes); under zigzag, a2a (state passing needs flat)."""
+    they do not (1 token a rank: 216 bytes). Under zigzag the same, with two transitions a rank (3072 bytes): state
+    passing at 16 tokens a rank, a2a at 4 (864 bytes)."""
     torch._dynamo.reset()
     report = cpcompile.explain(AutoScan(), *_scan_inputs(seq), strategy=strategy, world=4)
     assert not report.refusals, report.refusals
@@ -181,6 +228,31 @@ def test_auto_picks_the_comm_that_moves_fewer_bytes(seq, strategy):
     expected = {
         (64, "flat"): "state passing, 1536 bytes received a rank per forward call (a2a would receive 3456)",
         (4, "flat"): "a2a, 216 bytes received a rank per forward call",
-        (64, "zigzag"): "a2a, 3456 bytes received a rank per forward call",
+        (64, "zigzag"): "state passing, 3072 bytes received a rank per forward call (a2a would receive 3456; state "
+        "passing on flat chunks would receive 1536); state passing on zigzag chunks receives 1536 bytes a rank more",
+        (16, "zigzag"): "a2a, 864 bytes received a rank per forward call",
     }
-    assert line.endswith(f"gated_delta_rule: {expected[seq, strategy]}"), line
+    assert f"gated_delta_rule: {expected[seq, strategy]}" in line, line
+    said = line.endswith("for all of them")  # the relayout break-even: zigzag state passing only
+    assert said == (strategy == "zigzag" and expected[seq, strategy].startswith("state")), line
+
+
+def test_explain_under_zigzag_says_why_no_relayout():
+    """Zigzag, 8 tokens a rank (2 chunks of 4): the conv receives two 3-token tails (576 bytes; flat: 288), the scan
+    two transitions from each other rank (1536; flat: 768): 1056 bytes more than flat. A relayout to flat and back
+    receives 16 token rows on ranks 1 and 3 (both their chunks leave, both flat chunks arrive), so it would win only
+    below 1056 / 16 = 66 bytes a token row; this model's 24 fp32 channels are 96: no relayout (none is inserted)."""
+    torch._dynamo.reset()
+    inputs = (t.repeat(1, 4, *[1] * (t.dim() - 2)) for t in _inputs())
+    report = cpcompile.explain(ConvScan(), *inputs, strategy="zigzag", world=4)
+    assert not report.refusals, report.refusals
+    for line in (
+        "CausalConv: state passing, 576 bytes received a rank per forward call (a2a would receive 1152; state "
+        "passing on flat chunks would receive 288); state passing on zigzag chunks receives 1056 bytes a rank more "
+        "than on flat chunks over this graph's state-passing mixers; a relayout of the residual stream to flat and "
+        "back (not inserted) receives 16 token rows of it a rank, so it would receive fewer bytes only if the "
+        "residual stream carried fewer than 66 bytes a token row",
+        "gated_delta_rule: state passing, 1536 bytes received a rank per forward call (a2a would receive 864; state "
+        "passing on flat chunks would receive 768)",
+    ):
+        assert any(line in n for n in report.notes), report.notes

@@ -1,7 +1,8 @@
 """Multi-rank parity of state passing (token_mixer(comm="state")) against one process: a Gated DeltaNet model (a
 causal conv with a halo from the previous rank, the gated delta rule with its chunk transitions all-gathered and
-composed) around a softmax attention block, flat layout, cp 2, 3 and 4, fp64; and HF Qwen3-Next under
-hf_token_mixers(comm="state") at cp 2. Logits, loss and every parameter gradient, gloo ranks, aot_eager. One pool
+composed) around a softmax attention block, cp 2, 3 and 4, fp64, under flat (one chunk a rank) and zigzag (two chunks
+a rank, r and 2cp-1-r: each chunk's halo and state come from the chunk before it in sequence order, the attention
+keeps its zigzag balance); and HF Qwen3-Next under hf_token_mixers(comm="state") at cp 2, flat and zigzag. Logits, loss and every parameter gradient, gloo ranks, aot_eager. One pool
 of 4 ranks: cp=4, cp=2 as the "cp" dim of a (dp=2, cp=2) mesh, cp=3 as a group of ranks 0-2."""
 
 from __future__ import annotations
@@ -27,12 +28,39 @@ HF_TOL = 1e-5
 (and adds P @ S in fp32), so it rounds differently from the one process, where a2a rounds alike: measured 4.0e-6 on
 the A_log and dt_bias gradients at cp 2 (a2a: 1.4e-7); with HF's function patched to compute in fp64 the same run is
 1.3e-7 everywhere (the model's own fp32 decay), so the difference is the scan's fp32 rounding."""
+HF_FP64_TOL = 1e-6
+"""Zigzag at cp 2 needs 16 tokens (4 a chunk, more than the conv's 3-token halo), where the fp32 rounding above is
+larger: flat itself measures 1.0e-5 there (2.6e-5 at 12 tokens), zigzag 1.45e-5 (its four chunk edges against flat's
+two), all on the A_log and dt_bias gradients, whose sums over tokens cancel. So the zigzag run calls HF's own scan
+code computing in fp64 (`fp64_scan`: its source with float32 -> float64) and is held to 1e-6, ten times tighter
+than flat's bound: measured 1.6e-7 (flat: 1.1e-7), the model's own fp32 decay (`A_log.float()`)."""
 
 
-def _compare(rank, world, cp, name="gdn"):
+def fp64_scan():
+    """HF Qwen3-Next's torch_chunk_gated_delta_rule, its source with every float32 made float64, declared with
+    hf_token_mixers' own keywords for comm="state" (HF_MIXERS, HF_STATE)."""
+    import ast
+    import inspect
+
+    import transformers.models.qwen3_next.modeling_qwen3_next as modeling
+
+    from cpcompile.mixers.hf import HF_MIXERS, HF_STATE
+
+    name = "torch_chunk_gated_delta_rule"
+    module_source = inspect.getsource(modeling)  # the module attribute is the declared function by now
+    found = next(n for n in ast.parse(module_source).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    source = ast.get_source_segment(module_source, found)  # from `def`, without the hub decorator
+    assert "torch.float32" in source, "HF's scan no longer casts to float32: revisit this test"
+    namespace = dict(vars(modeling))
+    exec(source.replace("torch.float32", "torch.float64"), namespace)
+    return cpcompile.token_mixer(namespace[name], comm="state", **HF_MIXERS[name], **HF_STATE[name])
+
+
+def _compare(rank, world, cp, name="gdn", strategy="flat"):
     torch._dynamo.reset()
     torch.manual_seed(0)
-    seq = 4 * cp  # 4 tokens a rank: more than the conv's 3-token halo, fewer than HF's 64-token chunk
+    # 4 tokens a chunk: more than the conv's 3-token halo, fewer than HF's 64-token chunk (zigzag: 2 chunks a rank)
+    seq = 4 * cp * (2 if strategy == "zigzag" else 1)
     if name != "gdn" or world % cp:  # ranks 0..cp-1 (every rank creates the group); the others idle
         group = dist.new_group(list(range(cp)))
         if rank >= cp:
@@ -46,6 +74,20 @@ def _compare(rank, world, cp, name="gdn"):
     else:
         model = hf_hybrid(name, cp, VOCAB).double()
         assert len(cpcompile.hf_token_mixers(model, comm="state")) == 2
+        if strategy == "zigzag":  # HF's scan in fp64 (HF_FP64_TOL), restored below
+            import transformers.models.qwen3_next.modeling_qwen3_next as modeling
+
+            declared = modeling.torch_chunk_gated_delta_rule
+            modeling.torch_chunk_gated_delta_rule = fp64_scan()
+            try:
+                return _run(model, group, where, seq, strategy, name)
+            finally:
+                modeling.torch_chunk_gated_delta_rule = declared
+    return _run(model, group, where, seq, strategy, name)
+
+
+def _run(model, group, where, seq: int, strategy: str, name: str) -> dict:
+    """The one-process run and the CP run of `model` on the same ids: the relative error of each output."""
     ids = torch.randint(0, VOCAB, (BATCH, seq))
     labels = torch.randint(0, VOCAB, (BATCH, seq))
     cp_model = copy.deepcopy(model)
@@ -56,15 +98,15 @@ def _compare(rank, world, cp, name="gdn"):
     loss.backward()
 
     def local(x):
-        return cpcompile.shard(x, strategy="flat", seq_dim=1, **where)
+        return cpcompile.shard(x, strategy=strategy, seq_dim=1, **where)
 
-    be = cpcompile.backend(strategy="flat", comm="all_gather", inner="aot_eager", **where)
+    be = cpcompile.backend(strategy=strategy, comm="all_gather", inner="aot_eager", **where)
     out = torch.compile(cp_model, backend=be, fullgraph=True)(local(ids), *(local(p) for p in positions))
     cp_loss = F.cross_entropy(out.flatten(0, 1), local(labels).flatten(), reduction="sum") / labels.numel()
     cp_loss.backward()
     summed = cp_loss.detach().clone()
     dist.all_reduce(summed, group=group)
-    full = cpcompile.unshard(out.detach(), strategy="flat", seq_dim=1, **where)
+    full = cpcompile.unshard(out.detach(), strategy=strategy, seq_dim=1, **where)
     errors = {"logits": rel_err(full, logits.detach()), "loss": rel_err(summed, loss.detach())}
     grads = dict(model.named_parameters())
     for param, p in cp_model.named_parameters():
@@ -83,19 +125,23 @@ def ranks4():
     pool.close()
 
 
+@pytest.mark.parametrize("strategy", ["flat", "zigzag"])
 @pytest.mark.parametrize("cp", [2, 3, 4])
-def test_gdn_model_matches_one_process(ranks4, cp):
-    for rank, errors in enumerate(ranks4.run(_compare, cp, timeout=600)[:cp]):
+def test_gdn_model_matches_one_process(ranks4, cp, strategy):
+    for rank, errors in enumerate(ranks4.run(_compare, cp, "gdn", strategy, timeout=600)[:cp]):
         assert len(errors) == 2 + len(list(GDNModel().parameters())), errors
         bad = {n: e for n, e in errors.items() if not e <= TOL}
         assert not bad, f"rank {rank}: {bad}"
 
 
-def test_hf_qwen3_next_matches_one_process(ranks4):
+@pytest.mark.parametrize("strategy", ["flat", "zigzag"])
+def test_hf_qwen3_next_matches_one_process(ranks4, strategy):
     """HF Qwen3-Next's Gated DeltaNet layer on its torch fallbacks (causal_conv1d_fn: a halo;
-    torch_chunk_gated_delta_rule: state passing) and its attention layer, flat, cp 2."""
-    for rank, errors in enumerate(ranks4.run(_compare, 2, "qwen3_next", timeout=600)[:2]):
+    torch_chunk_gated_delta_rule: state passing) and its attention layer, cp 2; under zigzag with HF's scan code
+    computing in fp64, to a bound ten times tighter (HF_FP64_TOL says why)."""
+    tol = HF_FP64_TOL if strategy == "zigzag" else HF_TOL
+    for rank, errors in enumerate(ranks4.run(_compare, 2, "qwen3_next", strategy, timeout=600)[:2]):
         assert "model.model.layers.0.linear_attn.conv1d.weight" in errors, sorted(errors)
         assert "model.model.layers.0.linear_attn.A_log" in errors, sorted(errors)
-        bad = {n: e for n, e in errors.items() if not e <= HF_TOL}
+        bad = {n: e for n, e in errors.items() if not e <= tol}
         assert not bad, f"rank {rank}: {bad}"
