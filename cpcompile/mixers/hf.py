@@ -4,12 +4,15 @@ transformers 5.24's linear-attention and SSM layers call module-level torch fall
 head-local (channel-local), so `hf_token_mixers(model)` replaces them in the modeling modules of the model's
 layers by their declared versions (process-wide, like any declaration; without CP they compute the same).
 `comm="state"` declares those that can pass state (the causal conv: a halo of kernel - 1 tokens; the gated delta
-rule: its chunk transition) with comm="state" and the others (Mamba's scans) with comm="a2a".
+rule: its chunk transition) with comm="state" and the others (Mamba's scans) with comm="a2a". The torch
+fallback is declared even where transformers would call a kernel package instead (`torch_fallback`).
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
+from collections.abc import Callable
 
 import torch.nn as nn
 
@@ -40,6 +43,15 @@ _DONE: dict[tuple[str, str], tuple[object, object, str]] = {}
 """(module, function) -> (the declared function, the original, its comm)."""
 
 
+def torch_fallback(fn: Callable) -> Callable:
+    """The torch function under transformers' hub-kernel decorator (`use_kernel_func_from_hub_with_fallback`,
+    functools.wraps): with the kernel package installed (flash-linear-attention, causal-conv1d) the decorated name
+    calls the package's function, whose arguments are named differently (q/k/v, not query/key/value) and whose
+    conventions the declaration does not describe; a declared call passes its arguments by name, so it would fail.
+    cpcompile declares and runs the torch fallback, the same math."""
+    return inspect.unwrap(fn)
+
+
 def hf_token_mixers(model: nn.Module, comm: str = "a2a") -> list[str]:
     """Declare the known token mixers of every modeling module `model`'s layers come from; returns the
     `module.function` names declared (already declared ones included). `comm`: "a2a" (head-parallel, every
@@ -56,7 +68,7 @@ def hf_token_mixers(model: nn.Module, comm: str = "a2a") -> list[str]:
             if fn is None:
                 continue
             key = (module_name, fn_name)
-            declared, original, done = _DONE.get(key, (None, fn, None))
+            declared, original, done = _DONE.get(key, (None, torch_fallback(fn), None))
             mode = comm if comm != "a2a" and fn_name in HF_STATE else "a2a"
             if declared is not fn or done != mode:
                 extra = dict(comm=mode, **HF_STATE[fn_name]) if mode != "a2a" else {}
