@@ -170,6 +170,28 @@ def tables() -> str:
     return "\n".join(lines)
 
 
+SCALES = ((2**20, 8, None), (2**22, 32, (4, 8)))
+"""1M on one node of 8; 4M on 4 nodes of 8, as a 2-D CP mesh (cp_inter 4 x cp_intra 8) or flat over 32."""
+
+
+def auto_choices() -> list[str]:
+    """What comm="auto" picks for a Llama3-8B attention site (zigzag, cuDNN) at each scale, from cpcompile's own
+    cost model (its assumed links: cost/rates.json), with every option's estimate."""
+    from cpcompile.comm.registry import COMMS
+    from cpcompile.cost import SiteShape
+    from cpcompile.passes.auto import resolve
+
+    lines = ["| setting | auto picks | options: estimated ms a layer (wire ms) |", "| --- | --- | --- |"]
+    for seq, cp, levels in SCALES:
+        shape = SiteShape("sdpa", 1, seq // cp, HQ, HKV, D, D, 2, 4, True, cp, levels=levels)
+        comms = [c for c in COMMS if c != "selective" and (levels or c != "hierarchical")]
+        comm, _, choice = resolve(shape, "zigzag", comms, ["cudnn"])
+        options = ", ".join(f"{e.comm} {e.total_ms:,.0f} ({e.wire_ms:,.0f})" for e in choice.options)
+        mesh = f" as {levels[0]}x{levels[1]}" if levels else ""
+        lines.append(f"| {seq // 2**20}M cp{cp}{mesh} | {comm} | {options} |")
+    return lines
+
+
 def _name(s: Setting, comm: bool = True) -> str:
     seq = f"{s.seq // 2**20}M" if s.seq >= 2**20 else f"{s.seq // 1024}K"
     return f"{seq} cp{s.cp} dp{s.dp}{' ' + s.comm if comm else ''}{'' if s.checkpoint else ' no-AC'}"
@@ -178,3 +200,5 @@ def _name(s: Setting, comm: bool = True) -> str:
 if __name__ == "__main__":
     print(f"Llama3-8B: {total_params() / 1e9:.2f} B parameters, {layer_params() / 1e6:.0f} M a layer\n")
     print(tables())
+    print()
+    print("\n".join(auto_choices()))
