@@ -12,13 +12,13 @@ import torch.fx
 from . import compat, eager_guard, passes
 from .comm.registry import COMMS, comms_that
 from .errors import CPCompileError
+from .families.flex.plan_type import FlexPlan
 from .inductor_cache import cache_key_patches
 from .inner import INNER, inner_compiler
 from .kernels import KERNEL_NAMES
 from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
 from .passes import CPConfig, CPPlan
-from .passes.plans import FlexPlan
 
 INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
 """Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays

@@ -25,11 +25,11 @@ from .. import passes
 from ..backend import check_choices
 from ..cost import SiteShape, estimate
 from ..errors import CPCompileError, node_source
+from ..families.plans import CPConfig, CPPlan
 from ..layouts import THD_LAYOUTS
 from ..layouts.selective import capacity, select, select_thd
 from ..log import LOGGER_NAME
 from ..passes import PassState
-from ..passes.plans import CPConfig, CPPlan
 from ..sharding.conventions import with_hf_labels, with_position_ids
 from .inputs import local_inputs, model_offsets, packed_offsets, stand_in_group
 from .ranks import Refused, StandInRanks

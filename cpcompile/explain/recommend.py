@@ -19,10 +19,10 @@ import torch
 
 from ..cost import TIE, Estimate, SiteShape, estimate
 from ..errors import CPCompileError, node_origin
+from ..families.plans import CPConfig
+from ..families.site import AttentionSite
 from ..layouts import LAYOUTS, THD_LAYOUTS
-from ..passes.match import AttentionSite
 from ..passes.plan import plan_site
-from ..passes.plans import CPConfig
 from .report import Recommendation
 
 

@@ -15,14 +15,16 @@ import torch
 import torch.fx
 
 from ..errors import CPCompileError
+from ..families.find import find_attention_sites
+from ..families.plans import CPConfig, CPPlan
+from ..families.site import AttentionSite
+from ..families.varlen.plan_type import VarlenPlan
 from ..log import log_plans
 from ..mixers import MixerPlan, find_mixers, rewrite_mixers
 from ..refusal import raise_refusals
 from .agree import ProcessGroupRanks, Ranks, config_group
 from .guard_tokens import refuse_token_mixing
-from .match import AttentionSite, find_attention_sites
 from .plan import plan_site
-from .plans import CPConfig, CPPlan, VarlenPlan
 from .rewrite import rewrite_graph
 
 

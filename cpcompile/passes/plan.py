@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import site_error
+from ..families.flex.plan import plan_flex_site
+from ..families.plans import CPConfig, CPPlan
+from ..families.sdpa.plan import plan_dense_site
+from ..families.site import AttentionSite
+from ..families.varlen.plan import plan_varlen_site
 from ..mesh import resolve_group
 from .dtensor import is_dtensor_site, localize_dtensor_site
-from .match import AttentionSite
-from .plan_dense import plan_dense_site
-from .plan_flex import plan_flex_site
-from .plan_varlen import plan_varlen_site
-from .plans import CPConfig, CPPlan
 
 
 def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:

@@ -10,12 +10,13 @@ import re
 
 import torch.fx
 
+from ..families.plans import CPPlan
+from ..families.varlen.plan_type import VarlenPlan
 from ..graph.region_call import VarlenCall, read_call
 from ..layouts import THD_LAYOUTS
 from ..regions.dtensor import dtensor_region
 from ..regions.guards import agree_condition, check_dense_tokens, check_packed_metadata, check_plan_positions
 from .dtensor import region_example_value
-from .plans import CPPlan, VarlenPlan
 
 
 def _replace(plan: CPPlan) -> torch.fx.Node:

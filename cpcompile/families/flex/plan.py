@@ -13,16 +13,17 @@ import math
 
 import torch.fx
 
-from ..comm.registry import comms_that, get_comm
-from ..errors import site_error
-from ..layouts import LAYOUTS, get_layout
-from ..layouts.flex import rank_major_chunks
-from ..mesh import CPGroup
-from ..sharding.flex import marker_args, marker_block_size, marker_node, mask_graph
-from .auto import AUTO
-from .checks import constant, is_static
-from .match import AttentionSite
-from .plans import CPConfig, FlexPlan
+from ...comm.registry import comms_that, get_comm
+from ...errors import site_error
+from ...layouts import LAYOUTS, get_layout
+from ...layouts.flex import rank_major_chunks
+from ...mesh import CPGroup
+from ...sharding.flex import marker_args, marker_block_size, marker_node, mask_graph
+from ..auto import AUTO
+from ..checks import constant, is_static
+from ..plans import CPConfig
+from ..site import AttentionSite
+from .plan_type import FlexPlan
 
 LARGE_BLOCK = 1 << 30
 """flex_attention's block size for "no BlockMask given" (one block over everything, noop mask)."""

@@ -16,7 +16,7 @@ from ..cost import Choice, SiteShape, choose
 from ..errors import site_error
 from ..kernels import supported_kernels
 from .checks import site_kernel
-from .match import AttentionSite
+from .site import AttentionSite
 
 AUTO = "auto"
 

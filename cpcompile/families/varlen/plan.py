@@ -8,17 +8,18 @@ import operator
 import torch
 import torch.fx
 
-from ..comm.registry import Comm, comms_that, get_comm, packed_layout_problem
-from ..cost import SiteShape
-from ..errors import site_error
-from ..kernels import get_varlen_kernel
-from ..kernels.base import NO_WINDOW
-from ..layouts import THD_LAYOUTS
-from ..mesh import CPGroup
-from .auto import AUTO, resolve, site_comms, site_kernels
-from .checks import is_static
-from .match import AttentionSite
-from .plans import CPConfig, VarlenPlan
+from ...comm.registry import Comm, comms_that, get_comm, packed_layout_problem
+from ...cost import SiteShape
+from ...errors import site_error
+from ...kernels import get_varlen_kernel
+from ...kernels.base import NO_WINDOW
+from ...layouts import THD_LAYOUTS
+from ...mesh import CPGroup
+from ..auto import AUTO, resolve, site_comms, site_kernels
+from ..checks import is_static
+from ..plans import CPConfig
+from ..site import AttentionSite
+from .plan_type import VarlenPlan
 
 
 def _window(site: AttentionSite) -> tuple | None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch.fx
 
-from ..errors import site_error
-from .checks import constant
-from .match import AttentionSite
+from ...errors import site_error
+from ..checks import constant
+from ..site import AttentionSite
 
 HF_POSITIONS_FIX = (
     "pass the tokens' GLOBAL position ids to the model (cpcompile.shard_batch creates them when the batch has none: "

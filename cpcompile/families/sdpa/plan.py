@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import math
 
-from ..comm.registry import dense_feature_problem, get_comm
-from ..cost import SiteShape
-from ..errors import CPCompileError, site_error
-from ..integrations.hints import mask_fix
-from ..kernels.base import NO_WINDOW
-from ..layouts import THD_LAYOUTS, get_layout
-from ..mesh import CPGroup
-from .auto import resolve, site_comms, site_kernels
-from .checks import constant, is_static
-from .match import AttentionSite
-from .plan_features import check_token_metadata, sinks_of, softcap_of, window_of
-from .plans import CPConfig, CPPlan
+from ...comm.registry import dense_feature_problem, get_comm
+from ...cost import SiteShape
+from ...errors import CPCompileError, site_error
+from ...integrations.hints import mask_fix
+from ...kernels.base import NO_WINDOW
+from ...layouts import THD_LAYOUTS, get_layout
+from ...mesh import CPGroup
+from ..auto import resolve, site_comms, site_kernels
+from ..checks import constant, is_static
+from ..plans import CPConfig, CPPlan
+from ..site import AttentionSite
+from .features import check_token_metadata, sinks_of, softcap_of, window_of
 
 
 def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
