@@ -177,7 +177,7 @@ def main() -> None:
         ideal = box[0]
         torch_cp = attempt("PyTorch context_parallel", pytorch_cp_ms, seq, mesh, args.iters, args.warmup)
         for layout in sorted(LAYOUTS):
-            for comm in (n for n, c in COMMS.items() if c.region is not None and not c.capabilities.levels):  # 1-D
+            for comm in (n for n, c in COMMS.items() if c.serves("sdpa") and not c.capabilities.levels):  # 1-D
                 ms = attempt(f"cpcompile {layout}/{comm}", cpcompile_layer_ms, layout, comm, seq, mesh,
                              args.iters, args.warmup)  # fmt: skip
                 rec = dict(

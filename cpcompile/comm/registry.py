@@ -1,13 +1,14 @@
 """The comm registry: one entry per `comm=` name, naming its regions, its wire bytes and its capabilities.
 
-A new comm is one region module (regions/) plus one entry here; the planner, the backend's argument check,
-the logs, the cost model behind comm="auto" and explain() (cost/) and the bench read everything else from the
-entry, what it can run from its `capabilities` (comm/capabilities.py).
+A new comm is its region module(s) (regions/) plus one entry here: its region for each attention family it
+serves (`regions`, keyed by the family's name), its wire bytes and its `capabilities` (comm/capabilities.py); the
+planners, the backend's argument check, the logs, the cost model behind comm="auto", explain() and the bench
+read everything else from the entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import CPCompileError
@@ -30,35 +31,42 @@ from .wire import LevelBytes, WireShape
 
 
 @dataclass(frozen=True)
+class Region:
+    """One comm's region for one attention family: the function the rewrite calls, taking the family's region
+    call (its schema's fields, positionally) and the plan's constants as keywords."""
+
+    attention: Callable
+    rank_blocks: Callable | None = None
+    """The blocks a rank runs (logs, explain, the cost model): sdpa (layout, causal, rank, world, local_len, window);
+    varlen (..., local_len, cu_seqlens, max_doc, window); None where the family is not costed (flex)."""
+
+
+@dataclass(frozen=True)
 class Comm:
-    """How a comm runs attention, for SDPA sites (`region`) and varlen_attn sites (`varlen_region`)."""
+    """How a comm runs attention: its region for each attention family it serves, its wire bytes and its
+    capabilities."""
 
     name: str
-    region: Callable | None
-    """The dense region: (q, k, v, *, layout, causal, scale, kernel, group_name, rank, world) -> out (None: the
-    comm takes packed documents only, and the dense planner refuses it)."""
-    rank_blocks: Callable | None
-    """(layout, causal, rank, world, local_len) -> the dense blocks a rank runs (logs, explain)."""
+    regions: Mapping[str, Region]
+    """attention family name (families/registry.py) -> this comm's region for that family; a family it does not
+    serve is absent, and that family's planner refuses the comm."""
     wire_bytes: Callable[[WireShape], tuple[int, int]]
     """(a WireShape: comm/wire.py) -> (bytes one rank sends per forward, per backward), for the cost model
     (cost/model.py): every comm has it, since kernel="auto" costs the kernel options under a named comm too."""
     auto_option: bool = True
     """Whether comm="auto" considers it. The ring's advantage is overlap and memory, which the cost model (no
     overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named."""
-    varlen_region: Callable | None = None
-    """The packed-document region (q, k, v, cu_seqlens, *, ..., max_doc, window) -> varlen_attn's outputs."""
-    varlen_rank_blocks: Callable | None = None
-    """(layout, causal, rank, world, local_len, cu_seqlens, max_doc, window) -> the varlen blocks a rank runs."""
     overhead_as: str | None = None
     """The comm whose measured region overhead (cost/rates.json) stands in for this one's (None: its own)."""
-    flex_region: Callable | None = None
-    """The flex_attention region (q, k, v, score_mod, mask_mod, tables, extras, score_buffers, mask_buffers, *,
-    layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
     capabilities: Capabilities = field(default_factory=Capabilities)
     """What its regions take (layouts, windows, lse, heads, features, overlap, regather) and why not."""
     level_bytes: Callable[[WireShape], tuple[LevelBytes, ...]] | None = None
     """A comm on a 2-D CP mesh (capabilities.levels): what a rank sends on each level (`wire_bytes` is their sum);
     the cost model and explain() state them."""
+
+    def serves(self, family: str) -> bool:
+        """Whether it has a region for the attention family `family` (families/registry.py)."""
+        return family in self.regions
 
 
 RING_PACKED = ("thd", "thd_zigzag")
@@ -67,22 +75,22 @@ SELECTIVE_PACKED = ("thd", "thd_balanced")
 COMMS: dict[str, Comm] = {
     "all_gather": Comm(
         name="all_gather",
-        region=all_gather.all_gather_attention,
-        rank_blocks=all_gather.rank_blocks,
-        varlen_region=all_gather_varlen.all_gather_varlen_attention,
+        regions={
+            "sdpa": Region(all_gather.all_gather_attention, all_gather.rank_blocks),
+            "varlen": Region(all_gather_varlen.all_gather_varlen_attention, all_gather_varlen.rank_blocks),
+            "flex": Region(flex.all_gather_flex_attention),
+        },
         wire_bytes=all_gather.wire_bytes,
-        varlen_rank_blocks=all_gather_varlen.rank_blocks,
-        flex_region=flex.all_gather_flex_attention,
         capabilities=Capabilities(overlaps=True, regathers=True),
     ),
     "a2a": Comm(
         name="a2a",
-        region=a2a.a2a_attention,
-        rank_blocks=a2a.rank_blocks,
-        varlen_region=a2a_varlen.a2a_varlen_attention,
+        regions={
+            "sdpa": Region(a2a.a2a_attention, a2a.rank_blocks),
+            "varlen": Region(a2a_varlen.a2a_varlen_attention, a2a_varlen.rank_blocks),
+            "flex": Region(flex.a2a_flex_attention),
+        },
         wire_bytes=a2a.wire_bytes,
-        varlen_rank_blocks=a2a_varlen.rank_blocks,
-        flex_region=flex.a2a_flex_attention,
         capabilities=Capabilities(
             packed_layouts=("thd", "thd_balanced"),
             packed_refusals={
@@ -101,11 +109,11 @@ COMMS: dict[str, Comm] = {
     ),
     "ring": Comm(
         name="ring",
-        region=ring.ring_attention,
-        rank_blocks=ring.rank_blocks,
-        varlen_region=ring_varlen.ring_varlen_attention,
+        regions={
+            "sdpa": Region(ring.ring_attention, ring.rank_blocks),
+            "varlen": Region(ring_varlen.ring_varlen_attention, ring_varlen.rank_blocks),
+        },
         wire_bytes=ring.wire_bytes,
-        varlen_rank_blocks=ring_varlen.rank_blocks,
         auto_option=False,
         capabilities=Capabilities(
             packed_layouts=RING_PACKED,  # layouts/ring.py has no per-step blocks for thd_balanced's plans yet
@@ -123,11 +131,8 @@ COMMS: dict[str, Comm] = {
     ),
     "selective": Comm(
         name="selective",
-        region=None,
-        rank_blocks=None,
-        varlen_region=selective_varlen.selective_varlen_attention,
+        regions={"varlen": Region(selective_varlen.selective_varlen_attention, all_gather_varlen.rank_blocks)},
         wire_bytes=selective_varlen.wire_bytes,
-        varlen_rank_blocks=all_gather_varlen.rank_blocks,
         overhead_as="all_gather",  # the same key-buffer copy and fold, plus one index_select of the sent K/V
         capabilities=Capabilities(
             packed_layouts=SELECTIVE_PACKED,
@@ -150,12 +155,12 @@ COMMS: dict[str, Comm] = {
     ),
     "hierarchical": Comm(
         name="hierarchical",
-        region=hierarchical.hierarchical_attention,
-        rank_blocks=hierarchical.rank_blocks,
+        regions={
+            "sdpa": Region(hierarchical.hierarchical_attention, hierarchical.rank_blocks),
+            "varlen": Region(hierarchical_varlen.hierarchical_varlen_attention, hierarchical_varlen.rank_blocks),
+        },
         wire_bytes=hierarchical.wire_bytes,
         level_bytes=hierarchical.level_bytes,
-        varlen_region=hierarchical_varlen.hierarchical_varlen_attention,
-        varlen_rank_blocks=hierarchical_varlen.rank_blocks,
         auto_option=False,  # its gain is the slower link across nodes, which the cost model (one link) does not see
         overhead_as="a2a",  # the same pack and unpack of q/k/v and the output around the exchange
         capabilities=Capabilities(
@@ -201,7 +206,7 @@ def packed_layout_problem(comm: Comm, layout: str) -> tuple[str, str] | None:
         return None
     if layout in comm.capabilities.packed_refusals:
         return comm.capabilities.packed_refusals[layout]
-    known = comms_that(lambda c: c.varlen_region is not None and layout in c.capabilities.packed_layouts)
+    known = comms_that(lambda c: c.serves("varlen") and layout in c.capabilities.packed_layouts)
     runs = "its per-batch plan runs" if THD_LAYOUTS[layout].carries_plan else "it runs"
     return (
         f"strategy={layout!r} has no {comm.name!r} region yet ({runs} under {' and '.join(known)} only)",
@@ -214,7 +219,7 @@ def dense_feature_problem(comm: Comm, features: tuple[str, ...]) -> tuple[str, s
     """(rule, fix) when `comm`'s dense region builds no blocks for one of the site's `features`."""
     if set(features) <= set(comm.capabilities.dense_features):
         return None
-    featured = comms_that(lambda c: c.region is not None and set(features) <= set(c.capabilities.dense_features))
+    featured = comms_that(lambda c: c.serves("sdpa") and set(features) <= set(c.capabilities.dense_features))
     return (
         f"its {' and '.join(FEATURES[f] for f in features)} have no blocks under comm={comm.name!r} "
         f"(only {' and '.join(featured)} build windowed and softcapped blocks)",
@@ -227,5 +232,5 @@ def refuses_layout(name: str, layout: str) -> bool:
     dense region): one CPCompileError, never a run (the bench checks both)."""
     comm = COMMS[name]
     if layout in THD_LAYOUTS:
-        return comm.varlen_region is None or layout not in comm.capabilities.packed_layouts
-    return comm.region is None
+        return not comm.serves("varlen") or layout not in comm.capabilities.packed_layouts
+    return not comm.serves("sdpa")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..comm.registry import get_comm
-from ..graph.region_call import DenseCall
 from ..mesh import CPGroup
+from .sdpa.call import DenseCall
 from .site import AttentionSite
 
 
@@ -52,7 +52,8 @@ class CPPlan:
     """The site's attention sinks (`site.sinks`, a graph tensor) go to the region (cpcompile.attention sites)."""
 
     def region_target(self):
-        return get_comm(self.comm).region
+        """The comm's region for the site's family (comm/registry.py: Comm.regions)."""
+        return get_comm(self.comm).regions[self.site.kind].attention
 
     def region_call(self) -> DenseCall:
         """The region's positional inputs, by name (graph/region_call.py)."""
@@ -62,7 +63,7 @@ class CPPlan:
         return tuple(self.region_call())
 
     def region_kwargs(self) -> dict:
-        kwargs = self._common_kwargs()
+        kwargs = self.common_kwargs()
         if self.window is not None:  # only where used: graphs without them stay as they were
             kwargs["window"] = self.window
         if self.softcap:
@@ -71,16 +72,16 @@ class CPPlan:
             kwargs["regather"] = True
         if self.sinks:
             kwargs["sinks"] = self.site.sinks
-        kwargs.update(self._level_kwargs())
+        kwargs.update(self.level_kwargs())
         return kwargs
 
-    def _level_kwargs(self) -> dict:
+    def level_kwargs(self) -> dict:
         """`levels` for a comm on a 2-D CP mesh: ((inter group, rank, size), (intra group, rank, size))."""
         if not get_comm(self.comm).capabilities.levels:
             return {}
         return {"levels": tuple((lv.name, lv.rank, lv.size) for lv in self.group.levels)}
 
-    def _common_kwargs(self) -> dict:
+    def common_kwargs(self) -> dict:
         return dict(
             layout=self.layout,
             causal=self.causal,
@@ -100,4 +101,5 @@ class CPPlan:
         windowed = {} if self.window is None else {"window": self.window}  # (comms without windows refuse them)
         if get_comm(self.comm).capabilities.levels:
             windowed["levels"] = self.group.level_sizes
-        return len(get_comm(self.comm).rank_blocks(self.layout, self.causal, rank, world, local, **windowed))
+        blocks = get_comm(self.comm).regions[self.site.kind].rank_blocks
+        return len(blocks(self.layout, self.causal, rank, world, local, **windowed))

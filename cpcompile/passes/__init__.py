@@ -18,7 +18,6 @@ from ..errors import CPCompileError
 from ..families.find import find_attention_sites
 from ..families.plans import CPConfig, CPPlan
 from ..families.site import AttentionSite
-from ..families.varlen.plan_type import VarlenPlan
 from ..log import log_plans
 from ..mixers import MixerPlan, find_mixers, rewrite_mixers
 from ..refusal import raise_refusals
@@ -43,7 +42,7 @@ class PassState:
 
 
 def find(gm: torch.fx.GraphModule, state: PassState) -> None:
-    """Every SDPA and varlen_attn call in the graph, normalised (passes/match.py); first, a refusal an
+    """Every call a registered attention family matches, normalised (families/find.py); first, a refusal an
     integration made while Dynamo traced (refusal.py)."""
     raise_refusals(gm)
     state.sites = find_attention_sites(gm)
@@ -100,5 +99,5 @@ def run(gm: torch.fx.GraphModule, config: CPConfig) -> list[CPPlan]:
 
 
 __all__ = [
-    "PASSES", "AttentionSite", "CPConfig", "CPPlan", "PassState", "Ranks", "VarlenPlan", "find_attention_sites", "run",
+    "PASSES", "AttentionSite", "CPConfig", "CPPlan", "PassState", "Ranks", "find_attention_sites", "run",
 ]  # fmt: skip

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch.fx
 
 from ...graph.bodies import Body
+from ...graph.targets import is_flex
 from ..site import AttentionSite, traced_tensor
 
 
@@ -78,3 +79,8 @@ def flex_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
         body=body,
         flex=flex,
     )
+
+
+def match_flex(node: torch.fx.Node, body: Body | None = None) -> AttentionSite | None:
+    """The flex family's site of `node` (torch.ops.higher_order.flex_attention), else None."""
+    return flex_site(node, body) if is_flex(node) else None

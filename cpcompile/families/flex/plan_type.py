@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...comm.registry import get_comm
-from ...graph.region_call import FlexCall
 from ..plans import CPPlan
+from .call import FlexCall
 
 
 @dataclass(frozen=True)
@@ -17,9 +16,6 @@ class FlexPlan(CPPlan):
     """The BlockMask came from shard_block_mask (its tables are derived per rank); False: no mask was given."""
     block_size: tuple[int, int] = (128, 128)
     kernel_options: dict | None = None
-
-    def region_target(self):
-        return get_comm(self.comm).flex_region
 
     def region_call(self) -> FlexCall:
         f = self.site.flex

@@ -1,5 +1,5 @@
 """What a cpcompile.attention site adds to an SDPA site: its window, its softcap, its token metadata; each checked
-here with one clear error (the rest of its plan is plan_dense's)."""
+here with one clear error (the rest of its plan is families/sdpa/plan.py's)."""
 
 from __future__ import annotations
 

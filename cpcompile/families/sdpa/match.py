@@ -7,6 +7,7 @@ import torch
 import torch.fx
 
 from ...graph.bodies import Body
+from ...graph.targets import is_cp_attention, is_sdpa
 from ..site import AttentionSite, schema_bound, traced_tensor
 
 
@@ -74,3 +75,12 @@ def cp_attention_site(node: torch.fx.Node, body: Body | None = None) -> Attentio
         position_ids=a["position_ids"],
         sinks=a.get("sinks"),
     )
+
+
+def match_sdpa(node: torch.fx.Node, body: Body | None = None) -> AttentionSite | None:
+    """The sdpa family's site of `node` (SDPA in any recorded form, or cpcompile::attention), else None."""
+    if is_sdpa(node):
+        return sdpa_site(node, body)
+    if is_cp_attention(node):
+        return cp_attention_site(node, body)
+    return None

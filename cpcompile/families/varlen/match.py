@@ -7,6 +7,7 @@ import torch
 import torch.fx
 
 from ...graph.bodies import Body
+from ...graph.targets import is_varlen
 from ..site import AttentionSite, schema_bound, traced_tensor
 
 VARLEN_INFERENCE_ARGS = (
@@ -54,3 +55,8 @@ def varlen_site(node: torch.fx.Node, body: Body | None = None) -> AttentionSite:
         max_seqlen=(a.get("max_q"), a.get("max_k")),
         body=body,
     )
+
+
+def match_varlen(node: torch.fx.Node, body: Body | None = None) -> AttentionSite | None:
+    """The varlen family's site of `node` (torch_attn._varlen_attn), else None."""
+    return varlen_site(node, body) if is_varlen(node) else None

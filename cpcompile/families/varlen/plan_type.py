@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...comm.registry import get_comm
-from ...graph.region_call import VarlenCall
 from ...kernels.base import NO_WINDOW
 from ..plans import CPPlan
+from .call import VarlenCall
 
 
 @dataclass(frozen=True)
@@ -21,9 +21,6 @@ class VarlenPlan(CPPlan):
     max_doc: int | None = None
     """The call's max_q/max_k (static ints), a bound on every document's length: it bounds the kernels' grids."""
 
-    def region_target(self):
-        return get_comm(self.comm).varlen_region
-
     def region_call(self) -> VarlenCall:
         return VarlenCall(*super().region_call(), cu_seqlens=self.site.cu_seqlens_q)
 
@@ -31,7 +28,7 @@ class VarlenPlan(CPPlan):
         extra = dict(max_doc=self.max_doc, window=self.window)
         if get_comm(self.comm).capabilities.lse_on_demand:
             extra["return_lse"] = self.return_lse
-        return {**self._common_kwargs(), **extra, **self._level_kwargs()}
+        return {**self.common_kwargs(), **extra, **self.level_kwargs()}
 
     def block_count(self) -> int:
         return 1  # every packed region runs one varlen block a rank (layouts.thd)
