@@ -42,6 +42,9 @@ def _(q, k, v):
     return q.new_empty(*q.shape[:-1], v.shape[-1])
 
 
+TOY_TARGETS = (torch.ops.cpcompile_toy.linear_attention.default, torch.ops.cpcompile_toy.linear_attention)
+
+
 # step 1 of "a family": its region call's schema, its matcher, its plan type, its planner, its entry
 
 
@@ -52,10 +55,7 @@ class ToyCall(NamedTuple):
 
 
 def match_toy(node: torch.fx.Node, body=None) -> AttentionSite | None:
-    if node.op != "call_function" or node.target not in (
-        linear_attention._opoverload,
-        torch.ops.cpcompile_toy.linear_attention,
-    ):
+    if node.op != "call_function" or node.target not in TOY_TARGETS:
         return None
     q, k, v = node.args[:3]
     qv, kv, vv = (traced_tensor(t) for t in (q, k, v))
