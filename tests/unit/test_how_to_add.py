@@ -19,7 +19,8 @@ import torch.fx
 
 import cpcompile
 from cpcompile.comm.collectives import all_gather_dim0
-from cpcompile.comm.registry import COMMS, Comm, Region
+from cpcompile.comm.entry import Comm, Region
+from cpcompile.comm.registry import COMMS
 from cpcompile.families.family import Family
 from cpcompile.families.plans import CPConfig, CPPlan
 from cpcompile.families.registry import FAMILIES

@@ -8,7 +8,8 @@ import operator
 import torch
 import torch.fx
 
-from ...comm.registry import Comm, comms_that, get_comm, packed_layout_problem
+from ...comm.entry import Comm
+from ...comm.registry import comms_that, get_comm, packed_layout_problem
 from ...errors import site_error
 from ...kernels import get_varlen_kernel
 from ...kernels.base import NO_WINDOW
