@@ -30,9 +30,9 @@ from torch import nn
 
 import cpcompile
 from bench.memory import fake_group
+from cpcompile.comms.ring.schedule import visited_steps
 from cpcompile.kernels.flash import FlashKernel
 from cpcompile.layouts import get_layout
-from cpcompile.layouts.ring import visited_steps
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..comms.ring import dense as ring
+from ..comms.ring import varlen as ring_varlen
 from ..errors import CPCompileError
 from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS
@@ -21,8 +23,6 @@ from ..regions import (
     flex,
     hierarchical,
     hierarchical_varlen,
-    ring,
-    ring_varlen,
     selective_varlen,
 )
 from .capabilities import Capabilities

@@ -24,13 +24,13 @@ import torch
 
 from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
 from ..comm.wire import LevelBytes, WireShape
+from ..comms.ring.dense import layout_wire_bytes, ring_over
+from ..comms.ring.schedule import ring_blocks
 from ..layouts import Block, get_layout
 from ..layouts.heads import HeadSplit
 from ..layouts.levels import level_layout, sorted_order
-from ..layouts.ring import ring_blocks
 from ..mesh import CP_LEVEL_NAMES
 from . import a2a
-from .ring import layout_wire_bytes, ring_over
 
 Level = tuple[str, int, int]
 """One level of the 2-D CP group as the region call holds it: (group name, this rank in it, its size)."""

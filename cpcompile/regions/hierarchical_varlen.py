@@ -22,11 +22,11 @@ from ..comm.heads import (
     thd_as_bhsd,
     tokens_as_thd,
 )
+from ..comms.ring.schedule import packed_step_blocks
+from ..comms.ring.varlen import ring_varlen_attention
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
-from ..layouts.ring import packed_step_blocks
 from .hierarchical import Level
-from .ring_varlen import ring_varlen_attention
 
 
 def hierarchical_varlen_attention(

@@ -13,9 +13,9 @@ import torch
 
 import cpcompile
 from cpcompile.comm.registry import comms_that
+from cpcompile.comms.ring.schedule import held_rank, ring_blocks
 from cpcompile.layouts import LAYOUTS, get_layout
 from cpcompile.layouts.heads import HeadSplit
-from cpcompile.layouts.ring import held_rank, ring_blocks
 from cpcompile.layouts.window import band
 from cpcompile.regions.a2a import buffer_blocks
 from cpcompile.testing.distributed import run_ranks

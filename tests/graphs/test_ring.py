@@ -29,7 +29,7 @@ def _qkv(s=16, requires_grad=True):
 def test_rewritten_graph_snapshot():
     with fake_group(rank=1, world=4):
         code = rewritten_graph(gqa_attention, *_qkv(8, False), strategy="zigzag", comm="ring")
-    assert "cpcompile_regions_ring_ring_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True" in code
+    assert "cpcompile_comms_ring_dense_ring_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True" in code
     assert "group_name = '0', rank = 1, world = 4)" in code
 
 

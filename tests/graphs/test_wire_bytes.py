@@ -112,8 +112,8 @@ def test_selective_wire_bytes_are_the_collectives(max_len):
 def test_windowed_ring_wire_bytes_are_the_collectives(layout, window, steps):
     """Under a window the ring visits only the steps some rank's window reaches (layouts/ring.visited_steps):
     fewer K/V shifts and gradient shifts, as the cost model now says (it counted every step before)."""
+    from cpcompile.comms.ring.schedule import visited_steps
     from cpcompile.layouts import get_layout
-    from cpcompile.layouts.ring import visited_steps
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 16, 8, generator=g, requires_grad=True) for _ in range(3))

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cpcompile.comms.ring.schedule import held_rank, packed_step_blocks, ring_blocks, step_blocks
 from cpcompile.layouts import LAYOUTS
-from cpcompile.layouts.ring import held_rank, packed_step_blocks, ring_blocks, step_blocks
 from cpcompile.layouts.thd import THD_LAYOUTS
 from tests.unit.test_thd_layouts import _block_pairs, _cu, _documents, _expected_mask
 

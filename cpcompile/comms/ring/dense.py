@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.pending import in_backward, start_shift, wait
-from ..comm.wire import WireShape
-from ..executor.blocks import encode_dense
-from ..executor.sinks import fold_sinks, sinks_grad
-from ..layouts import Block, ChunkLayout, get_layout
-from ..layouts.ring import ring_blocks, visited_steps
-from .all_gather import executor_extra, pack_slots, unpack_slots
-from .partials import add_part, merge_step
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.pending import in_backward, start_shift, wait
+from ...comm.wire import WireShape
+from ...executor.blocks import encode_dense
+from ...executor.sinks import fold_sinks, sinks_grad
+from ...layouts import Block, ChunkLayout, get_layout
+from ...regions.all_gather import executor_extra, pack_slots, unpack_slots
+from ...regions.partials import add_part, merge_step
+from .schedule import ring_blocks, visited_steps
 
 
 class _RingAttention(torch.autograd.Function):

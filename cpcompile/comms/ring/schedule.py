@@ -26,10 +26,10 @@ import dataclasses
 
 import torch
 
-from ..kernels.base import NO_WINDOW
-from .base import Block, ChunkLayout
-from .thd import VarlenBlock, doc_bound, get_packed_layout, interleave, qk_ranges
-from .window import ring_window_blocks
+from ...kernels.base import NO_WINDOW
+from ...layouts.base import Block, ChunkLayout
+from ...layouts.thd import VarlenBlock, doc_bound, get_packed_layout, interleave, qk_ranges
+from ...layouts.window import ring_window_blocks
 
 HELD = 0
 """The held buffer is source 0 of every step's executor call."""

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.pending import in_backward, start_shift, wait
-from ..executor.blocks import encode_varlen
-from ..executor.packed_kv import pack_kv, unpack_kv
-from ..executor.varlen_meta import prepare_blocks
-from ..kernels.base import NO_WINDOW
-from ..layouts.ring import packed_step_blocks
-from .partials import add_part, merge_step
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.pending import in_backward, start_shift, wait
+from ...executor.blocks import encode_varlen
+from ...executor.packed_kv import pack_kv, unpack_kv
+from ...executor.varlen_meta import prepare_blocks
+from ...kernels.base import NO_WINDOW
+from ...regions.partials import add_part, merge_step
+from .schedule import packed_step_blocks
 
 KV_DIM = 0
 """K and V stack on dim 0 of the held buffer, (2, L, Hkv, D): each is a contiguous view, which cuDNN's THD
