@@ -1,17 +1,17 @@
 """The comm registry: one entry per `comm=` name, naming its regions, its wire bytes and its capabilities.
 
-A new comm is its region module(s) (regions/) plus one entry here: its region for each attention family it
-serves (`regions`, keyed by the family's name), its wire bytes and its `capabilities` (comm/capabilities.py); the
-planners, the backend's argument check, the logs, the cost model behind comm="auto", explain() and the bench
-read everything else from the entry.
+A new comm is one package (comms/<name>/, ring's is the pattern) whose entry (comm/entry.Comm) names its region
+for each attention family it serves (`regions`, keyed by the family's name), its wire bytes and its
+`capabilities` (comm/capabilities.py), plus one line here; the planners, the backend's argument check, the logs,
+the cost model behind comm="auto", explain() and the bench read everything else from the entry. The comms not
+yet in a package keep their entries below, their regions in regions/.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..comms.ring import dense as ring
-from ..comms.ring import varlen as ring_varlen
+from ..comms.ring.entry import RING
 from ..errors import CPCompileError
 from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS
@@ -28,7 +28,6 @@ from ..regions import (
 from .capabilities import Capabilities
 from .entry import Comm, Region
 
-RING_PACKED = ("thd", "thd_zigzag")
 SELECTIVE_PACKED = ("thd", "thd_balanced")
 
 COMMS: dict[str, Comm] = {
@@ -66,28 +65,7 @@ COMMS: dict[str, Comm] = {
             splits_heads=True,
         ),
     ),
-    "ring": Comm(
-        name="ring",
-        regions={
-            "sdpa": Region(ring.ring_attention, ring.rank_blocks),
-            "varlen": Region(ring_varlen.ring_varlen_attention, ring_varlen.rank_blocks),
-        },
-        wire_bytes=ring.wire_bytes,
-        auto_option=False,
-        capabilities=Capabilities(
-            packed_layouts=RING_PACKED,  # layouts/ring.py has no per-step blocks for thd_balanced's plans yet
-            packed_refusals={
-                name: (
-                    f"comm='ring' has no ring steps for the packed layout {name!r}",
-                    f"use strategy in {list(RING_PACKED)} with comm='ring', or comm='all_gather'",
-                )
-                for name in THD_LAYOUTS
-                if name not in RING_PACKED
-            },
-            packed_windows="causal_or_full",
-            overlaps=True,
-        ),
-    ),
+    "ring": RING,  # comms/ring/: the pattern of a comm package
     "selective": Comm(
         name="selective",
         regions={"varlen": Region(selective_varlen.selective_varlen_attention, all_gather_varlen.rank_blocks)},

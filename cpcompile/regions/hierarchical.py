@@ -1,6 +1,6 @@
 """The hierarchical CP region (comm="hierarchical") on a 2-D CP mesh (inter x intra): an all-to-all of heads inside
 a node, a ring of K/V across the nodes, composed of the a2a exchange (comm/heads.py) and the ring region
-(regions/ring.ring_over).
+(comms/ring/dense.ring_over).
 
 CP rank g = inter_rank * intra + intra_rank holds the layout's chunks of rank g of a 1-D group of inter * intra
 ranks (mesh.py), so shard_batch shards for it as for any group of that size. Forward:

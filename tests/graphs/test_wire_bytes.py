@@ -110,7 +110,7 @@ def test_selective_wire_bytes_are_the_collectives(max_len):
     "layout, window, steps", [("flat", (3, 0), 2), ("zigzag", (3, 0), 3), ("zigzag", (20, 0), 4), ("flat", (40, 0), 4)]
 )
 def test_windowed_ring_wire_bytes_are_the_collectives(layout, window, steps):
-    """Under a window the ring visits only the steps some rank's window reaches (layouts/ring.visited_steps):
+    """Under a window the ring visits only the steps some rank's window reaches (comms/ring/schedule.visited_steps):
     fewer K/V shifts and gradient shifts, as the cost model now says (it counted every step before)."""
     from cpcompile.comms.ring.schedule import visited_steps
     from cpcompile.layouts import get_layout

@@ -1,4 +1,4 @@
-"""Ring steps (layouts/ring.py): over all cp steps every rank's blocks against the K/V it holds at each step
+"""Ring steps (comms/ring/schedule.py): over all cp steps every rank's blocks against the K/V it holds at each step
 cover its rows of the (causal) mask, each (q, key) pair exactly once; zigzag and thd_zigzag do the same work
 at every step on every rank; packed blocks keep the executor's range rules and what they vouch for."""
 

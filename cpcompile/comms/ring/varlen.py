@@ -1,7 +1,7 @@
 """The ring CP region for packed documents (varlen_attn under thd / thd_zigzag, comm="ring").
 
-The same ring as regions/ring.py over the packed (2, L, Hkv, D) K/V (MLA: (L, Hkv, D + Dv)): at each step the
-held rank's K/V are attended with that step's varlen blocks (layouts/ring.py, computed from the GLOBAL
+The same ring as comms/ring/dense.py over the packed (2, L, Hkv, D) K/V (MLA: (L, Hkv, D + Dv)): at each step the
+held rank's K/V are attended with that step's varlen blocks (comms/ring/schedule.py, computed from the GLOBAL
 cu_seqlens with device ops, so documents change without recompiling), the partial outputs merged by LSE in
 fp32. Every step's blocks and kernel metadata (masks, cu_seqlens, lse slots: executor.varlen_meta) are built
 before the step loop, in the graph, so a step's host work is its kernel call, its merge and its shift.
