@@ -164,7 +164,7 @@ def fit_overheads(cases: list[dict]) -> dict:
 
 def main() -> None:
     records = json.loads(SINGLE.read_text())
-    # thd_balanced's blocks come from a per-batch plan, which the cost model does not cost (passes/plan_varlen.py)
+    # thd_balanced's blocks come from a per-batch plan, which the cost model does not cost (families/varlen/plan.py)
     records = [r for r in records if not (r.get("mix") and THD_LAYOUTS[r["layout"]].carries_plan)]
     cases = [case_of(r) for r in records]
     kernels = {name: fit_kernel(cases, name) for name in sorted({c["kernel"] for c in cases})}

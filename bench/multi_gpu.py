@@ -158,7 +158,7 @@ def hierarchical_rows(args, seq: int, tpg: int, ideal, device: str) -> list[dict
         DEVICE, (inter, intra), mesh_dim_names=("cp_inter", "cp_intra")
     )
     rows = []
-    for comm in (n for n, c in COMMS.items() if c.region is not None):
+    for comm in (n for n, c in COMMS.items() if c.serves("sdpa")):
         ms = attempt(f"cpcompile zigzag/{comm} on {args.hierarchical}", cpcompile_layer_ms, "zigzag", comm, seq, mesh,
                      args.iters, args.warmup)  # fmt: skip
         rows.append(dict(layout="zigzag", comm=comm, mesh=args.hierarchical, cp=inter * intra, tokens_per_gpu=tpg,
@@ -204,7 +204,7 @@ def main() -> None:
         ideal = box[0]
         torch_cp = attempt("PyTorch context_parallel", pytorch_cp_ms, seq, mesh, args.iters, args.warmup)
         for layout in sorted(LAYOUTS):
-            for comm in (n for n, c in COMMS.items() if c.region is not None and not c.capabilities.levels):  # 1-D
+            for comm in (n for n, c in COMMS.items() if c.serves("sdpa") and not c.capabilities.levels):  # 1-D
                 ms = attempt(f"cpcompile {layout}/{comm}", cpcompile_layer_ms, layout, comm, seq, mesh,
                              args.iters, args.warmup)  # fmt: skip
                 rec = dict(

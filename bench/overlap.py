@@ -164,12 +164,13 @@ def _inner(env: Env) -> str:
 def _wire(be, case: Case) -> tuple[dict, object]:
     """(the registry's bytes a rank sends, through the cost model's estimate of the planned site; the site's
     cost-model shape, None when it could not be made)."""
-    from cpcompile.cost import SiteShape, estimate
+    from cpcompile.cost import estimate
+    from cpcompile.families.registry import get_family
 
     out, shape = {}, None
     try:
         plan = be.plans[0]
-        shape = SiteShape.of_plan(plan, case.cp)
+        shape = get_family(plan.site.kind).cost_shape(plan, case.cp)
         est = estimate(shape, case.layout, case.comm, plan.kernel)
         out = dict(wire_bytes_fwd=est.sent_fwd, wire_bytes_bwd=est.sent_bwd,
                    model_compute_ms=round(max(est.compute_ms), 4))  # fmt: skip

@@ -179,7 +179,7 @@ def auto_choices() -> list[str]:
     cost model (its assumed links: cost/rates.json), with every option's estimate."""
     from cpcompile.comm.registry import COMMS
     from cpcompile.cost import SiteShape
-    from cpcompile.passes.auto import resolve
+    from cpcompile.families.auto import resolve
 
     lines = ["| setting | auto picks | options: estimated ms a layer (wire ms) |", "| --- | --- | --- |"]
     for seq, cp, levels in SCALES:

@@ -5,7 +5,7 @@
 
 Why: the ring is the comm for long context, and most layers of today's open models are windowed. A windowed
 layer's queries read at most `window` keys back, so under the ring a rank visits only the steps whose K/V chunk
-some row's window reaches (layouts/ring.visited_steps); under all_gather it still gathers every token's K/V.
+some row's window reaches (comms/ring/schedule.visited_steps); under all_gather it still gathers every token's K/V.
 
 What runs: the stack (q/k/v/o projections and attention per layer, Gemma 3 12B's attention shape, bf16), one
 training step (forward + backward) of ONE rank of a fake process group (collectives allocate their outputs but
@@ -30,9 +30,9 @@ from torch import nn
 
 import cpcompile
 from bench.memory import fake_group
+from cpcompile.comms.ring.schedule import visited_steps
 from cpcompile.kernels.flash import FlashKernel
 from cpcompile.layouts import get_layout
-from cpcompile.layouts.ring import visited_steps
 
 
 @dataclasses.dataclass(frozen=True)

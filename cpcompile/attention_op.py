@@ -4,7 +4,7 @@ SDPA takes no sliding window and no softcap, and a mask tensor cannot be sharded
 Face's `attn_implementation="cpcompile"`, or any model through `cpcompile.attention`) call this op instead: it
 carries the window, the softcap and the token metadata CP must check (a 2-D padding mask, the position ids) as
 arguments the planner can read and validate. Dynamo records it as one node; the pass turns it into a CP region
-(passes/match.py). Anywhere else (eager, another backend, a single process) it is CompositeImplicitAutograd:
+(families/sdpa/match.py). Anywhere else (eager, another backend, a single process) it is CompositeImplicitAutograd:
 SDPA with the equivalent mask (or the softcapped math), so autograd and every compiler take it as they are.
 
 Semantics, per batch row, for q rows i of Lq and keys j of Lk (aligned bottom-right: the queries are the LAST Lq

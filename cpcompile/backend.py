@@ -12,13 +12,13 @@ import torch.fx
 from . import compat, eager_guard, passes
 from .comm.registry import COMMS, comms_that
 from .errors import CPCompileError
+from .families.registry import get_family
 from .inductor_cache import cache_key_patches
 from .inner import INNER, inner_compiler
 from .kernels import KERNEL_NAMES
 from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
 from .passes import CPConfig, CPPlan
-from .passes.plans import FlexPlan
 
 INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
 """Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
@@ -75,7 +75,7 @@ class CPBackend:
             user_pass = (options or {}).get("post_grad_custom_post_pass")
             patches = cache_key_patches(user_pass)
             options = {k: v for k, v in (options or {}).items() if k != "post_grad_custom_post_pass"} or None
-            if any(COMMS[p.comm].capabilities.overlaps and not isinstance(p, FlexPlan) for p in new):
+            if any(COMMS[p.comm].capabilities.overlaps and get_family(p.site.kind).overlaps for p in new):
                 patches.update(INDUCTOR_OVERLAP_PATCHES)
         return inner_compiler(self.inner, mode, options, patches)(gm, example_inputs)
 

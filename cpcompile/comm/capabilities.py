@@ -2,7 +2,7 @@
 the block features, the overlap, the regather, each with the refusal the planner raises when a site needs what
 the comm lacks.
 
-Every comm's registry entry (comm/registry.py) holds one Capabilities. The planners (passes/plan_*.py), the cost
+Every comm's registry entry (comm/registry.py) holds one Capabilities. The planners (families/*/plan.py), the cost
 model (cost/model.py), the backend (its Inductor patch, its regather check), explain() (through the planners) and
 the bench (bench/gpu_speed.refused_by_design) read it there; nothing else lists which comm takes what.
 """

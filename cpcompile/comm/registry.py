@@ -1,15 +1,17 @@
 """The comm registry: one entry per `comm=` name, naming its regions, its wire bytes and its capabilities.
 
-A new comm is one region module (regions/) plus one entry here; the planner, the backend's argument check,
-the logs, the cost model behind comm="auto" and explain() (cost/) and the bench read everything else from the
-entry, what it can run from its `capabilities` (comm/capabilities.py).
+A new comm is one package (comms/<name>/, ring's is the pattern) whose entry (comm/entry.Comm) names its region
+for each attention family it serves (`regions`, keyed by the family's name), its wire bytes and its
+`capabilities` (comm/capabilities.py), plus one line here; the planners, the backend's argument check, the logs,
+the cost model behind comm="auto", explain() and the bench read everything else from the entry. The comms not
+yet in a package keep their entries below, their regions in regions/.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from ..comms.ring.entry import RING
 from ..errors import CPCompileError
 from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS
@@ -21,69 +23,32 @@ from ..regions import (
     flex,
     hierarchical,
     hierarchical_varlen,
-    ring,
-    ring_varlen,
     selective_varlen,
 )
 from .capabilities import Capabilities
-from .wire import LevelBytes, WireShape
+from .entry import Comm, Region
 
-
-@dataclass(frozen=True)
-class Comm:
-    """How a comm runs attention, for SDPA sites (`region`) and varlen_attn sites (`varlen_region`)."""
-
-    name: str
-    region: Callable | None
-    """The dense region: (q, k, v, *, layout, causal, scale, kernel, group_name, rank, world) -> out (None: the
-    comm takes packed documents only, and the dense planner refuses it)."""
-    rank_blocks: Callable | None
-    """(layout, causal, rank, world, local_len) -> the dense blocks a rank runs (logs, explain)."""
-    wire_bytes: Callable[[WireShape], tuple[int, int]]
-    """(a WireShape: comm/wire.py) -> (bytes one rank sends per forward, per backward), for the cost model
-    (cost/model.py): every comm has it, since kernel="auto" costs the kernel options under a named comm too."""
-    auto_option: bool = True
-    """Whether comm="auto" considers it. The ring's advantage is overlap and memory, which the cost model (no
-    overlap, no memory term) cannot see: it would never pick it for the right reason, so it is only named, except
-    at a point the overlap bench measured (cost/measured.py), where the measured step times rank it."""
-    varlen_region: Callable | None = None
-    """The packed-document region (q, k, v, cu_seqlens, *, ..., max_doc, window) -> varlen_attn's outputs."""
-    varlen_rank_blocks: Callable | None = None
-    """(layout, causal, rank, world, local_len, cu_seqlens, max_doc, window) -> the varlen blocks a rank runs."""
-    overhead_as: str | None = None
-    """The comm whose measured region overhead (cost/rates.json) stands in for this one's (None: its own)."""
-    flex_region: Callable | None = None
-    """The flex_attention region (q, k, v, score_mod, mask_mod, tables, extras, score_buffers, mask_buffers, *,
-    layout, scale, kernel_options, block_size, masked, group_name, rank, world) -> (out, lse, max_scores)."""
-    capabilities: Capabilities = field(default_factory=Capabilities)
-    """What its regions take (layouts, windows, lse, heads, features, overlap, regather) and why not."""
-    level_bytes: Callable[[WireShape], tuple[LevelBytes, ...]] | None = None
-    """A comm on a 2-D CP mesh (capabilities.levels): what a rank sends on each level (`wire_bytes` is their sum);
-    the cost model and explain() state them."""
-
-
-RING_PACKED = ("thd", "thd_zigzag")
 SELECTIVE_PACKED = ("thd", "thd_balanced")
 
 COMMS: dict[str, Comm] = {
     "all_gather": Comm(
         name="all_gather",
-        region=all_gather.all_gather_attention,
-        rank_blocks=all_gather.rank_blocks,
-        varlen_region=all_gather_varlen.all_gather_varlen_attention,
+        regions={
+            "sdpa": Region(all_gather.all_gather_attention, all_gather.rank_blocks),
+            "varlen": Region(all_gather_varlen.all_gather_varlen_attention, all_gather_varlen.rank_blocks),
+            "flex": Region(flex.all_gather_flex_attention),
+        },
         wire_bytes=all_gather.wire_bytes,
-        varlen_rank_blocks=all_gather_varlen.rank_blocks,
-        flex_region=flex.all_gather_flex_attention,
         capabilities=Capabilities(overlaps=True, regathers=True),
     ),
     "a2a": Comm(
         name="a2a",
-        region=a2a.a2a_attention,
-        rank_blocks=a2a.rank_blocks,
-        varlen_region=a2a_varlen.a2a_varlen_attention,
+        regions={
+            "sdpa": Region(a2a.a2a_attention, a2a.rank_blocks),
+            "varlen": Region(a2a_varlen.a2a_varlen_attention, a2a_varlen.rank_blocks),
+            "flex": Region(flex.a2a_flex_attention),
+        },
         wire_bytes=a2a.wire_bytes,
-        varlen_rank_blocks=a2a_varlen.rank_blocks,
-        flex_region=flex.a2a_flex_attention,
         capabilities=Capabilities(
             packed_layouts=("thd", "thd_balanced"),
             packed_refusals={
@@ -100,35 +65,11 @@ COMMS: dict[str, Comm] = {
             splits_heads=True,
         ),
     ),
-    "ring": Comm(
-        name="ring",
-        region=ring.ring_attention,
-        rank_blocks=ring.rank_blocks,
-        varlen_region=ring_varlen.ring_varlen_attention,
-        wire_bytes=ring.wire_bytes,
-        varlen_rank_blocks=ring_varlen.rank_blocks,
-        auto_option=False,
-        capabilities=Capabilities(
-            packed_layouts=RING_PACKED,  # layouts/ring.py has no per-step blocks for thd_balanced's plans yet
-            packed_refusals={
-                name: (
-                    f"comm='ring' has no ring steps for the packed layout {name!r}",
-                    f"use strategy in {list(RING_PACKED)} with comm='ring', or comm='all_gather'",
-                )
-                for name in THD_LAYOUTS
-                if name not in RING_PACKED
-            },
-            packed_windows="sliding_causal",  # layouts/packed_band.py: exact on every varlen provider
-            overlaps=True,
-        ),
-    ),
+    "ring": RING,  # comms/ring/: the pattern of a comm package
     "selective": Comm(
         name="selective",
-        region=None,
-        rank_blocks=None,
-        varlen_region=selective_varlen.selective_varlen_attention,
+        regions={"varlen": Region(selective_varlen.selective_varlen_attention, all_gather_varlen.rank_blocks)},
         wire_bytes=selective_varlen.wire_bytes,
-        varlen_rank_blocks=all_gather_varlen.rank_blocks,
         overhead_as="all_gather",  # the same key-buffer copy and fold, plus one index_select of the sent K/V
         capabilities=Capabilities(
             packed_layouts=SELECTIVE_PACKED,
@@ -151,12 +92,12 @@ COMMS: dict[str, Comm] = {
     ),
     "hierarchical": Comm(
         name="hierarchical",
-        region=hierarchical.hierarchical_attention,
-        rank_blocks=hierarchical.rank_blocks,
+        regions={
+            "sdpa": Region(hierarchical.hierarchical_attention, hierarchical.rank_blocks),
+            "varlen": Region(hierarchical_varlen.hierarchical_varlen_attention, hierarchical_varlen.rank_blocks),
+        },
         wire_bytes=hierarchical.wire_bytes,
         level_bytes=hierarchical.level_bytes,
-        varlen_region=hierarchical_varlen.hierarchical_varlen_attention,
-        varlen_rank_blocks=hierarchical_varlen.rank_blocks,
         # an option on 2-D CP meshes only (its rules refuse a 1-D group): each level costed on its own link
         overhead_as="a2a",  # the same pack and unpack of q/k/v and the output around the exchange
         capabilities=Capabilities(
@@ -202,7 +143,7 @@ def packed_layout_problem(comm: Comm, layout: str) -> tuple[str, str] | None:
         return None
     if layout in comm.capabilities.packed_refusals:
         return comm.capabilities.packed_refusals[layout]
-    known = comms_that(lambda c: c.varlen_region is not None and layout in c.capabilities.packed_layouts)
+    known = comms_that(lambda c: c.serves("varlen") and layout in c.capabilities.packed_layouts)
     runs = "its per-batch plan runs" if THD_LAYOUTS[layout].carries_plan else "it runs"
     return (
         f"strategy={layout!r} has no {comm.name!r} region yet ({runs} under {' and '.join(known)} only)",
@@ -215,7 +156,7 @@ def dense_feature_problem(comm: Comm, features: tuple[str, ...]) -> tuple[str, s
     """(rule, fix) when `comm`'s dense region builds no blocks for one of the site's `features`."""
     if set(features) <= set(comm.capabilities.dense_features):
         return None
-    featured = comms_that(lambda c: c.region is not None and set(features) <= set(c.capabilities.dense_features))
+    featured = comms_that(lambda c: c.serves("sdpa") and set(features) <= set(c.capabilities.dense_features))
     return (
         f"its {' and '.join(FEATURES[f] for f in features)} have no blocks under comm={comm.name!r} "
         f"(only {' and '.join(featured)} build windowed and softcapped blocks)",
@@ -228,5 +169,5 @@ def refuses_layout(name: str, layout: str) -> bool:
     dense region): one CPCompileError, never a run (the bench checks both)."""
     comm = COMMS[name]
     if layout in THD_LAYOUTS:
-        return comm.varlen_region is None or layout not in comm.capabilities.packed_layouts
-    return comm.region is None
+        return not comm.serves("varlen") or layout not in comm.capabilities.packed_layouts
+    return not comm.serves("sdpa")

@@ -33,7 +33,7 @@ class WireShape:
     """Dense sites: (layout, causal, window), for comms whose traffic depends on the mask (the ring's steps)."""
     packed_mask: tuple[str, bool, tuple[int, int]] | None = None
     """Packed sites: (layout, causal, window as planned), for comms whose traffic depends on the window (the ring
-    visits fewer steps under a causal sliding window: layouts/ring.packed_visited_steps)."""
+    visits fewer steps under a causal sliding window: comms/ring/schedule.packed_visited_steps)."""
     levels: tuple[int, int] | None = None
     """A 2-D CP mesh's (inter, intra) sizes (world = inter * intra), for comms that run a level each."""
 

@@ -3,7 +3,7 @@
 (layout, tokens a rank, cp, heads, head dim, the 2-D mesh or one node, the link bandwidths the model assumes),
 comm="auto" ranks the measured options by their measured step time, communication and its overlap included,
 instead of the model's estimate (cost/choose.py), and the comms "auto" otherwise never considers (the ring:
-Comm.auto_option) compete there (passes/auto.py). Everywhere else nothing changes. No table: no measured point.
+Comm.auto_option) compete there (families/auto.py). Everywhere else nothing changes. No table: no measured point.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The cost of one attention site under a layout x comm x kernel: blocks, FLOPs and time per rank, bytes sent.
 
-Everything comes from facts the project already has: the layout's blocks (dense: the comm's `rank_blocks`;
-packed: the comm's `varlen_rank_blocks` over the documents), the heads each rank runs (a2a: Hq/cp, the head-split
+Everything comes from facts the project already has: the layout's blocks (dense: the `rank_blocks` of the comm's
+sdpa region; packed: of its varlen region, over the documents), the heads each rank runs (a2a: Hq/cp, the head-split
 rules of layouts/heads.py), the bytes on the wire (the comm's `wire_bytes`) and the measured kernel rates
 (cost/rates.py). A rank's time is its kernel calls plus its region's own copies; the site's estimate is the
 slowest rank plus the time on the wire at the assumed link bandwidth, forward + backward, with no overlap of
@@ -24,7 +24,6 @@ from ..comm.wire import LevelBytes, WireShape
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
 from ..layouts.thd import get_packed_layout
-from ..precision import acc_dtype
 from .measured import measured_at
 from .rates import inter_gbps, kernel_rate, link_gbps, region_overhead_ms
 from .work import CallWork, dense_work, flops, varlen_work
@@ -35,7 +34,8 @@ class SiteShape:
     """What the cost model needs of a site: this rank's shapes, element sizes, the mask and the CP world."""
 
     kind: str
-    """"sdpa" (dense blocks) or "varlen" (packed documents)."""
+    """The attention family (families/registry.py) whose comm regions' blocks are counted: "sdpa" (dense blocks)
+    or "varlen" (packed documents); a family builds its SiteShape (Family.cost_shape)."""
     batch: int
     tokens: int
     """Local tokens a rank (sequence dim of SDPA q; packed length of varlen q)."""
@@ -52,36 +52,6 @@ class SiteShape:
     return_lse: bool = True
     levels: tuple[int, int] | None = None
     """A 2-D CP mesh's (inter, intra) sizes (world = their product; mesh.CPGroup.levels), else None."""
-
-    @classmethod
-    def of_site(cls, site, causal: bool, world: int, **extra) -> SiteShape:
-        """From an AttentionSite (passes/match.py): SDPA q (B, H, L, D), varlen q (T, H, D)."""
-        q, k, v = site.q_shape, site.k_shape, site.v_shape
-        dense = site.kind == "sdpa"
-        return cls(
-            kind=site.kind,
-            batch=q[0] if dense and isinstance(q[0], int) else 1,  # a dynamic batch: costed as 1
-            tokens=q[2] if dense else q[0],
-            q_heads=q[1],
-            kv_heads=k[1],
-            head_dim=q[-1],
-            v_head_dim=v[-1],
-            elt=site.dtype.itemsize,
-            acc_elt=acc_dtype(site.dtype).itemsize,
-            causal=causal,
-            world=world,
-            **extra,
-        )
-
-    @classmethod
-    def of_plan(cls, plan, world: int) -> SiteShape:
-        """From a planned site (passes/plans.CPPlan): its window, and for packed sites max_doc and the lse."""
-        if plan.site.kind == "sdpa":
-            levels = plan.group.level_sizes if world == plan.group.size else None
-            return cls.of_site(plan.site, plan.causal, world, window=plan.window or NO_WINDOW, levels=levels)
-        levels = plan.group.level_sizes if world == plan.group.size else None
-        extra = dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse, levels=levels)
-        return cls.of_site(plan.site, plan.causal, world, **extra)
 
     @property
     def block_window(self) -> tuple[int, int] | None:
@@ -148,9 +118,11 @@ def _rank_work(shape: SiteShape, layout: str, comm, rank: int, cu: torch.Tensor 
     """(blocks, their counts) of one rank."""
     levels = {"levels": shape.levels} if comm.capabilities.levels else {}  # a comm on a 2-D CP mesh
     if shape.kind == "sdpa":
-        blocks = comm.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens, shape.block_window, **levels)
+        blocks = comm.regions[shape.kind].rank_blocks(
+            layout, shape.causal, rank, shape.world, shape.tokens, shape.block_window, **levels
+        )
         return len(blocks), dense_work(blocks, shape.batch)
-    blocks = comm.varlen_rank_blocks(
+    blocks = comm.regions[shape.kind].rank_blocks(
         layout, shape.causal, rank, shape.world, shape.tokens, cu, shape.max_doc, shape.window, **levels
     )
     total = CallWork()

@@ -23,13 +23,14 @@ import torch
 
 from .. import passes
 from ..backend import check_choices
-from ..cost import SiteShape, estimate
+from ..cost import estimate
 from ..errors import CPCompileError, node_source
+from ..families.plans import CPConfig, CPPlan
+from ..families.registry import FAMILIES, get_family
 from ..layouts import THD_LAYOUTS
 from ..layouts.selective import capacity, select, select_thd
 from ..log import LOGGER_NAME
 from ..passes import PassState
-from ..passes.plans import CPConfig, CPPlan
 from ..sharding.conventions import with_hf_labels, with_position_ids
 from .inputs import local_inputs, model_offsets, packed_offsets, stand_in_group
 from .ranks import Refused, StandInRanks
@@ -41,12 +42,12 @@ __all__ = ["Recommendation", "Refusal", "Report", "SiteReport", "explain"]
 
 
 def _site_estimate(plan: CPPlan, cu: torch.Tensor | None):
-    """The cost model's estimate of the planned site; None for flex_attention (the BlockMask sets its work)."""
-    site = plan.site
-    if site.kind == "flex":
+    """The cost model's estimate of the planned site; None for a family without a cost shape (flex_attention: the
+    BlockMask sets its work)."""
+    cost_shape = get_family(plan.site.kind).cost_shape
+    if cost_shape is None:
         return None
-    shape = SiteShape.of_plan(plan, plan.group.size)
-    return estimate(shape, plan.layout, plan.comm, plan.kernel, cu)
+    return estimate(cost_shape(plan, plan.group.size), plan.layout, plan.comm, plan.kernel, cu)
 
 
 def selective_note(plan: CPPlan, cu: torch.Tensor) -> str:
@@ -209,15 +210,13 @@ def explain(
     if device is None and any(s.device.type == "meta" for s in sites):
         report.notes.append("the example tensors are on the meta device: pass device='cuda' (or 'cpu') to plan kernels")
     kinds = {s.kind for s in sites}
-    costed = next((kind for kind in ("sdpa", "varlen") if kind in kinds), None)
-    if "flex" in kinds:
-        report.notes.append(
-            "flex_attention sites are planned but not costed (their work is set by the BlockMask's blocks): no "
-            "blocks, FLOPs or estimate for them, and comm='auto' refuses them"
-        )
-    if {"sdpa", "varlen"} <= kinds:
-        report.notes.append("the model has SDPA and varlen_attn sites; the recommendation covers the SDPA ones")
-    chosen = [s for s in sites if s.kind == costed]
+    present = [f for f in FAMILIES.values() if f.name in kinds]
+    report.notes += [f.uncosted_note for f in present if f.cost_shape is None and f.uncosted_note]
+    costed = [f for f in present if f.cost_shape is not None]
+    if len(costed) > 1:
+        names = " and ".join(f.title for f in costed)
+        report.notes.append(f"the model has {names} sites; the recommendation covers the {costed[0].title} ones")
+    chosen = [s for s in sites if costed and s.kind == costed[0].name]
     offsets = cu if cu is None or cu is given else THD_LAYOUTS[strategy].offsets(cu, world)
     report.recommendation = recommend(chosen, configs[0], offsets) if chosen else None
     if not graphs:

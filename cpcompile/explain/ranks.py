@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import CPCompileError, node_origin
+from ..families.plans import CPConfig
 from ..passes.agree import plan_summary
 from ..passes.plan import plan_site
-from ..passes.plans import CPConfig
 from .report import Refusal
 
 if TYPE_CHECKING:
+    from ..families.site import AttentionSite
     from ..passes import PassState
-    from ..passes.match import AttentionSite
 
 
 class Refused(Exception):

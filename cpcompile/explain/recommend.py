@@ -17,12 +17,13 @@ import dataclasses
 
 import torch
 
-from ..cost import TIE, Estimate, SiteShape, estimate
+from ..cost import TIE, Estimate, estimate
 from ..errors import CPCompileError, node_origin
-from ..layouts import LAYOUTS, THD_LAYOUTS
-from ..passes.match import AttentionSite
+from ..families.plans import CPConfig
+from ..families.registry import get_family
+from ..families.site import AttentionSite
+from ..layouts import THD_LAYOUTS
 from ..passes.plan import plan_site
-from ..passes.plans import CPConfig
 from .report import Recommendation
 
 
@@ -45,7 +46,7 @@ def _layout_cost(sites, layout: str, config: CPConfig, cu: torch.Tensor | None) 
     for site in sites:
         plan = plan_site(site, dataclasses.replace(config, strategy=layout))  # the comm asked for, or "auto"
         options = [(e.comm, e.kernel) for e in plan.choice.options] if plan.choice else [(plan.comm, plan.kernel)]
-        shape = SiteShape.of_plan(plan, world)
+        shape = get_family(plan.site.kind).cost_shape(plan, world)
         if cu is not None:
             shape = dataclasses.replace(shape, tokens=int(cu[-1]) // world)
         best.append(min((estimate(shape, layout, c, k, cu) for c, k in options), key=lambda e: e.total_ms))
@@ -66,9 +67,8 @@ def recommend(sites: list[AttentionSite], config: CPConfig, cu: torch.Tensor | N
     """The recommended layout for `sites` (all of one kind: SDPA or varlen_attn), or None without sites."""
     if not sites:
         return None
-    layouts = (
-        [name for name, lay in THD_LAYOUTS.items() if not lay.carries_plan] if sites[0].kind == "varlen" else LAYOUTS
-    )  # a layout with a per-batch plan (thd_balanced) is not costed
+    family = get_family(sites[0].kind)
+    layouts = family.recommend_layouts()  # the family's layouts that are costed
     costs: dict[str, tuple[float, list[Estimate], str]] = {}
     refused: dict[str, str] = {}
     for layout in layouts:

@@ -55,7 +55,7 @@ token guard runs the body on the call's operands. Argument positions as Dynamo r
 
 MODS = frozenset({"flex_attention", "flex_attention_backward"})
 """Higher-order ops whose graph operands are score/mask functions, not bodies: they hold no attention (a
-flex_attention call is itself a site, passes/match.py)."""
+flex_attention call is itself a site, families/flex/match.py)."""
 
 BRANCHES = frozenset({"cond"})
 """Higher-order ops that run one of their bodies: rewritten, with the condition agreed across ranks."""

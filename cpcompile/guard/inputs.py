@@ -10,9 +10,11 @@ from collections.abc import Iterator
 import torch
 import torch.fx
 from torch.distributed.tensor import DTensor
+from torch.utils import _pytree as pytree
 
+from ..families.registry import get_family
 from ..graph.bodies import ONCE
-from ..graph.region_call import FlexCall, VarlenCall, read_call
+from ..graph.region_call import read_call
 from ..mesh import cp_mesh_dim
 from ..mixers import TOKEN_REGION
 from .flow import concrete, leaves, traced
@@ -77,17 +79,17 @@ def data_inputs(gm: torch.fx.GraphModule, strategy: str = "zigzag") -> list | No
 
 
 def cu_only_inputs(gm: torch.fx.GraphModule) -> set[str]:
-    """Inputs that reach varlen regions' cu_seqlens but no q/k/v: global document offsets, never sharded."""
+    """Inputs that reach the regions' offset fields (Family.offset_fields: varlen's cu_seqlens, flex's BlockMask)
+    but no q/k/v: global offsets, never sharded."""
     cu, qkv = set(), set()
     for node in walk(gm):
         plan = node.meta.get("cpcompile_plan")
         if plan is not None and node.op == "call_function":
-            call = read_call(type(plan.region_call()), node)  # the region's inputs by name (graph/region_call.py)
+            family = get_family(plan.site.kind)
+            call = read_call(family.call, node)  # the region's inputs by name (graph/region_call.py)
             qkv |= top_inputs(gm, [call.q, call.k, call.v])
-            if isinstance(call, VarlenCall):
-                cu |= top_inputs(gm, [call.cu_seqlens])
-            if isinstance(call, FlexCall):  # the global BlockMask's tensors
-                cu |= top_inputs(gm, [t for t in call.tables if isinstance(t, torch.fx.Node)])
+            for name in family.offset_fields:  # varlen's cu_seqlens, flex's global BlockMask tensors
+                cu |= top_inputs(gm, list(pytree.tree_leaves(getattr(call, name))))
     return cu - qkv
 
 
@@ -137,5 +139,5 @@ def mixer_lengths(gm: torch.fx.GraphModule) -> set[int]:
 
 
 def site_lengths(plans) -> set[int]:
-    """The local lengths of the rewritten attention sites: q's sequence dim (varlen (T, H, D): 0; else 2)."""
-    return {p.site.q_shape[0] if p.site.kind == "varlen" else p.site.q_shape[2] for p in plans}
+    """The local lengths of the rewritten attention sites: q's sequence dim (its family's seq_dim)."""
+    return {p.site.q_shape[get_family(p.site.kind).seq_dim] for p in plans}

@@ -1,6 +1,6 @@
 """Stand-ins for cpcompile's region calls: the guard does not run a region (it would communicate); it checks
 that the region's inputs hold the tokens on its sequence dim and hands back a fresh output of the traced shape
-holding them there (SDPA out dim 2; varlen out dim 0, lse dim 1; flex out and lse dim 2; a token mixer's region,
+holding them there (an attention region: its family's rule, Family.seq_dim / out_seq_dims; a token mixer's region,
 node meta `cpcompile_token_region`: its declared seq dim)."""
 
 from __future__ import annotations
@@ -8,32 +8,32 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from ..families.registry import get_family
 from .flow import NodeTracker, fresh, leaves, tensors, traced
 from .tags import Share, whole
 
 
 def region(tracker: NodeTracker, plan, node: torch.fx.Node, args):
-    """A CP attention region: q/k/v must arrive holding tokens on their sequence dim; the output holds them
-    there. A flex region's score_mod/mask_mod buffers must not hold the sharded tokens: the mods index them by
-    GLOBAL position."""
-    seq = 0 if plan.site.kind == "varlen" else 2
-    for t in args[:3]:
+    """A CP attention region, by its family's rule (families/family.py): q/k/v must arrive holding tokens on the
+    family's sequence dim; the outputs hold them on `out_seq_dims`. Fields the family names untokened (flex's
+    score_mod/mask_mod buffers, indexed by GLOBAL position) must not hold the sharded tokens."""
+    family = get_family(plan.site.kind)
+    seq = family.seq_dim
+    call = family.call._make(args[: len(family.call._fields)])
+    for t in (call.q, call.k, call.v):
         tag = tracker.tag(t)
         if isinstance(tag, Share):
             tracker.flag("the attention region", "partial", detail=f"{tag.describe()} goes into attention")
         elif tracker.seq_dim(t) != seq:
             tracker.result.inconsistent.append(node)
     out = fresh(traced(node))
-    if plan.site.kind == "sdpa":
-        tracker.place(out, whole(seq, out.shape[seq]))
-    elif plan.site.kind == "flex":  # (out, lse, max_scores)
-        for t in tensors(args[5:], {}):
-            if (tag := tracker.tag(t)) is not None:
-                tracker.flag("a flex_attention score_mod/mask_mod buffer", "flex_buffer", detail=tag.describe())
-        for t in out:
-            tracker.place(t, whole(seq, t.shape[seq]))
+    for t in tensors([getattr(call, name) for name in family.untokened_fields], {}):
+        if (tag := tracker.tag(t)) is not None:
+            tracker.flag(family.untokened_what, "flex_buffer", detail=tag.describe())
+    if isinstance(out, torch.Tensor):
+        tracker.place(out, whole(family.out_seq_dims[0], out.shape[family.out_seq_dims[0]]))
     else:
-        for t, d in zip(out, (0, 1)):
+        for t, d in zip(out, family.out_seq_dims):
             tracker.place(t, whole(d, t.shape[d]))
     return out
 

@@ -7,7 +7,7 @@ of the heads, the tokens of global ranks p*intra .. p*intra + intra - 1, rank-ma
 (`node_chunks`). The hierarchical region puts them in global order with one copy (`sorted_order`), and to the ring
 across the nodes node p is then one rank of a chunk layout whose `rank_chunks(p, inter)` are its chunks ascending,
 runs of consecutive chunks joined into one (`level_layout`): flat over the nodes for flat, zigzag over the nodes
-for zigzag (node p holds the runs p and 2*inter-1-p), so the ring's steps (layouts/ring.py) are those of a 1-D ring
+for zigzag (node p holds the runs p and 2*inter-1-p), so the ring steps (comms/ring/schedule.py) are those of a 1-D ring
 of `inter` ranks: step 0 one causal square (flat) or two plus one rectangle (zigzag), later steps one or two
 rectangles. Without the copy, zigzag's interleaved chunks (front, back, front, back, ...) would cost a causal square
 and several rectangles per chunk at step 0 and a rectangle per held chunk at every later step.

@@ -1,5 +1,5 @@
 """A causal sliding window between a q piece and an EARLIER key piece of the same document, as varlen blocks whose
-one static window is exact for every document (the packed ring's steps: layouts/ring.py).
+one static window is exact for every document (the packed ring's steps: comms/ring/schedule.py).
 
 Under a causal window w, key k (global position) is visible to row q iff q - w <= k <= q. The varlen kernels
 anchor a window at each sequence's bottom-right corner: with a sequence's rows ending at qend and its keys at
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .thd import VarlenBlock, _interleave, _ranges
+from .thd import VarlenBlock, interleave, qk_ranges
 
 HELD = 0
 
@@ -68,4 +68,4 @@ def _flanked(q0: torch.Tensor, q1: torch.Tensor, k0: torch.Tensor, k1: torch.Ten
     """(4, 2B) ranges: before each range [q0, q1) x [k0, k1), a range without rows holding the keys since the
     previous range's end, so that no gap sequence has both rows and keys (the module docstring)."""
     since = torch.cat((k0[:1] * 0, k1[:-1]))
-    return _ranges(_interleave(q0, q0), _interleave(q0, q1), _interleave(since, k0), _interleave(k0, k1))
+    return qk_ranges(interleave(q0, q0), interleave(q0, q1), interleave(since, k0), interleave(k0, k1))

@@ -56,11 +56,13 @@ class VarlenBlock:
     square: bool = False
 
 
-def _ranges(q0, q1, k0, k1) -> torch.Tensor:
+def qk_ranges(q0, q1, k0, k1) -> torch.Tensor:
+    """A varlen block's RANGES tensor (4, B): per sequence its q rows [q0, q1) and keys [k0, k1), int64."""
     return torch.stack((q0, q1, k0, k1)).long()
 
 
-def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a[0], b[0], a[1], b[1], ...: two pieces per document, in order (thd_zigzag's front and back)."""
     return torch.stack((a, b), 1).flatten()
 
 
@@ -170,7 +172,8 @@ class PackedLayout:
         raise NotImplementedError
 
 
-def _bound(n: int, max_doc: int | None) -> int:
+def doc_bound(n: int, max_doc: int | None) -> int:
+    """A block's static max length: n tokens, or the documents' bound max_doc where it is smaller."""
     return n if max_doc is None else min(n, max_doc)
 
 
@@ -193,11 +196,11 @@ class ThdLayout(PackedLayout):
         # keys of a document with a piece here: its start .. its last local token (causal) or its end; other
         # documents get an empty key range at their start, so the ranges stay in increasing order
         k1 = torch.where(here, end.clamp(max=hi) if causal else end, start)
-        bounds = (_bound(local_len, max_doc), _bound(hi if causal else cp * local_len, max_doc))
+        bounds = (doc_bound(local_len, max_doc), doc_bound(hi if causal else cp * local_len, max_doc))
         # every local token is in a piece and sees itself; keys of documents with no piece here are not read.
         # Causal, rank 0's pieces all start their documents: each attends its own tokens, a square
         square = causal and rank == 0
-        return [VarlenBlock(0, causal, _ranges(q0, q1, start, k1), *bounds, window, covers_rows=True, square=square)]
+        return [VarlenBlock(0, causal, qk_ranges(q0, q1, start, k1), *bounds, window, covers_rows=True, square=square)]
 
 
 class ThdZigzagLayout(PackedLayout):
@@ -206,7 +209,7 @@ class ThdZigzagLayout(PackedLayout):
     name = "thd_zigzag"
     doc_multiple_per_cp = 2
 
-    def _local_docs(self, cu_seqlens: torch.Tensor, cp: int):
+    def local_docs(self, cu_seqlens: torch.Tensor, cp: int):
         """Per document: local start, local mid (front/back chunk boundary), local end, chunk length."""
         cu = cu_seqlens.long()
         chunk = (cu[1:] - cu[:-1]) // (2 * cp)
@@ -220,7 +223,7 @@ class ThdZigzagLayout(PackedLayout):
 
     def shard_index(self, cu_seqlens, total, cp, rank):
         cu = cu_seqlens.long()
-        start, mid, _, chunk = self._local_docs(cu, cp)
+        start, mid, _, chunk = self.local_docs(cu, cp)
         j = torch.arange(total // cp, device=cu.device)
         doc = (sorted_search(cu // cp, j, right=True) - 1).clamp(0, chunk.numel() - 1)
         off, c, s = j - start[doc], chunk[doc], cu[:-1][doc]
@@ -236,7 +239,7 @@ class ThdZigzagLayout(PackedLayout):
     def _key_index(self, cu_seqlens, local_len, cp, rank, causal):
         """(key-buffer index, the segment (copy) each key-buffer position belongs to)."""
         cu = cu_seqlens.long()
-        start, _, _, chunk = self._local_docs(cu, cp)
+        start, _, _, chunk = self.local_docs(cu, cp)
         segments = self._key_chunks(cp, rank, causal)
         per_doc = sum(segments)  # chunks per document in the key buffer
         cu_chunks = cu // (2 * cp)  # document offsets in chunk units
@@ -253,18 +256,18 @@ class ThdZigzagLayout(PackedLayout):
         return owner * local_len + start[doc] + torch.where(j < cp, 0, c) + t, segment
 
     def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None, window=NO_WINDOW):
-        start, mid, end, chunk = self._local_docs(cu_seqlens, cp)
+        start, mid, end, chunk = self.local_docs(cu_seqlens, cp)
         segments = self._key_chunks(cp, rank, causal)
         at = (cu_seqlens.long()[:-1] // (2 * cp)) * sum(segments)  # each document's key-buffer offset
-        one = _bound(local_len // 2, None if max_doc is None else max_doc // (2 * cp))  # one chunk, at most
+        one = doc_bound(local_len // 2, None if max_doc is None else max_doc // (2 * cp))  # one chunk, at most
         full = dict(covers_rows=True, covers_keys=True)  # the key buffer is exactly the ranges' keys
         if not causal:  # both local chunks of a document against the whole document, unmasked
-            ranges = _ranges(start, end, at, at + 2 * cp * chunk)
+            ranges = qk_ranges(start, end, at, at + 2 * cp * chunk)
             return [VarlenBlock(0, False, ranges, 2 * one, 2 * cp * one, window, **full)]
         front_keys = at + segments[0] * chunk
-        q0, q1 = _interleave(start, mid), _interleave(mid, end)
-        k0, k1 = _interleave(at, front_keys), _interleave(front_keys, front_keys + segments[1] * chunk)
-        return [VarlenBlock(0, True, _ranges(q0, q1, k0, k1), one, segments[1] * one, window, **full)]
+        q0, q1 = interleave(start, mid), interleave(mid, end)
+        k0, k1 = interleave(at, front_keys), interleave(front_keys, front_keys + segments[1] * chunk)
+        return [VarlenBlock(0, True, qk_ranges(q0, q1, k0, k1), one, segments[1] * one, window, **full)]
 
 
 def whole_sequence_blocks(
@@ -278,8 +281,8 @@ def whole_sequence_blocks(
     over the packed buffer of `total` tokens in global order (source 0), causal and windowed as asked.
     `max_doc` (varlen_attn's max_q/max_k) bounds the kernel grid, as on one device."""
     cu = cu_seqlens.long()
-    ranges = _ranges(cu[:-1], cu[1:], cu[:-1], cu[1:])
-    bound = _bound(total, max_doc)
+    ranges = qk_ranges(cu[:-1], cu[1:], cu[:-1], cu[1:])
+    bound = doc_bound(total, max_doc)
     # documents tile [0, total) and every row sees its own position (the window's diagonal), whatever the mask
     return [VarlenBlock(0, causal, ranges, bound, bound, window, covers_rows=True, covers_keys=True, square=True)]
 

@@ -45,7 +45,7 @@ from ..kernels.base import NO_WINDOW
 from ..log import log
 from .balance import BalanceError, balance
 from .search import sorted_search
-from .thd import PackedLayout, VarlenBlock, _bound
+from .thd import PackedLayout, VarlenBlock, doc_bound
 
 EXTRA_PIECES = 4
 """Piece slots a rank has beyond its share of the documents (cuts, and the sweep's uneven counts)."""
@@ -263,7 +263,7 @@ class ThdBalancedLayout(PackedLayout):
 
     def blocks(self, cu_seqlens, local_len, cp, rank, causal, max_doc=None, window=NO_WINDOW):
         qs, qe, k0, k1, _, _ = Plan(cu_seqlens, cp).sequences(rank, causal)
-        bounds = (_bound(local_len, max_doc), _bound(cp * local_len, max_doc))
+        bounds = (doc_bound(local_len, max_doc), doc_bound(cp * local_len, max_doc))
         # pieces tile the local buffer and every row sees itself; every key up to the last range's end lies in a
         # range with rows, the tail after it is unused (see VarlenBlock.covers_keys)
         return [VarlenBlock(0, causal, torch.stack((qs, qe, k0, k1)), *bounds, window, True, True)]

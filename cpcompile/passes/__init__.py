@@ -15,14 +15,15 @@ import torch
 import torch.fx
 
 from ..errors import CPCompileError
+from ..families.find import find_attention_sites
+from ..families.plans import CPConfig, CPPlan
+from ..families.site import AttentionSite
 from ..log import log_plans
 from ..mixers import MixerPlan, find_mixers, rewrite_mixers
 from ..refusal import raise_refusals
 from .agree import ProcessGroupRanks, Ranks, config_group
 from .guard_tokens import refuse_token_mixing
-from .match import AttentionSite, find_attention_sites
 from .plan import plan_site
-from .plans import CPConfig, CPPlan, VarlenPlan
 from .rewrite import rewrite_graph
 
 
@@ -41,7 +42,7 @@ class PassState:
 
 
 def find(gm: torch.fx.GraphModule, state: PassState) -> None:
-    """Every SDPA and varlen_attn call in the graph, normalised (passes/match.py); first, a refusal an
+    """Every call a registered attention family matches, normalised (families/find.py); first, a refusal an
     integration made while Dynamo traced (refusal.py)."""
     raise_refusals(gm)
     state.sites = find_attention_sites(gm)
@@ -98,5 +99,5 @@ def run(gm: torch.fx.GraphModule, config: CPConfig) -> list[CPPlan]:
 
 
 __all__ = [
-    "PASSES", "AttentionSite", "CPConfig", "CPPlan", "PassState", "Ranks", "VarlenPlan", "find_attention_sites", "run",
+    "PASSES", "AttentionSite", "CPConfig", "CPPlan", "PassState", "Ranks", "find_attention_sites", "run",
 ]  # fmt: skip

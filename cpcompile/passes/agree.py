@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Protocol
 import torch.distributed as dist
 
 from ..errors import CPCompileError
+from ..families.plans import CPConfig, CPPlan
 from ..mesh import CPGroup, resolve_group
-from .plans import CPConfig, CPPlan
 
 if TYPE_CHECKING:
+    from ..families.site import AttentionSite
     from . import PassState
-    from .match import AttentionSite
 
 TIMEOUT_S = float(os.environ.get("CPCOMPILE_AGREE_TIMEOUT", "300"))
 """How long a rank waits for the others to reach the same graph (CPCOMPILE_AGREE_TIMEOUT, seconds)."""

@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..errors import site_error
+from ..families.site import AttentionSite, traced_tensor
 from ..layouts import get_layout
 from ..mesh import CPGroup, cp_mesh_dim, group_of, no_cp_dim_problem, resolve_group
-from .match import AttentionSite, traced_tensor
 
 SEQ_DIM = 2
 """SDPA inputs are (batch, heads, seq, head_dim): CP shards dim 2."""

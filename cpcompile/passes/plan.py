@@ -1,8 +1,8 @@
-"""Plan each attention site: resolve its CP group, pick layout x comm x kernel, check every rule.
+"""Plan each attention site: resolve its CP group, hand the site to its family's planner (families/registry.py),
+which picks layout x comm x kernel and checks every rule.
 
-SDPA sites go to plan_dense, varlen_attn sites to plan_varlen, flex_attention sites to plan_flex; DTensor sites
-first get their CP group and local shapes from their placements (passes/dtensor.py). Every violation is one
-CPCompileError naming the node.
+DTensor sites first get their CP group and local shapes from their placements (passes/dtensor.py). Every
+violation is one CPCompileError naming the node.
 """
 
 from __future__ import annotations
@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import site_error
+from ..families.plans import CPConfig, CPPlan
+from ..families.registry import get_family
+from ..families.site import AttentionSite
 from ..mesh import resolve_group
 from .dtensor import is_dtensor_site, localize_dtensor_site
-from .match import AttentionSite
-from .plan_dense import plan_dense_site
-from .plan_flex import plan_flex_site
-from .plan_varlen import plan_varlen_site
-from .plans import CPConfig, CPPlan
 
 
 def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
@@ -30,13 +28,10 @@ def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
             "in activation-checkpoint and other run-once bodies, and in torch.cond branches only",
             f"move the attention call out of the {refused} body",
         )
+    family = get_family(site.kind)
     dtensor = is_dtensor_site(site)
-    if dtensor and site.kind == "flex":
-        raise site_error(
-            site.node,
-            "its q/k/v are DTensors; cpcompile rewrites flex_attention on plain local tensors only",
-            "feed the model plain tensors from cpcompile.shard_batch and the mask from cpcompile.shard_block_mask",
-        )
+    if dtensor and family.dtensor_refusal is not None:
+        raise site_error(site.node, *family.dtensor_refusal)
     if dtensor and site.sinks is not None:
         raise site_error(
             site.node,
@@ -47,14 +42,9 @@ def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
         site, group = localize_dtensor_site(site, config.strategy, config.mesh, config.group)
     else:
         group = config.cp_group or resolve_group(config.mesh, config.group)
-    if site.kind == "flex" and config.regather:
-        raise site_error(
-            site.node,
-            "regather=True: the flex_attention region keeps its gathered K/V for backward and cannot gather again",
-            "drop regather for models with flex_attention (or use per-block activation checkpointing)",
-        )
-    planner = {"varlen": plan_varlen_site, "flex": plan_flex_site}.get(site.kind, plan_dense_site)
-    plan = planner(site, config, group)
+    if config.regather and family.regather_refusal is not None:
+        raise site_error(site.node, *family.regather_refusal)
+    plan = family.plan(site, config, group)
     changes = {"dtensor": True} if dtensor else {}
     if config.regather:
         changes["regather"] = True

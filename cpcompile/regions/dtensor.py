@@ -14,5 +14,5 @@ from ..comm.registry import get_comm
 
 def dtensor_region(q: DTensor, k: DTensor, v: DTensor, *, comm: str, **region_kwargs) -> DTensor:
     """The comm's dense region on the local shards of q/k/v; the output is a DTensor on q's mesh, placed like q."""
-    out = get_comm(comm).region(q.to_local(), k.to_local(), v.to_local(), **region_kwargs)
+    out = get_comm(comm).regions["sdpa"].attention(q.to_local(), k.to_local(), v.to_local(), **region_kwargs)
     return DTensor.from_local(out, q.device_mesh, q.placements, run_check=False)

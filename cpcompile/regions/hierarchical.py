@@ -1,6 +1,6 @@
 """The hierarchical CP region (comm="hierarchical") on a 2-D CP mesh (inter x intra): an all-to-all of heads inside
 a node, a ring of K/V across the nodes, composed of the a2a exchange (comm/heads.py) and the ring region
-(regions/ring.ring_over).
+(comms/ring/dense.ring_over).
 
 CP rank g = inter_rank * intra + intra_rank holds the layout's chunks of rank g of a 1-D group of inter * intra
 ranks (mesh.py), so shard_batch shards for it as for any group of that size. Forward:
@@ -24,13 +24,13 @@ import torch
 
 from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
 from ..comm.wire import LevelBytes, WireShape
+from ..comms.ring.dense import layout_wire_bytes, ring_over
+from ..comms.ring.schedule import ring_blocks
 from ..layouts import Block, get_layout
 from ..layouts.heads import HeadSplit
 from ..layouts.levels import level_layout, sorted_order
-from ..layouts.ring import ring_blocks
 from ..mesh import CP_LEVEL_NAMES
 from . import a2a
-from .ring import layout_wire_bytes, ring_over
 
 Level = tuple[str, int, int]
 """One level of the 2-D CP group as the region call holds it: (group name, this rank in it, its size)."""

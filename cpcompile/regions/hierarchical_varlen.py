@@ -1,9 +1,9 @@
 """comm="hierarchical" for packed documents (varlen_attn under `thd`) on a 2-D CP mesh: the a2a exchange inside a
-node, the packed ring (regions/ring_varlen.py) across the nodes, the exchange back.
+node, the packed ring (comms/ring/varlen.py) across the nodes, the exchange back.
 
 thd gives CP rank g = inter rank * intra + intra rank the g-th contiguous T/cp tokens, so node p's ranks hold the
 p-th contiguous T/inter tokens rank-major, which after the heads<->tokens exchange are in global order already:
-to the ring across the nodes a node is rank p of thd over the nodes, and the ring's packed steps (layouts/ring.py,
+to the ring across the nodes a node is rank p of thd over the nodes, and the packed ring steps (comms/ring/schedule.py,
 device ops on the GLOBAL cu_seqlens, no recompile when documents change) run over the node's tokens for the
 rank's heads. thd_zigzag's and thd_balanced's node buffers interleave pieces of documents per document, which the
 packed ring has no steps for (the planner refuses them).
@@ -22,11 +22,11 @@ from ..comm.heads import (
     thd_as_bhsd,
     tokens_as_thd,
 )
+from ..comms.ring.schedule import packed_step_blocks
+from ..comms.ring.varlen import ring_varlen_attention
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
-from ..layouts.ring import packed_step_blocks
 from .hierarchical import Level
-from .ring_varlen import ring_varlen_attention
 
 
 def hierarchical_varlen_attention(

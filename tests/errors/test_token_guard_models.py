@@ -11,7 +11,7 @@ from torch.utils.checkpoint import checkpoint
 
 import cpcompile
 from cpcompile.guard import check_graph
-from cpcompile.passes.match import find_attention_sites
+from cpcompile.passes import find_attention_sites
 from cpcompile.passes.plan import plan_site
 from cpcompile.passes.rewrite import rewrite_graph
 from cpcompile.testing.model import TinyConfig, TinyLlama, token_loss_sum

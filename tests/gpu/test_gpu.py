@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 # (batch, q heads, kv heads, global seq, head dim): Llama-like GQA, batch 2 (no batched block calls), MHA.
 SHAPES = {"gqa": (1, 8, 2, 768, 64), "gqa-b2": (2, 4, 2, 384, 128), "mha": (1, 4, 4, 384, 64)}
 KERNELS = ("auto", "cudnn", "flash")
-DENSE_COMMS = [n for n, c in COMMS.items() if c.region is not None and not c.capabilities.levels]  # 1-D groups
+DENSE_COMMS = [n for n, c in COMMS.items() if c.serves("sdpa") and not c.capabilities.levels]  # 1-D groups
 CASES = [(layout, comm) for layout in sorted(LAYOUTS) for comm in DENSE_COMMS]
 
 

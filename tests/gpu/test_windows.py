@@ -13,9 +13,9 @@ import torch
 
 import cpcompile
 from cpcompile.comm.registry import comms_that
+from cpcompile.comms.ring.schedule import held_rank, ring_blocks
 from cpcompile.layouts import LAYOUTS, get_layout
 from cpcompile.layouts.heads import HeadSplit
-from cpcompile.layouts.ring import held_rank, ring_blocks
 from cpcompile.layouts.window import band
 from cpcompile.regions.a2a import buffer_blocks
 from cpcompile.testing.distributed import run_ranks
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 SHAPE = (1, 8, 2, 768, 64)  # (batch, q heads, kv heads, global seq, head dim)
 WINDOW_COMMS = comms_that(  # on a 1-D group (hierarchical: tests/gpu/test_hierarchical.py)
-    lambda c: c.region is not None and "window" in c.capabilities.dense_features and not c.capabilities.levels
+    lambda c: c.serves("sdpa") and "window" in c.capabilities.dense_features and not c.capabilities.levels
 )
 WINDOWS = [(True, (100, 0)), (True, (300, 0)), (True, (0, 0)), (False, (64, 200)), (False, (-1, 40))]
 

@@ -29,7 +29,7 @@ def _qkv(s=16, requires_grad=True):
 def test_rewritten_graph_snapshot():
     with fake_group(rank=1, world=4):
         code = rewritten_graph(gqa_attention, *_qkv(8, False), strategy="zigzag", comm="ring")
-    assert "cpcompile_regions_ring_ring_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True" in code
+    assert "cpcompile_comms_ring_dense_ring_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True" in code
     assert "group_name = '0', rank = 1, world = 4)" in code
 
 
@@ -213,7 +213,7 @@ class TestPackedRingWindowSnapshot(expecttest.TestCase):
         (call,) = [line.strip() for line in code.splitlines() if "ring_varlen_attention(" in line]
         self.assertExpectedInline(
             call,
-            """ring_varlen_attention = cpcompile_regions_ring_varlen_ring_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 2, max_doc = 16, window = (3, -1))""",  # noqa: E501
+            """ring_varlen_attention = cpcompile_comms_ring_varlen_ring_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 2, max_doc = 16, window = (3, -1))""",  # noqa: E501
         )
         specs = re.findall(
             r"attend_varlen_blocks\.default\(primals_1, \[[^]]*\], \[[^]]*\], \[[^]]*\], (\[[^]]*\])", fwd

@@ -110,10 +110,10 @@ def test_selective_wire_bytes_are_the_collectives(max_len):
     "layout, window, steps", [("flat", (3, 0), 2), ("zigzag", (3, 0), 3), ("zigzag", (20, 0), 4), ("flat", (40, 0), 4)]
 )
 def test_windowed_ring_wire_bytes_are_the_collectives(layout, window, steps):
-    """Under a window the ring visits only the steps some rank's window reaches (layouts/ring.visited_steps):
+    """Under a window the ring visits only the steps some rank's window reaches (comms/ring/schedule.visited_steps):
     fewer K/V shifts and gradient shifts, as the cost model now says (it counted every step before)."""
+    from cpcompile.comms.ring.schedule import visited_steps
     from cpcompile.layouts import get_layout
-    from cpcompile.layouts.ring import visited_steps
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 16, 8, generator=g, requires_grad=True) for _ in range(3))
@@ -133,7 +133,7 @@ def test_windowed_ring_wire_bytes_are_the_collectives(layout, window, steps):
 @pytest.mark.parametrize("layout, window, steps", [("thd", (3, 0), 2), ("thd", (9, 0), 3)])
 def test_windowed_packed_ring_wire_bytes_are_the_collectives(layout, window, steps):
     """Packed documents under a causal sliding window: thd's ring visits the steps the window reaches (a window
-    shorter than a rank's 8 tokens: the neighbour's; layouts/ring.packed_visited_steps); the cost model's bytes
+    shorter than a rank's 8 tokens: the neighbour's; comms/ring/schedule.packed_visited_steps); the cost model's bytes
     are the collectives the region launches."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(8, 4, 8, generator=g, requires_grad=True) for _ in range(3))

@@ -70,8 +70,8 @@ def test_windowed_attention_parity_2_ranks():
 
 
 def test_windowed_ring_skips_steps_parity_4_ranks():
+    from cpcompile.comms.ring.schedule import visited_steps
     from cpcompile.layouts import LAYOUTS
-    from cpcompile.layouts.ring import visited_steps
 
     for strategy, _, causal, window, _ in RING_4:  # the cases do skip steps
         chunk = SEQ // LAYOUTS[strategy].num_chunks(4)

@@ -297,7 +297,7 @@ def test_ring_diagonal_squares_run_top_left_and_equal_the_reference(stand_in, st
     """The ring's step-0 blocks (each local piece against itself: squares, claimed so) through the executor on
     the stand-in: top-left on cuDNN, results equal to cpu_varlen_ref's (thd_zigzag: merged with its unmasked
     back-front block)."""
-    from cpcompile.layouts.ring import packed_step_blocks
+    from cpcompile.comms.ring.schedule import packed_step_blocks
 
     g = torch.Generator().manual_seed(6)
     lengths = LAYOUT_LENGTHS["thd_zigzag"] if strategy == "thd_zigzag" else [1, 0, 13, 6, 1, 11]

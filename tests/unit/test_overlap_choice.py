@@ -18,7 +18,7 @@ from cpcompile.cost.choose import TIE
 from cpcompile.cost.measured import point_of_record, point_of_site
 from cpcompile.cost.model import wire_time_ms
 from cpcompile.cost.rates import inter_gbps, link_gbps
-from cpcompile.passes.auto import resolve
+from cpcompile.families.auto import resolve
 
 
 def _records() -> list[dict]:

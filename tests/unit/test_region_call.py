@@ -1,6 +1,6 @@
-"""The region call's schema (graph/region_call.py) is every comm's region signature: each region of a family
-takes exactly the schema's fields as its positional parameters, in order, so a reader of a rewritten region node
-that takes them by name (read_call) reads what the region reads."""
+"""The region call's schema (each family's `call`, families/<family>/call.py) is every comm's region signature:
+each region of a family takes exactly the schema's fields as its positional parameters, in order, so a reader of
+a rewritten region node that takes them by name (read_call) reads what the region reads."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import inspect
 import pytest
 
 from cpcompile.comm.registry import COMMS
-from cpcompile.graph.region_call import DenseCall, FlexCall, VarlenCall, read_call
-
-FAMILIES = {"region": DenseCall, "varlen_region": VarlenCall, "flex_region": FlexCall}
+from cpcompile.families.registry import FAMILIES
+from cpcompile.families.sdpa.call import DenseCall
+from cpcompile.families.varlen.call import VarlenCall
+from cpcompile.graph.region_call import read_call
 
 
 def _positional(fn) -> list[str]:
@@ -22,10 +23,16 @@ def _positional(fn) -> list[str]:
 @pytest.mark.parametrize("comm", list(COMMS))
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_region_takes_its_schema(comm, family):
-    region = getattr(COMMS[comm], family)
+    region = COMMS[comm].regions.get(family)
     if region is None:
-        pytest.skip(f"{comm} has no {family}")
-    assert _positional(region) == list(FAMILIES[family]._fields)
+        pytest.skip(f"{comm} has no {family} region")
+    assert _positional(region.attention) == list(FAMILIES[family].call._fields)
+
+
+def test_every_region_serves_a_registered_family():
+    """A comm's region under a name no family has would never be called: the registries must agree."""
+    for name, comm in COMMS.items():
+        assert set(comm.regions) <= set(FAMILIES), (name, set(comm.regions) - set(FAMILIES))
 
 
 def test_read_call_names_the_args():

@@ -1,4 +1,4 @@
-"""Ring steps (layouts/ring.py): over all cp steps every rank's blocks against the K/V it holds at each step
+"""Ring steps (comms/ring/schedule.py): over all cp steps every rank's blocks against the K/V it holds at each step
 cover its rows of the (causal) mask, each (q, key) pair exactly once; zigzag and thd_zigzag do the same work
 at every step on every rank; packed blocks keep the executor's range rules and what they vouch for."""
 
@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cpcompile.comms.ring.schedule import held_rank, packed_step_blocks, ring_blocks, step_blocks
 from cpcompile.layouts import LAYOUTS
-from cpcompile.layouts.ring import held_rank, packed_step_blocks, ring_blocks, step_blocks
 from cpcompile.layouts.thd import THD_LAYOUTS
 from tests.unit.test_thd_layouts import _block_pairs, _cu, _documents, _expected_mask
 

@@ -1,4 +1,4 @@
-"""Causal sliding windows on the packed ring (layouts/packed_band.py, layouts/ring.py): over the visited steps
+"""Causal sliding windows on the packed ring (layouts/packed_band.py, comms/ring/schedule.py): over the visited steps
 every rank's blocks, read the way EACH provider reads them (the CPU mask; FA2 with aten's window clamping; cuDNN's
 band keywords through the stand-in's reading), attend exactly the same-document pairs with 0 <= q - k <= w by
 global position, each once; every row of a range with keys sees one; the static bounds hold; the skipped
@@ -11,12 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cpcompile.comms.ring.schedule import held_rank, packed_step_blocks, packed_visited_steps, packed_window
 from cpcompile.executor import encode_varlen
 from cpcompile.kernels import cudnn_varlen as cv
 from cpcompile.kernels.cpu_varlen_ref import _mask
 from cpcompile.kernels.flash_varlen import _window_kwargs
 from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens
-from cpcompile.layouts.ring import held_rank, packed_step_blocks, packed_visited_steps, packed_window
 from cpcompile.layouts.thd import THD_LAYOUTS
 from tests.support.cudnn_stand_in import CuDNNStandIn
 from tests.unit.test_thd_layouts import _cu, _expected_mask

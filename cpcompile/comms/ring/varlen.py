@@ -1,28 +1,28 @@
 """The ring CP region for packed documents (varlen_attn under thd / thd_zigzag, comm="ring").
 
-The same ring as regions/ring.py over the packed (2, L, Hkv, D) K/V (MLA: (L, Hkv, D + Dv)): at each step the
-held rank's K/V are attended with that step's varlen blocks (layouts/ring.py, computed from the GLOBAL
+The same ring as comms/ring/dense.py over the packed (2, L, Hkv, D) K/V (MLA: (L, Hkv, D + Dv)): at each step the
+held rank's K/V are attended with that step's varlen blocks (comms/ring/schedule.py, computed from the GLOBAL
 cu_seqlens with device ops, so documents change without recompiling), the partial outputs merged by LSE in
 fp32. Every step's blocks and kernel metadata (masks, cu_seqlens, lse slots: executor.varlen_meta) are built
 before the step loop, in the graph, so a step's host work is its kernel call, its merge and its shift.
 Backward sends each held chunk's K/V gradient on with the chunk, in fp32, home after one circle. Under a causal
 sliding window the steps' blocks are layouts/packed_band.py's (exact per document on every provider), and the
 ring visits only the steps some rank can reach (thd: the neighbours' for a window shorter than a rank's piece;
-layouts/ring.packed_visited_steps), shifting by the gap between two and sending each gradient home from the last.
+comms/ring/schedule.packed_visited_steps), shifting by the gap between two and sending each gradient home from the last.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.pending import in_backward, start_shift, wait
-from ..executor.blocks import encode_varlen
-from ..executor.packed_kv import pack_kv, unpack_kv
-from ..executor.varlen_meta import prepare_blocks
-from ..kernels.base import NO_WINDOW
-from ..layouts.ring import packed_step_blocks, packed_visited_steps, packed_window, step_gap
-from .partials import add_part, merge_step
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.pending import in_backward, start_shift, wait
+from ...executor.blocks import encode_varlen
+from ...executor.packed_kv import pack_kv, unpack_kv
+from ...executor.varlen_meta import prepare_blocks
+from ...kernels.base import NO_WINDOW
+from ...regions.partials import add_part, merge_step
+from .schedule import packed_step_blocks, packed_visited_steps, packed_window, step_gap
 
 KV_DIM = 0
 """K and V stack on dim 0 of the held buffer, (2, L, Hkv, D): each is a contiguous view, which cuDNN's THD

@@ -1,13 +1,13 @@
 """What a cpcompile.attention site adds to an SDPA site: its window, its softcap, its token metadata; each checked
-here with one clear error (the rest of its plan is plan_dense's)."""
+here with one clear error (the rest of its plan is families/sdpa/plan.py's)."""
 
 from __future__ import annotations
 
 import torch.fx
 
-from ..errors import site_error
-from .checks import constant
-from .match import AttentionSite
+from ...errors import site_error
+from ..checks import constant
+from ..site import AttentionSite
 
 HF_POSITIONS_FIX = (
     "pass the tokens' GLOBAL position ids to the model (cpcompile.shard_batch creates them when the batch has none: "

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import math
 
-from ..comm.registry import dense_feature_problem, get_comm
-from ..cost import SiteShape
-from ..errors import CPCompileError, site_error
-from ..integrations.hints import mask_fix
-from ..kernels.base import NO_WINDOW
-from ..layouts import THD_LAYOUTS, get_layout
-from ..mesh import CPGroup
-from .auto import resolve, site_comms, site_kernels
-from .checks import constant, is_static
-from .match import AttentionSite
-from .plan_features import check_token_metadata, sinks_of, softcap_of, window_of
-from .plans import CPConfig, CPPlan
+from ...comm.registry import dense_feature_problem, get_comm
+from ...errors import CPCompileError, site_error
+from ...integrations.hints import mask_fix
+from ...kernels.base import NO_WINDOW
+from ...layouts import THD_LAYOUTS, get_layout
+from ...mesh import CPGroup
+from ..auto import resolve, site_comms, site_kernels
+from ..checks import constant, is_static
+from ..cost_shape import site_shape
+from ..plans import CPConfig, CPPlan
+from ..site import AttentionSite
+from .features import check_token_metadata, sinks_of, softcap_of, window_of
+
+SEQ_DIM = 2
+"""q (B, H, L, D) holds the tokens on L."""
 
 
 def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CPPlan:
@@ -88,7 +91,7 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
     def comm_problem(name: str) -> tuple[str, str] | None:
         """The comm's rules for this site, read from its capabilities (comm/capabilities.py)."""
         comm = get_comm(name)
-        if comm.region is None:
+        if not comm.serves("sdpa"):
             return comm.capabilities.dense_refusal
         caps = comm.capabilities
         return (
@@ -119,7 +122,7 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             "[16, 256]) and 'cpu_ref' (CPU) do",
             "use kernel='auto' (it picks them for softcapped sites), or name one of them",
         ) from None
-    shape = SiteShape.of_site(site, causal, group.size, window=window or NO_WINDOW, levels=group.level_sizes)
+    shape = site_shape(site, causal, group.size, SEQ_DIM, window=window or NO_WINDOW, levels=group.level_sizes)
     comm, kernel, choice = resolve(shape, layout.name, comms, kernels)
     scale = float(constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
     return CPPlan(

@@ -13,16 +13,20 @@ import math
 
 import torch.fx
 
-from ..comm.registry import comms_that, get_comm
-from ..errors import site_error
-from ..layouts import LAYOUTS, get_layout
-from ..layouts.flex import rank_major_chunks
-from ..mesh import CPGroup
-from ..sharding.flex import marker_args, marker_block_size, marker_node, mask_graph
-from .auto import AUTO
-from .checks import constant, is_static
-from .match import AttentionSite
-from .plans import CPConfig, FlexPlan
+from ...comm.registry import comms_that, get_comm
+from ...errors import site_error
+from ...layouts import LAYOUTS, get_layout
+from ...layouts.flex import rank_major_chunks
+from ...mesh import CPGroup
+from ...sharding.flex import marker_args, marker_block_size, marker_node, mask_graph
+from ..auto import AUTO
+from ..checks import constant, is_static
+from ..plans import CPConfig
+from ..site import AttentionSite
+from .plan_type import FlexPlan
+
+SEQ_DIM = 2
+"""q (B, H, L, D) holds the tokens on L."""
 
 LARGE_BLOCK = 1 << 30
 """flex_attention's block size for "no BlockMask given" (one block over everything, noop mask)."""
@@ -51,8 +55,8 @@ def plan_flex_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> Fle
             "name the comm for flex_attention models: comm='all_gather' or comm='a2a'",
         )
     comm = get_comm(config.comm)
-    if comm.flex_region is None:
-        takes = comms_that(lambda c: c.flex_region is not None)
+    if not comm.serves("flex"):
+        takes = comms_that(lambda c: c.serves("flex"))
         raise site_error(node, f"comm={config.comm!r} has no flex_attention region", f"use comm in {takes}")
     _check_shapes(site)
     (_, hq, sq, d), (_, hkv, _, _) = site.q_shape, site.k_shape

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..comm.registry import get_comm
-from ..graph.region_call import DenseCall, FlexCall, VarlenCall
-from ..kernels.base import NO_WINDOW
 from ..mesh import CPGroup
-from .match import AttentionSite
+from .sdpa.call import DenseCall
+from .site import AttentionSite
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,8 @@ class CPPlan:
     """The site's attention sinks (`site.sinks`, a graph tensor) go to the region (cpcompile.attention sites)."""
 
     def region_target(self):
-        return get_comm(self.comm).region
+        """The comm's region for the site's family (comm/registry.py: Comm.regions)."""
+        return get_comm(self.comm).regions[self.site.kind].attention
 
     def region_call(self) -> DenseCall:
         """The region's positional inputs, by name (graph/region_call.py)."""
@@ -63,7 +63,7 @@ class CPPlan:
         return tuple(self.region_call())
 
     def region_kwargs(self) -> dict:
-        kwargs = self._common_kwargs()
+        kwargs = self.common_kwargs()
         if self.window is not None:  # only where used: graphs without them stay as they were
             kwargs["window"] = self.window
         if self.softcap:
@@ -72,16 +72,16 @@ class CPPlan:
             kwargs["regather"] = True
         if self.sinks:
             kwargs["sinks"] = self.site.sinks
-        kwargs.update(self._level_kwargs())
+        kwargs.update(self.level_kwargs())
         return kwargs
 
-    def _level_kwargs(self) -> dict:
+    def level_kwargs(self) -> dict:
         """`levels` for a comm on a 2-D CP mesh: ((inter group, rank, size), (intra group, rank, size))."""
         if not get_comm(self.comm).capabilities.levels:
             return {}
         return {"levels": tuple((lv.name, lv.rank, lv.size) for lv in self.group.levels)}
 
-    def _common_kwargs(self) -> dict:
+    def common_kwargs(self) -> dict:
         return dict(
             layout=self.layout,
             causal=self.causal,
@@ -101,65 +101,5 @@ class CPPlan:
         windowed = {} if self.window is None else {"window": self.window}  # (comms without windows refuse them)
         if get_comm(self.comm).capabilities.levels:
             windowed["levels"] = self.group.level_sizes
-        return len(get_comm(self.comm).rank_blocks(self.layout, self.causal, rank, world, local, **windowed))
-
-
-@dataclass(frozen=True)
-class VarlenPlan(CPPlan):
-    """A CPPlan for a varlen site: cu_seqlens is a region input, plus the window and whether lse is read."""
-
-    window: tuple[int, int] = NO_WINDOW
-    """Sliding-window limits on top of `causal` ((-1, -1): none; under all_gather only causal (left, 0))."""
-    return_lse: bool = True
-    """Whether the graph reads the lse output (a2a sends it back only then)."""
-    max_doc: int | None = None
-    """The call's max_q/max_k (static ints), a bound on every document's length: it bounds the kernels' grids."""
-
-    def region_target(self):
-        return get_comm(self.comm).varlen_region
-
-    def region_call(self) -> VarlenCall:
-        return VarlenCall(*super().region_call(), cu_seqlens=self.site.cu_seqlens_q)
-
-    def region_kwargs(self) -> dict:
-        extra = dict(max_doc=self.max_doc, window=self.window)
-        if get_comm(self.comm).capabilities.lse_on_demand:
-            extra["return_lse"] = self.return_lse
-        return {**self._common_kwargs(), **extra, **self._level_kwargs()}
-
-    def block_count(self) -> int:
-        return 1  # every packed region runs one varlen block a rank (layouts.thd)
-
-
-@dataclass(frozen=True)
-class FlexPlan(CPPlan):
-    """A CPPlan for a flex_attention site: the mods and BlockMask are region inputs, the mask's geometry constants."""
-
-    masked: bool = True
-    """The BlockMask came from shard_block_mask (its tables are derived per rank); False: no mask was given."""
-    block_size: tuple[int, int] = (128, 128)
-    kernel_options: dict | None = None
-
-    def region_target(self):
-        return get_comm(self.comm).flex_region
-
-    def region_call(self) -> FlexCall:
-        f = self.site.flex
-        return FlexCall(
-            *super().region_call(), score_mod=f.score_mod, mask_mod=f.mask_mod, tables=f.tables, extras=f.extras,
-            score_buffers=f.score_buffers, mask_buffers=f.mask_buffers,
-        )  # fmt: skip
-
-    def region_kwargs(self) -> dict:
-        kwargs = super().region_kwargs()
-        del kwargs["causal"], kwargs["kernel"]
-        return dict(kwargs, kernel_options=self.kernel_options, block_size=self.block_size, masked=self.masked)
-
-    def prepare_rewrite(self) -> None:
-        """The region calls the global mask_mod itself: strip shard_block_mask's marker from the traced graph."""
-        from ..sharding.flex import strip_marker
-
-        strip_marker(self.site.node.graph.owning_module, self.site.flex.mask_mod)
-
-    def block_count(self) -> int:
-        return 1  # one flex_attention call a rank
+        blocks = get_comm(self.comm).regions[self.site.kind].rank_blocks
+        return len(blocks(self.layout, self.causal, rank, world, local, **windowed))

@@ -1,6 +1,6 @@
 """comm="auto" and kernel="auto" for one site: the options its rules allow, then the cost model's choice.
 
-The planners (plan_dense.py, plan_varlen.py) hand over their comm rules as a function (rule broken, fix) or None
+The planners (families/*/plan.py) hand over their comm rules as a function (rule broken, fix) or None
 per comm; every comm of the registry whose rules the site meets is an option for "auto", every provider that
 can run the site's device, dtype, head dims (and window) for kernel="auto". With more than one (comm, kernel)
 option, cost/choose.py picks by estimated time, today's order breaking ties. A named comm or kernel is checked
@@ -17,7 +17,7 @@ from ..cost.measured import measured_at
 from ..errors import site_error
 from ..kernels import supported_kernels
 from .checks import site_kernel
-from .match import AttentionSite
+from .site import AttentionSite
 
 AUTO = "auto"
 

@@ -2,28 +2,28 @@
 next chunk is in flight; no rank ever holds more than two K/V chunks, and only its own K/V is saved.
 
 Forward, step s of cp: issue the shift of the held K/V to rank + 1 (one all-to-all with one non-empty split,
-comm/pending.py), run this step's blocks (layouts/ring.py) on the held K/V, merge them into the running output
+comm/pending.py), run this step's blocks (comms/ring/schedule.py) on the held K/V, merge them into the running output
 by LSE in fp32, then wait for the next chunk. Backward circulates K/V again and, with them, the gradient of the
 held K/V: each rank adds its part (fp32, straight from the executor in the packed layout) to the gradient that
 arrived with the chunk and sends it on, so after cp shifts every K/V gradient is home, summed in fp32, rounded
 once. GQA travels as the kv heads (the executor reads each group's q heads against them). Under a sliding window
 the ring visits only the steps some rank has blocks at, shifting by the gap between them, and sends each gradient
-home from the last one (`layouts/ring.step_gap`).
+home from the last one (`schedule.step_gap`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.pending import in_backward, start_shift, wait
-from ..comm.wire import WireShape
-from ..executor.blocks import encode_dense
-from ..executor.sinks import fold_sinks, sinks_grad
-from ..layouts import Block, ChunkLayout, get_layout
-from ..layouts.ring import packed_visited_steps, packed_window, ring_blocks, step_gap, visited_steps
-from .all_gather import executor_extra, pack_slots, unpack_slots
-from .partials import add_part, merge_step
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.pending import in_backward, start_shift, wait
+from ...comm.wire import WireShape
+from ...executor.blocks import encode_dense
+from ...executor.sinks import fold_sinks, sinks_grad
+from ...layouts import Block, ChunkLayout, get_layout
+from ...regions.all_gather import executor_extra, pack_slots, unpack_slots
+from ...regions.partials import add_part, merge_step
+from .schedule import packed_visited_steps, packed_window, ring_blocks, step_gap, visited_steps
 
 
 class _RingAttention(torch.autograd.Function):
@@ -100,7 +100,7 @@ def ring_attention(
 ) -> torch.Tensor:
     """Causal or full attention of this rank's q over every rank's K/V, which arrive one rank at a time. A sliding
     `window` (left, right) over global positions runs only the band's blocks, on windowed kernels, and the ring
-    visits only the steps some rank needs (layouts/ring.visited_steps); `softcap` caps the scores; `sinks` (Hq,)
+    visits only the steps some rank needs (comms/ring/schedule.visited_steps); `softcap` caps the scores; `sinks` (Hq,)
     fold one logit a head into every row's denominator after the last step (executor/sinks.py)."""
     return ring_over(q, k, v, get_layout(layout), causal=causal, scale=scale, kernel=kernel, group_name=group_name,
                      rank=rank, world=world, window=window, softcap=softcap, sinks=sinks)  # fmt: skip
@@ -136,8 +136,8 @@ def wire_bytes(shape: WireShape) -> tuple[int, int]:
     of `tokens` tokens once per visited step but the last; backward, the K/V again and the travelling fp32 K/V
     gradient once per visited step (it comes home from the last one). Every step is visited (world - 1 K/V
     shifts, world gradient shifts) unless `dense_mask` (layout, causal, window) has a window that keeps some
-    steps from every rank (layouts/ring.visited_steps), or `packed_mask` a causal sliding window that thd's steps
-    do not all reach (layouts/ring.packed_visited_steps): then only those. The lse never travels."""
+    steps from every rank (comms/ring/schedule.visited_steps), or `packed_mask` a causal sliding window that thd's steps
+    do not all reach (comms/ring/schedule.packed_visited_steps): then only those. The lse never travels."""
     s = shape
     lay = None
     if s.dense_mask is not None and s.dense_mask[2] is not None:

@@ -28,11 +28,11 @@ import dataclasses
 
 import torch
 
-from ..kernels.base import NO_WINDOW
-from .base import Block, ChunkLayout
-from .packed_band import earlier_keys_band
-from .thd import VarlenBlock, _bound, _interleave, _ranges, get_packed_layout
-from .window import ring_window_blocks
+from ...kernels.base import NO_WINDOW
+from ...layouts.base import Block, ChunkLayout
+from ...layouts.packed_band import earlier_keys_band
+from ...layouts.thd import VarlenBlock, doc_bound, get_packed_layout, interleave, qk_ranges
+from ...layouts.window import ring_window_blocks
 
 HELD = 0
 """The held buffer is source 0 of every step's executor call."""
@@ -176,12 +176,12 @@ def _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc, window):
     cu = cu_seqlens.long()
     piece = lambda r: ((cu[:-1] - r * local_len).clamp(0, local_len), (cu[1:] - r * local_len).clamp(0, local_len))  # noqa: E731
     q0, q1 = piece(rank)
-    bound = _bound(local_len, max_doc)
+    bound = doc_bound(local_len, max_doc)
     if step == 0:  # every local piece against itself: a causal square per document piece (windowed), or unmasked
-        return [VarlenBlock(HELD, causal, _ranges(q0, q1, q0, q1), bound, bound, window, True, True, True)]
+        return [VarlenBlock(HELD, causal, qk_ranges(q0, q1, q0, q1), bound, bound, window, True, True, True)]
     k0, k1 = piece(held)  # the held rank's piece of each document: all before this rank's tokens when causal
     if window[0] < 0:
-        return [VarlenBlock(HELD, False, _ranges(q0, q1, k0, k1), bound, bound)]
+        return [VarlenBlock(HELD, False, qk_ranges(q0, q1, k0, k1), bound, bound)]
     if window[0] <= (step - 1) * local_len:  # the held keys are at least (step - 1) * L + 1 before the rows
         return []
     return earlier_keys_band(q0, q1, rank * local_len, k0, k1, held * local_len, window[0], local_len)
@@ -189,28 +189,26 @@ def _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc, window):
 
 def _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc, window):
     layout = get_packed_layout("thd_zigzag")
-    start, mid, end, chunk = layout._local_docs(cu_seqlens, cp)
-    one = _bound(local_len // 2, None if max_doc is None else max_doc // (2 * cp))  # one chunk, at most
+    start, mid, end, chunk = layout.local_docs(cu_seqlens, cp)
+    one = doc_bound(local_len // 2, None if max_doc is None else max_doc // (2 * cp))  # one chunk, at most
     full = dict(covers_rows=True, covers_keys=True)
     if not causal:  # both local chunks against both held chunks of every document
-        return [VarlenBlock(HELD, False, _ranges(start, end, start, end), 2 * one, 2 * one, NO_WINDOW, **full)]
+        return [VarlenBlock(HELD, False, qk_ranges(start, end, start, end), 2 * one, 2 * one, NO_WINDOW, **full)]
     held = held_rank(rank, step, cp)
     if window[0] >= 0:
         bounds = (one, local_len)
         return _thd_zigzag_band(start, mid, end, chunk, cu_seqlens.long()[:-1], cp, rank, held, window, bounds)
     if step == 0:  # two causal squares (front, back), then the back chunk against the front chunk
-        squares = _ranges(
-            _interleave(start, mid), _interleave(mid, end), _interleave(start, mid), _interleave(mid, end)
-        )
-        back_front = _ranges(mid, end, start, mid)
+        squares = qk_ranges(interleave(start, mid), interleave(mid, end), interleave(start, mid), interleave(mid, end))
+        back_front = qk_ranges(mid, end, start, mid)
         return [
             VarlenBlock(HELD, True, squares, one, one, NO_WINDOW, **full, square=True),
             VarlenBlock(HELD, False, back_front, one, one),
         ]
     if held < rank:  # the held front chunk precedes both local chunks; its back chunk follows both
-        return [VarlenBlock(HELD, False, _ranges(start, end, start, mid), 2 * one, one, NO_WINDOW, covers_rows=True)]
+        return [VarlenBlock(HELD, False, qk_ranges(start, end, start, mid), 2 * one, one, NO_WINDOW, covers_rows=True)]
     # held > rank: both held chunks precede the local back chunk and follow the local front chunk
-    return [VarlenBlock(HELD, False, _ranges(mid, end, start, end), one, 2 * one, NO_WINDOW, covers_keys=True)]
+    return [VarlenBlock(HELD, False, qk_ranges(mid, end, start, end), one, 2 * one, NO_WINDOW, covers_keys=True)]
 
 
 def _thd_zigzag_band(start, mid, end, chunk, doc_start, cp, rank, held, window, bounds):
@@ -224,9 +222,7 @@ def _thd_zigzag_band(start, mid, end, chunk, doc_start, cp, rank, held, window, 
     band = lambda rows, keys: earlier_keys_band(*rows, *keys, w, local_len)  # noqa: E731
     rows_front, rows_back = (start, mid, front(rank)), (mid, end, back(rank))
     if held == rank:  # two causal squares (front, back), then the back chunk against the front chunk
-        squares = _ranges(
-            _interleave(start, mid), _interleave(mid, end), _interleave(start, mid), _interleave(mid, end)
-        )
+        squares = qk_ranges(interleave(start, mid), interleave(mid, end), interleave(start, mid), interleave(mid, end))
         square = VarlenBlock(HELD, True, squares, one, one, window, covers_rows=True, covers_keys=True, square=True)
         return [square, *band(rows_back, (start, mid, front(rank)))]
     if held < rank:  # the held front chunk precedes both local chunks; its back chunk follows both

@@ -8,17 +8,22 @@ import operator
 import torch
 import torch.fx
 
-from ..comm.registry import Comm, comms_that, get_comm, packed_layout_problem
-from ..cost import SiteShape
-from ..errors import site_error
-from ..kernels import get_varlen_kernel
-from ..kernels.base import NO_WINDOW
-from ..layouts import THD_LAYOUTS
-from ..mesh import CPGroup
-from .auto import AUTO, resolve, site_comms, site_kernels
-from .checks import is_static
-from .match import AttentionSite
-from .plans import CPConfig, VarlenPlan
+from ...comm.entry import Comm
+from ...comm.registry import comms_that, get_comm, packed_layout_problem
+from ...errors import site_error
+from ...kernels import get_varlen_kernel
+from ...kernels.base import NO_WINDOW
+from ...layouts import THD_LAYOUTS
+from ...mesh import CPGroup
+from ..auto import AUTO, resolve, site_comms, site_kernels
+from ..checks import is_static
+from ..cost_shape import site_shape
+from ..plans import CPConfig
+from ..site import AttentionSite
+from .plan_type import VarlenPlan
+
+SEQ_DIM = 0
+"""Packed q (T, H, D) holds the tokens on T."""
 
 
 def _window(site: AttentionSite) -> tuple | None:
@@ -60,10 +65,10 @@ def _comm_problem(
 ) -> tuple[str, str] | None:
     """The comm's rules for packed documents, read from its capabilities (comm/capabilities.py): a varlen region,
     the windows it takes, the packed layouts it takes, the head split. (rule broken, fix) or None."""
-    if comm.varlen_region is None:
+    if not comm.serves("varlen"):
         return (
             f"comm={comm.name!r} has no varlen region yet",
-            f"use comm in {sorted(comms_that(lambda c: c.varlen_region is not None))} for varlen_attn",
+            f"use comm in {sorted(comms_that(lambda c: c.serves('varlen')))} for varlen_attn",
         )
     caps = comm.capabilities
     return (
@@ -177,8 +182,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     bounds = site.max_seqlen or ()
     max_doc = max(bounds) if len(bounds) == 2 and all(type(b) is int and b > 0 for b in bounds) else None
     lse = _reads_lse(node)
-    shape = SiteShape.of_site(
-        site, causal, group.size, window=window, max_doc=max_doc, return_lse=lse, levels=group.level_sizes
+    shape = site_shape(
+        site, causal, group.size, SEQ_DIM, window=window, max_doc=max_doc, return_lse=lse, levels=group.level_sizes
     )
     if layout.carries_plan and config.comm != AUTO:  # its blocks come from each batch's plan
         comm, kernel, choice = comms[0], kernels[0], None  # kernel="auto": the first provider, today's order

@@ -7,7 +7,7 @@ import torch.fx
 
 from ..errors import CPCompileError, node_origin, site_error
 from ..kernels import resolve_kernel
-from .match import AttentionSite
+from .site import AttentionSite
 
 
 def constant(site: AttentionSite, name: str, value, types):

@@ -1,0 +1,1 @@
+"""The flex attention family."""
