@@ -1,7 +1,8 @@
 """State passing (token_mixer(comm="state")) under the default inner compiler, Inductor: every rank must issue the
 same collectives in the same order, forward and backward, or gloo waits forever. Two Gated DeltaNet layers of one
-shape (a causal conv with a halo, the gated delta rule with its transitions all-gathered), flat and zigzag, cp 2
-and 3, fp64, against one process: logits, loss and every parameter gradient.
+shape (a causal conv with a halo, the gated delta rule with its transitions all-gathered), flat at cp 2 and zigzag
+at cp 3, fp64, against one process: logits, loss and every parameter gradient. No attention layer, so Inductor's
+peak-memory reordering stays on (the backend turns it off only around ring and all-gather attention).
 
 The hang this guards against (fixed in mixers/state_region.py and passing.py): a rank with no tail to send (flat:
 the last) sent zero padding; the two layers' shifts of the same zeros were one node to Inductor's CSE, so that
@@ -84,9 +85,11 @@ def ranks3():
     pool.close()
 
 
-@pytest.mark.parametrize("strategy", ["flat", "zigzag"])
-@pytest.mark.parametrize("cp", [2, 3])
+@pytest.mark.parametrize("strategy,cp", [("flat", 2), ("zigzag", 3)])
 def test_state_passing_under_inductor_matches_one_process(ranks3, cp, strategy):
+    """Flat at cp 2 (the hang above), zigzag at cp 3 (two shifts a layer, +1 and -1, chained; three ranks'
+    different graphs). Each case is two to four minutes of CPU Inductor compiles on a loaded 2-core machine, so
+    flat cp 3 and zigzag cp 2 (which pass too) are left to a manual run: add them to the list."""
     for rank, errors in enumerate(ranks3.run(_compare, cp, strategy, timeout=400)[:cp]):
         assert len(errors) == 2 + len(list(TwoGDN().parameters())), errors
         bad = {n: e for n, e in errors.items() if not e <= TOL}
