@@ -6,7 +6,8 @@ order (mixers/chain.py: another rank's, or this rank's own).
 `halo_region` (a causal conv-like mixer that reads `context` earlier tokens): each chunk gets the last `context`
 tokens of the chunk before it put first (zeros before the sequence's first chunk: the conv's own zero padding),
 the mixer runs, the first `context` outputs are dropped. The tails travel in one shift per rank offset
-(chain.halo_routes; flat: to the next rank; zigzag: to the next and the previous), their gradients sent back.
+(chain.halo_routes; flat: to the next rank; zigzag: to the next and the previous), their gradients sent back; a
+region's shifts form one chain, the same on every rank under any inner compiler (passing.py says how).
 
 `state_region` (a chunked linear recurrence in flash-linear-attention's convention): the final state is affine in
 the initial one, S_out = M @ S_in + B per head (M: Dk x Dk, B: Dk x Dv), and so is every output, o = O + P @ S_in,
