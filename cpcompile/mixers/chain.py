@@ -8,7 +8,8 @@ rank's chunks is a piece of the chain of its own: its predecessor may be another
 
 `halo_routes`: the sends that hand every chunk its predecessor's tail. Every rank must issue the same collectives,
 so the sends go by rank offset: one shift (comm.pending's one-split all-to-all) per offset any rank needs, each
-carrying as many tails as the busiest pair of that offset (zero padding for a rank with fewer). Flat: offset 1.
+carrying as many tails as the busiest pair of that offset (padding for a rank with fewer: one of its own tails,
+never zeros, state_region._sends says why). Flat: offset 1.
 Zigzag: offsets 1 and cp-1 (rank r - 1's first chunk for chunk r, rank r + 1's second chunk for chunk 2cp-1-r);
 at cp 2 both are offset 1, one shift carrying one tail each way.
 """
@@ -42,7 +43,7 @@ class HaloSource:
 
 @dataclass(frozen=True)
 class HaloRoutes:
-    """A rank's halo plan: per shift its offset and the local slots whose tails it sends (None: zero padding),
+    """A rank's halo plan: per shift its offset and the local slots whose tails it sends (None: padding),
     and per local slot where its halo comes from."""
 
     sends: tuple[tuple[int, tuple[int | None, ...]], ...]

@@ -6,7 +6,8 @@ order (mixers/chain.py: another rank's, or this rank's own).
 `halo_region` (a causal conv-like mixer that reads `context` earlier tokens): each chunk gets the last `context`
 tokens of the chunk before it put first (zeros before the sequence's first chunk: the conv's own zero padding),
 the mixer runs, the first `context` outputs are dropped. The tails travel in one shift per rank offset
-(chain.halo_routes; flat: to the next rank; zigzag: to the next and the previous), their gradients sent back.
+(chain.halo_routes; flat: to the next rank; zigzag: to the next and the previous), their gradients sent back; a
+region's shifts form one chain, the same on every rank under any inner compiler (passing.py says how).
 
 `state_region` (a chunked linear recurrence in flash-linear-attention's convention): the final state is affine in
 the initial one, S_out = M @ S_in + B per head (M: Dk x Dk, B: Dk x Dv), and so is every output, o = O + P @ S_in,
@@ -27,7 +28,7 @@ from ..layouts import get_layout
 from .chain import chunk_owners, halo_routes
 from .declare import MIXERS
 from .exchange import dense_grad
-from .passing import attach, gather_states, shifted
+from .passing import attach, gather_states, shifts
 
 
 def _chunks(t: torch.Tensor, dim: int, count: int) -> list[torch.Tensor]:
@@ -45,13 +46,16 @@ def _joined(pieces: list, dim: int):
     return pytree.tree_map(lambda *ts: torch.cat(ts, dim=dim) if isinstance(ts[0], torch.Tensor) else ts[0], *pieces)
 
 
-def _halos(tails: list[torch.Tensor], token: torch.Tensor, routes, group_name: str, rank: int, world: int):
-    """Per local chunk the tokens before it (`tails`: each local chunk's last `context` tokens), and the received
-    tensors no chunk of this rank reads (they still need a gradient: see passing.attach)."""
-    received = []
-    for offset, slots in routes.sends:
-        sent = torch.stack([tails[s] if s is not None else torch.zeros_like(tails[0]) for s in slots])
-        received.append(shifted(sent, token, group_name, rank, world, offset))
+def _sends(tails: list[torch.Tensor], routes) -> list[torch.Tensor]:
+    """Per shift of `routes` the tails it carries (`tails`: each local chunk's last `context` tokens). Padding is
+    a real tail, never a constant: two layers' shifts of one constant would be one node to Inductor's CSE, and a
+    rank that sends only padding would issue fewer collectives than the others."""
+    return [torch.stack([tails[0 if s is None else s] for s in slots]) for _, slots in routes.sends]
+
+
+def _halos(tails: list[torch.Tensor], received: list[torch.Tensor], routes):
+    """Per local chunk the tokens before it, and the received tensors no chunk of this rank reads (they still
+    need a gradient and must come before the output: see passing.attach)."""
     read = set()
     halos = []
     for source in routes.sources:
@@ -80,17 +84,24 @@ def halo_region(
     routes = halo_routes(lay, world, rank)
     seq, count = spec.seq_dim, lay.chunks_per_rank
     per_chunk = [list(inputs) for _ in range(count)]
-    unread = []
+    tails = {}  # token input index -> each local chunk's last `context` tokens
     for i, t in enumerate(inputs):
-        if not isinstance(t, torch.Tensor):
-            continue
-        pieces = _chunks(t, seq, count)
-        length = pieces[0].shape[seq]
-        tails = [p.narrow(seq, length - context, context) for p in pieces]
-        halos, missed = _halos(tails, t, routes, group_name, rank, world)
+        if isinstance(t, torch.Tensor):
+            pieces = _chunks(t, seq, count)
+            length = pieces[0].shape[seq]
+            tails[i] = [p.narrow(seq, length - context, context) for p in pieces]
+            for s, piece in enumerate(pieces):
+                per_chunk[s][i] = piece
+    # every input's shifts in ONE chain (passing.shifts: the same order on every rank)
+    sends = [x for i in tails for x in _sends(tails[i], routes)]
+    width = len(routes.sends)
+    received = shifts(sends, [o for _ in tails for o, _ in routes.sends], group_name, rank, world)
+    unread = []
+    for j, i in enumerate(tails):
+        halos, missed = _halos(tails[i], received[j * width : (j + 1) * width], routes)
         unread += missed
-        for s, (halo, piece) in enumerate(zip(halos, pieces)):
-            per_chunk[s][i] = dense_grad(torch.cat([halo, piece], dim=seq))
+        for s, halo in enumerate(halos):
+            per_chunk[s][i] = dense_grad(torch.cat([halo, per_chunk[s][i]], dim=seq))
     outs = []
     for chunk_inputs in per_chunk:
         args, kwargs = pytree.tree_unflatten(chunk_inputs, tree)
@@ -101,10 +112,10 @@ def halo_region(
             )
         )
     out = pytree.tree_map(lambda t: dense_grad(t) if isinstance(t, torch.Tensor) else t, _joined(outs, seq))
-    for r in unread:  # tie every unread tensor to the first tensor output
+    if unread:  # the first tensor output follows every unread tensor (passing.attach)
         leaves, out_tree = pytree.tree_flatten(out)
         first = next(i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor))
-        leaves[first] = attach(leaves[first], r)
+        leaves[first] = attach(leaves[first], unread)
         out = pytree.tree_unflatten(leaves, out_tree)
     return out
 
@@ -190,5 +201,5 @@ def state_region(
         outs.append(o)
     o = _joined(outs, spec.seq_dim)
     if all(s is None for s in states):  # flat rank 0 starts from zeros, but joins the gather's backward all the same
-        o = attach(o, gathered)
+        o = attach(o, [gathered])
     return dense_grad(o), None
