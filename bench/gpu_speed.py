@@ -108,7 +108,10 @@ def layer_speeds(
                                                     f"{str(e).splitlines()[0][:90]}..."]  # fmt: skip
                     continue
                 if time.perf_counter() > deadline - 45:  # leave the timing its time
-                    rows.setdefault((comm, layout), [False, "not compiled within the check's deadline"])
+                    if (comm, layout) in rows:  # an earlier rank's row stands; say this rank was not timed
+                        rows[(comm, layout)][1] += f", rank {rank}: not compiled within the check's deadline"
+                    else:
+                        rows[(comm, layout)] = [False, "not compiled within the check's deadline"]
                     continue
                 try:
                     steps[(comm, layout)] = (*rank_step(layer, layout, comm, x, cu, rank), kind)
