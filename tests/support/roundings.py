@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+from cpcompile.comms.a2a.schedule import buffer_chunks, exchange_blocks, exchange_slots
+from cpcompile.comms.hierarchical.levels import level_layout
 from cpcompile.comms.ring.schedule import held_rank, ring_blocks
 from cpcompile.layouts import get_layout
-from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
 from cpcompile.layouts.heads import HeadSplit
-from cpcompile.layouts.levels import level_layout
 
 
 def roundings(partials: int) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from cpcompile.comms.hierarchical.levels import level_layout, node_chunks, sorted_order
 from cpcompile.layouts import LAYOUTS
-from cpcompile.layouts.levels import level_layout, node_chunks, sorted_order
 
 MESHES = [(1, 2), (2, 1), (2, 2), (2, 3), (3, 2), (4, 4), (2, 8)]
 

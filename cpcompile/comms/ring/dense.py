@@ -21,8 +21,8 @@ from ...comm.wire import WireShape
 from ...executor.blocks import encode_dense
 from ...executor.sinks import fold_sinks, sinks_grad
 from ...layouts import Block, ChunkLayout, get_layout
-from ...regions.all_gather import executor_extra, pack_slots, unpack_slots
 from ...regions.partials import add_part, merge_step
+from ..all_gather.dense import executor_extra, pack_slots, unpack_slots
 from .schedule import packed_visited_steps, packed_window, ring_blocks, step_gap, visited_steps
 
 

@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.heads import (
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...executor.blocks import encode_varlen
+from ...executor.varlen_meta import prepare_blocks
+from ...kernels.base import NO_WINDOW
+from ...layouts.heads import HeadSplit
+from ...layouts.thd import get_packed_layout, whole_sequence_blocks
+from .heads import (
     heads_to_bshd,
     replicate_kv,
     send_heads,
@@ -23,11 +28,6 @@ from ..comm.heads import (
     thd_as_bhsd,
     tokens_as_thd,
 )
-from ..executor.blocks import encode_varlen
-from ..executor.varlen_meta import prepare_blocks
-from ..kernels.base import NO_WINDOW
-from ..layouts.heads import HeadSplit
-from ..layouts.thd import get_packed_layout, whole_sequence_blocks
 
 
 def rank_blocks(

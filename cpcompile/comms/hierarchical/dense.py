@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import torch
 
-from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
-from ..comm.wire import LevelBytes, WireShape
-from ..comms.ring.dense import layout_wire_bytes, ring_over
-from ..comms.ring.schedule import ring_blocks
-from ..layouts import Block, get_layout
-from ..layouts.heads import HeadSplit
-from ..layouts.levels import level_layout, sorted_order
-from ..mesh import CP_LEVEL_NAMES
-from . import a2a
+from ...comm.wire import LevelBytes, WireShape
+from ...layouts import Block, get_layout
+from ...layouts.heads import HeadSplit
+from ...mesh import CP_LEVEL_NAMES
+from ..a2a import dense as a2a
+from ..a2a.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
+from ..ring.dense import layout_wire_bytes, ring_over
+from ..ring.schedule import ring_blocks
+from .levels import level_layout, sorted_order
 
 Level = tuple[str, int, int]
 """One level of the 2-D CP group as the region call holds it: (group name, this rank in it, its size)."""

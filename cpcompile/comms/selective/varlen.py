@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.collectives import exchange_slots
-from ..comm.wire import WireShape
-from ..executor.packed_kv import pack_kv, unpack_kv
-from ..kernels.base import NO_WINDOW
-from ..layouts.selective import capacity, global_key_buffer, held_len, select, select_thd
-from ..layouts.thd import get_packed_layout
-from .all_gather_varlen import attend_gathered, attend_gathered_backward, gathered_blocks
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.collectives import exchange_slots
+from ...comm.wire import WireShape
+from ...executor.packed_kv import pack_kv, unpack_kv
+from ...kernels.base import NO_WINDOW
+from ...layouts.thd import get_packed_layout
+from ..all_gather.varlen import attend_gathered, attend_gathered_backward, gathered_blocks
+from .schedule import capacity, global_key_buffer, held_len, select, select_thd
 
 TOO_SMALL = (
     "cpcompile: comm='selective' this batch's plan needs more than C=min(T/cp, max_q) tokens from one rank; "

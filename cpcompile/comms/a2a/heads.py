@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..layouts.heads import HeadSplit
-from ..precision import acc_dtype
-from .collectives import exchange_first
+from ...comm.collectives import exchange_first
+from ...layouts.heads import HeadSplit
+from ...precision import acc_dtype
 
 
 class _ReplicateHeads(torch.autograd.Function):

@@ -14,14 +14,14 @@ import dataclasses
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
-from ..comm.wire import WireShape
-from ..executor.blocks import encode_dense
-from ..layouts import Block, get_layout
-from ..layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
-from ..layouts.heads import HeadSplit
-from .all_gather import executor_extra
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.wire import WireShape
+from ...executor.blocks import encode_dense
+from ...layouts import Block, get_layout
+from ...layouts.heads import HeadSplit
+from ..all_gather.dense import executor_extra
+from .heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
+from .schedule import buffer_chunks, exchange_blocks, exchange_slots
 
 
 def _used_sources(blocks: list[Block]) -> tuple[list[int], list[int]]:

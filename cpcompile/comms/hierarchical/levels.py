@@ -15,7 +15,7 @@ and several rectangles per chunk at step 0 and a rectangle per held chunk at eve
 
 from __future__ import annotations
 
-from .base import ChunkLayout
+from ...layouts.base import ChunkLayout
 
 
 def node_chunks(base: ChunkLayout, node: int, nodes: int, per_node: int) -> list[int]:
