@@ -20,7 +20,7 @@ exchanges; both pack their tensors of one dtype side by side per token into ONE 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -66,8 +66,3 @@ def exchange_side_by_side(
         for i, part in zip(idx, received.split([p.shape[-1] for p in same], dim=-1)):
             got[i] = part
     return got  # type: ignore[return-value]
-
-
-def sent_back(outputs: Iterable[torch.Tensor], send: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
-    """Each output sent as soon as the inner function produced it (see head_parallel)."""
-    return [send(out) for out in outputs]
