@@ -58,7 +58,7 @@ def dense_partials(
         for rank in range(cp):
             for step, blocks in enumerate(ring_blocks(layout, cp, rank, 1, causal)):
                 count(rank, blocks, [list(layout.rank_chunks(held_rank(rank, step, cp), cp))])
-    elif comm == "hierarchical":  # the ring over the nodes, each node's chunks in global order (layouts/levels.py)
+    elif comm == "hierarchical":  # the ring over the nodes, each node's chunks in global order (hierarchical/levels.py)
         nodes, per_node = levels
         node = level_layout(layout, nodes, per_node)
         for p in range(nodes):

@@ -1,4 +1,4 @@
-"""comm="selective"'s index math (layouts/selective.py) against a brute force, and its cost (comm="auto")."""
+"""comm="selective"'s index math (comms/selective/schedule.py) against a brute force, and its cost (comm="auto")."""
 
 from __future__ import annotations
 

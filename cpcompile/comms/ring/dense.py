@@ -122,7 +122,7 @@ def ring_over(
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """ring_attention over any chunk layout object (the hierarchical region's nodes: layouts/levels.py)."""
+    """ring_attention over any chunk layout object (the hierarchical region's nodes: comms/hierarchical/levels.py)."""
     chunk = q.shape[-2] // lay.chunks_per_rank
     every = ring_blocks(lay, world, rank, chunk, causal, window)
     visited = visited_steps(lay, world, chunk, causal, window)
@@ -151,7 +151,7 @@ def wire_bytes(shape: WireShape) -> tuple[int, int]:
 
 def layout_wire_bytes(shape: WireShape, lay: ChunkLayout | None) -> tuple[int, int]:
     """wire_bytes with the steps a windowed `dense_mask` visits counted over the layout object `lay` (None: every
-    step; the hierarchical region's ring runs over layouts/levels.py's node layout)."""
+    step; the hierarchical region's ring runs over comms/hierarchical/levels.py's node layout)."""
     s = shape
     visited = s.world
     if lay is not None and s.dense_mask is not None and s.dense_mask[2] is not None:
