@@ -148,13 +148,13 @@ def test_hf_qwen3_next_matches_one_process(ranks4, strategy):
 
 
 PACKED = {
-    # cp -> batches of document lengths (16 tokens) on one compiled model: a document start exactly at a chunk
-    # edge, a chunk that begins inside a document with another starting in it, one-token documents, documents
-    # shorter than the conv's 4-token kernel, a document over 3 chunks (cp 4), empty documents (cu padded)
-    2: ([3, 5, 1, 2, 5], [5, 6, 2, 3]),
+    # cp -> batches of document lengths (4 tokens a rank) on one compiled model: a document start exactly at a
+    # chunk edge, a chunk that begins inside a document with another starting in it, one-token documents,
+    # documents shorter than the conv's 4-token kernel, a document over 3 chunks (cp 4), empty documents (padding)
+    2: ([3, 1, 2, 2], [2, 5, 1]),
     4: ([1, 10, 2, 3], [4, 3, 1, 8]),
 }
-CU_ENTRIES = 7
+CU_ENTRIES = 6
 """cu_seqlens padded to one shape (empty documents at the end), so the batches share one compile."""
 
 
@@ -168,7 +168,7 @@ def _compare_packed(rank, world, cp):
     if rank >= cp:
         return []
     torch.manual_seed(0)
-    total = 16
+    total = sum(PACKED[cp][0])
     model = PackedGDNModel(max_len=total).double()
     cp_model = copy.deepcopy(model)
     model.attn.per_document = True
