@@ -1,9 +1,11 @@
 """Plan one mixer declared with comm="state": check that state passing can run it here, before any collective.
 
-Rules (each violation is one CPCompileError naming the node and its source line): a chunk layout (flat, zigzag: each
-chunk's state follows the chunk before it in sequence order, wherever that is; packed documents would need the state
-reset at document starts, and so would boundaries given as cu_seqlens= or seq_idx=); plain tensors; every token
-tensor with the declared seq dim and one local length. The mixer runs once per chunk a rank owns (flat: its L
+Rules (each violation is one CPCompileError naming the node and its source line): strategy flat, zigzag or thd (each
+chunk's state follows the chunk before it in sequence order, wherever that is; thd's ranks hold flat's chunks of the
+packed buffer; thd_zigzag and thd_balanced order a rank's tokens by document: refused); packed documents' offsets
+(cu_seqlens=, required under thd) only to a mixer declared with documents= (it resets at them in fla's convention,
+batch 1; documents.py), per-token document ids (seq_idx=) never; plain tensors; every token tensor with the
+declared seq dim and one local length. The mixer runs once per chunk a rank owns (flat: its L
 tokens; zigzag: two chunks of L/2), so the dry runs use a chunk's length C. A conv-like mixer (`context`): a context
 of 0..C tokens, and a dry run on meta tensors of C + context tokens that gives C + context outputs. A linear
 recurrence (`state`): its value argument a 4-D (batch, ..., value dim last) tensor with heads and tokens on the
@@ -134,7 +136,9 @@ def _documents(node, spec: MixerSpec, strategy: str, kwargs: dict) -> str | None
                 node,
                 spec,
                 "runs under strategy 'thd' (packed documents) without the documents' offsets: state passing would "
-                "carry its state and conv halo across every document start",
+                "carry its state and conv halo across every document start (transformers' hybrids cannot run "
+                "packed documents on their torch fallbacks: those ignore cu_seqlens, so documents mix even in one "
+                "process)",
                 f"pass the model's cu_seqlens to it ({spec.documents or 'cu_seqlens'}=...) and declare it with "
                 "token_mixer(..., documents='cu_seqlens') if it resets at them in flash-linear-attention's "
                 "convention",
