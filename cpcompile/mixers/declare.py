@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 COMMS = ("a2a", "state", "auto")
 """How a mixer's region communicates: "a2a" trades the sequence for heads (any head-local mixer, any chunk layout);
-"state" passes state along a chunk layout's chunks (flat, zigzag) in sequence order: a conv's last `context` tokens
+"state" passes state along a chunk layout's chunks (flat, zigzag; packed documents: thd) in sequence order: a conv's last `context` tokens
 to the chunk after them (a halo), or a linear recurrence's chunk transitions (mixers/state_region.py); "auto": per
 call, the one whose forward moves fewer bytes a rank among those that can run it (state passing needs context= or
 state=)."""
@@ -170,7 +170,7 @@ def token_mixer(
     `documents` (comm="state" or "auto"): the keyword argument through which the mixer takes packed documents'
     offsets (e.g. "cu_seqlens") and honours them in flash-linear-attention's convention: batch 1, offsets of its
     own input (zero-length documents allowed), a state mixer takes and returns one state a document; under
-    strategy "thd" (or flat / zigzag chunks given offsets) each chunk gets its own offsets and the state and halo
+    strategy "thd" (or "flat", one packed row) each rank's chunk gets its own offsets and the state and halo
     reset at document starts (mixers/documents.py). Undeclared, a call given documents is refused.
     """
     if heads_dim == seq_dim:

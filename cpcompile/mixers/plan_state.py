@@ -174,6 +174,14 @@ def _documents(node, spec: MixerSpec, strategy: str, kwargs: dict) -> str | None
             f"is given {name}= with token tensors of batch {batches}, not 1",
             "pack the documents into one row (batch 1), as fla's varlen functions take them",
         )
+    if strategy not in ("thd", "flat"):
+        raise refuse(
+            node,
+            spec,
+            f"is given packed documents ({name}=) under strategy {strategy!r}; state passing resets at document "
+            "starts on contiguous ranks only ('thd', or 'flat' chunks of one packed row)",
+            "use strategy='thd' for packed documents",
+        )
     return name
 
 

@@ -229,6 +229,12 @@ def test_documents_a_mixer_is_not_declared_to_reset_at_are_refused():
     assert "is given packed documents' boundaries (seq_idx=...)" in msg and "(seq_idx=) are not supported" in msg
 
 
+def test_documents_under_zigzag_chunks_are_refused():
+    msg = _compile_error(PackedScan(documents="cu_seqlens"), *_scan_inputs(8), CU, strategy="zigzag")
+    assert "is given packed documents (cu_seqlens=) under strategy 'zigzag'" in msg, msg
+    assert "use strategy='thd' for packed documents" in msg, msg
+
+
 def test_documents_over_a_batch_of_rows_are_refused():
     inputs = [t.expand(2, *t.shape[1:]) for t in _scan_inputs(8)]
     msg = _compile_error(PackedScan(documents="cu_seqlens"), *inputs, torch.tensor([0, 3, 8]), strategy="thd")
