@@ -26,10 +26,10 @@ T = TypeVar("T")
 
 COMMS = ("a2a", "state", "auto")
 """How a mixer's region communicates: "a2a" trades the sequence for heads (any head-local mixer, any chunk layout);
-"state" passes state along a chunk layout's chunks (flat, zigzag; packed documents: thd) in sequence order: a conv's last `context` tokens
-to the chunk after them (a halo), or a linear recurrence's chunk transitions (mixers/state_region.py); "auto": per
-call, the one whose forward moves fewer bytes a rank among those that can run it (state passing needs context= or
-state=)."""
+"state" passes state along a chunk layout's chunks (flat, zigzag; packed documents: thd) in sequence order: a
+conv's last `context` tokens to the chunk after them (a halo), or a linear recurrence's chunk transitions
+(mixers/state_region.py); "auto": per call, the one whose forward moves fewer bytes a rank among those that can run
+it (state passing needs context= or state=)."""
 
 
 @dataclass(frozen=True)
