@@ -17,6 +17,11 @@ rank's chunks are all-gathered (H x Dk x (Dv + Dk) a chunk, whatever the length)
 fp32 (or the state's wider dtype) into each chunk's initial state S, and o = O + P @ S. Backward is autograd's: the
 gather's is a reduce-scatter (every later chunk reads a chunk's transition), the shifts' the reverse shifts, the
 rest differentiates the mixer's own code.
+
+Packed documents (`documents`: the call's keyword holding the GLOBAL offsets; strategy thd runs flat's chunks):
+each chunk's mixer call gets the chunk's own offsets, the halo's included, and the scan's [0 | I] goes only to
+the document carried into the chunk; its transition is the final state of the document holding its last token
+(documents.py says why that resets the state and the halo at every document start).
 """
 
 from __future__ import annotations
