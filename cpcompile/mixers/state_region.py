@@ -182,7 +182,7 @@ def chunk_transition(spec, weights, args, kwargs, key_dim: int, state_dtype: tor
     zeros = torch.zeros(batch, heads, key_dim, dv, dtype=state_dtype, device=v.device)
     initial = torch.cat([zeros, eye], dim=-1)
     if documents is not None:
-        initial = initial * carried(cu, start).to(state_dtype).view(-1, 1, 1, 1)
+        initial = initial * carried(cu, start).to(device=v.device, dtype=state_dtype).view(-1, 1, 1, 1)
     kwargs[names.initial_state] = initial
     kwargs[names.output_final_state] = True
     out, final = spec.call(weights, args, kwargs)
