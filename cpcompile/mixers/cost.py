@@ -80,6 +80,11 @@ def describe(plan: MixerPlan | StatePlan) -> str:
     a2a = a2a_bytes(plan)
     if plan.comm == "a2a":
         return f"{plan.spec.name}: a2a, {a2a} bytes received a rank per forward call"
+    if plan.documents is not None:  # packed documents: a2a does not reset at them (its plan refuses them)
+        return (
+            f"{plan.spec.name}: state passing, {state_bytes(plan)} bytes received a rank per forward call (packed "
+            f"documents from {plan.documents}=; a2a cannot run them)"
+        )
     flat = ""
     if get_layout(plan.layout).chunks_per_rank > 1:
         flat = f"; state passing on flat chunks would receive {state_bytes(plan, 'flat')}"

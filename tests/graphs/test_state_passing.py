@@ -180,6 +180,22 @@ class GraphModule(torch.nn.Module):
         )
 
 
+def test_explain_under_thd_prints_the_packed_state_passing_bytes():
+    """explain(strategy="thd"): the conv receives one 3-token tail of 24 fp32 channels (288 bytes; the offsets are
+    not tokens and travel nowhere), the scan 3 other ranks' 1 x 2 x 4 x (4 + 4) fp32 transitions (768); a2a cannot
+    run packed documents, so no a2a bytes are compared."""
+    torch._dynamo.reset()
+    x, g, beta = (t.repeat(1, 4, *[1] * (t.dim() - 2)) for t in _inputs(seq=4))
+    report = cpcompile.explain(PackedConvScan(), x, g, beta, CU, strategy="thd", world=4, cu_seqlens=CU, seq_dim=1)
+    assert not report.refusals, report.refusals
+    for line in (
+        "PackedCausalConv: state passing, 288 bytes received a rank per forward call (packed documents from "
+        "cu_seqlens=; a2a cannot run them)",
+        "gated_delta_rule: state passing, 768 bytes received a rank per forward call (packed documents",
+    ):
+        assert any(line in n for n in report.notes), report.notes
+
+
 def test_packed_layouts_that_reorder_documents_are_refused():
     """thd_zigzag (every document in 2cp pieces) and thd_balanced (documents reordered): a rank's tokens are not one
     stretch of the buffer; one CPCompileError naming the node, the layouts that work and what to use."""
