@@ -226,13 +226,16 @@ def plan_layouts(
     top = [p for p in plans if p.node.graph is gm.graph]
     if not any(p.comm == "state" for p in top):
         return plans
-    nodes = list(gm.graph.nodes)
-    index = {n: i for i, n in enumerate(nodes)}
     length = top[0].local_len
-    kinds = _kinds(nodes, length)
     replaced = {}
-    for group_plans in _runs(nodes, top, kinds):
-        run = _price(group_plans, length, group, strategy, nodes, index, kinds)
+    count = len(_runs(list(gm.graph.nodes), top, _kinds(list(gm.graph.nodes), length)))
+    for k in range(count):
+        # the graph as the earlier runs' relayouts left it: a tensor a chosen run hands on is read through its
+        # relayout back, so a later run relayouts that copy (never the flat original as if it were zigzag)
+        nodes = list(gm.graph.nodes)
+        index = {n: i for i, n in enumerate(nodes)}
+        kinds = _kinds(nodes, length)
+        run = _price(_runs(nodes, top, kinds)[k], length, group, strategy, nodes, index, kinds)
         chosen = not run.why_not and (mixer_layout == "flat" or (mixer_layout == "auto" and run.flat < run.same))
         if mixer_layout == "flat" and run.why_not:
             raise CPCompileError(
