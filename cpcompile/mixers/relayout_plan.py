@@ -14,9 +14,10 @@ the run's mixers flat:
 - "flat": every run is relayouted; a run that cannot be is one CPCompileError.
 
 A run lies in the graph itself (not in a higher-order op's body) between two barriers: an attention region, a
-higher-order op, a placeholder, the output, or an op whose token-carrying output does not hold exactly one dim of
-the local length (a reduction over the tokens, the tokens flattened into another dim: their meaning would change
-with the layout). Its cut points are chosen between the barriers and the run's first and last mixers: the cut
+higher-order op, a placeholder, the output, an in-place op (it would write a flat copy), or an op whose
+token-carrying output does not hold exactly one dim of the local length (a reduction over the tokens, the tokens
+flattened with the batch, a length that equals another dim's: their meaning would change with the layout, or is
+not clear). Its cut points are chosen between the barriers and the run's first and last mixers: the cut
 whose crossing token tensors (each with exactly one dim of the local length, its seq dim) receive the fewest
 bytes. Inside the cuts every node runs on flat tokens; outside nothing changes. Packed layouts never get here (their
 mixers are refused; backend() refuses mixer_layout="flat" with them).
@@ -25,6 +26,7 @@ mixers are refused; backend() refuses mixer_layout="flat" with them).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -114,12 +116,24 @@ def _kinds(nodes: list[torch.fx.Node], length: int) -> dict:
     return kinds
 
 
+def _mutates(n: torch.fx.Node) -> bool:
+    """An in-place op (x.add_(...), x[i] = y, an aten overload that writes its input): on a flat copy it would not
+    write the tensor the code outside the run reads."""
+    if n.op == "call_method":
+        return str(n.target).endswith("_") and not str(n.target).startswith("_")
+    if n.target is operator.setitem:
+        return True
+    schema = getattr(n.target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable) or getattr(n.target, "__name__", "").endswith("_")
+
+
 def _barrier(n: torch.fx.Node, kinds: dict) -> bool:
     return (
         n.op in ("placeholder", "output")
         or n.meta.get("cpcompile_plan") is not None
         or isinstance(n.target, torch._ops.HigherOrderOperator)
         or kinds[n] == "opaque"
+        or (n.op != "get_attr" and _mutates(n))
     )
 
 
