@@ -238,8 +238,8 @@ def plan_layouts(
     if strategy not in LAYOUTS or LAYOUTS[strategy].chunks_per_rank == 1:
         return plans
     top = [p for p in plans if p.node.graph is gm.graph]
-    if not any(p.comm == "state" for p in top):
-        return plans
+    if not top or (mixer_layout != "flat" and not any(p.comm == "state" for p in top)):
+        return plans  # a run of a2a mixers receives the same bytes on either layout: only "flat" relayouts it
     length = top[0].local_len
     replaced = {}
     count = len(_runs(list(gm.graph.nodes), top, _kinds(list(gm.graph.nodes), length)))

@@ -135,3 +135,26 @@ def test_flat_refuses_a_run_it_cannot_relayout():
     assert "cpcompile cannot run token mixer 'mixer_call' at " in msg, msg
     assert "on flat chunks (mixer_layout='flat'): every cut around it crosses a tensor without one seq dim" in msg
     assert "Fix: use mixer_layout='auto' or 'same'" in msg, msg
+
+
+class WritesBetween(ConvScan):
+    """ConvScan with an in-place write between its two mixers."""
+
+    def forward(self, x, g, beta):
+        b, n, _ = x.shape
+        y = self.conv(x)
+        y.mul_(0.5)
+        q, k, v = y.view(b, n, 3, self.heads, self.dim).unbind(2)
+        return self.scan(q, k, v, g, beta)[0]
+
+
+def test_an_in_place_op_ends_a_run():
+    """An in-place write between the conv and the scan: on a flat copy it would not write what code outside a run
+    reads, so the mixers are two runs, each between its own relayouts."""
+    torch._dynamo.reset()
+    inputs = [t.repeat(1, 4, *[1] * (t.dim() - 2))[:, :24] for t in _inputs()]  # 6 tokens a rank at cp 4
+    report = cpcompile.explain(WritesBetween(), *inputs, strategy="zigzag", world=4, mixer_layout="flat")
+    assert not report.refusals, report.refusals
+    for name in ("CausalConv", "gated_delta_rule"):
+        line = next(n for n in report.notes if f"{name}:" in n)
+        assert f"layout flat between relayouts (run of 1 mixer call(s) from {name}:" in line, line
