@@ -20,6 +20,7 @@ import torch.distributed._functional_collectives as funcol
 
 from ..comm.route import hop, on_host
 from ..layouts import ChunkLayout, get_layout
+from .passing import after
 
 
 @dataclass(frozen=True)
@@ -107,23 +108,45 @@ def _move(x: torch.Tensor, seq_dim: int, src: str, dst: str, group_name: str, ra
     return got.flatten(0, 1).movedim(0, seq_dim).contiguous()
 
 
+def _moves(xs, seq_dims, src: str, dst: str, group_name: str, rank: int, world: int) -> list[torch.Tensor]:
+    """Each x moved, ONE chain of all-to-alls: each send waits for the previous result, and every result but the
+    last is handed on after the last (passing.after), so every rank issues them in one order and the collectives
+    that read any of them follow all of them, under any scheduler (passing.py says why)."""
+    got: list[torch.Tensor] = []
+    for x, dim in zip(xs, seq_dims):
+        x = x if not got else after(x.contiguous(), got[-1])
+        got.append(_move(x, dim, src, dst, group_name, rank, world))
+    return [after(t, got[-1]) for t in got[:-1]] + got[-1:]
+
+
 class _Relayout(torch.autograd.Function):
-    """The permutation forward, its inverse on the gradient."""
+    """The permutations forward, their inverses on the gradients (of the floating-point tensors), one chain each
+    way."""
 
     @staticmethod
-    def forward(ctx, x, seq_dim, src, dst, group_name, rank, world):
-        ctx.args = (seq_dim, src, dst, group_name, rank, world)
-        return _move(x, seq_dim, src, dst, group_name, rank, world)
+    def forward(ctx, seq_dims, src, dst, group_name, rank, world, *xs):
+        ctx.args = (seq_dims, src, dst, group_name, rank, world)
+        ctx.floating = [x.is_floating_point() or x.is_complex() for x in xs]
+        return tuple(_moves(xs, seq_dims, src, dst, group_name, rank, world))
 
     @staticmethod
-    def backward(ctx, grad):
-        seq_dim, src, dst, group_name, rank, world = ctx.args
-        return _move(grad.contiguous(), seq_dim, dst, src, group_name, rank, world), None, None, None, None, None, None
+    def backward(ctx, *grads):
+        seq_dims, src, dst, group_name, rank, world = ctx.args
+        picked = [i for i, f in enumerate(ctx.floating) if f]
+        back = _moves(
+            [grads[i].contiguous() for i in picked], [seq_dims[i] for i in picked], dst, src, group_name, rank, world
+        )
+        out: list[torch.Tensor | None] = [None] * len(grads)
+        for i, g in zip(picked, back):
+            out[i] = g
+        return None, None, None, None, None, None, *out
 
 
 def relayout(
-    x: torch.Tensor, *, seq_dim: int, src: str, dst: str, group_name: str, rank: int, world: int
-) -> torch.Tensor:
-    """The relayout region: `x`, this rank's tokens under layout `src` on `seq_dim`, as this rank's tokens under
-    layout `dst` (a graph node; differentiable: the gradient goes back by the inverse relayout)."""
-    return _Relayout.apply(x, seq_dim % x.dim(), src, dst, group_name, rank, world)
+    *xs: torch.Tensor, seq_dims: tuple[int, ...], src: str, dst: str, group_name: str, rank: int, world: int
+) -> tuple[torch.Tensor, ...]:
+    """The relayout region: each x of `xs`, this rank's tokens under layout `src` on its dim of `seq_dims`, as
+    this rank's tokens under layout `dst` (a graph node; differentiable: each gradient goes back by the inverse
+    relayout)."""
+    dims = tuple(d % x.dim() for x, d in zip(xs, seq_dims))
+    return _Relayout.apply(dims, src, dst, group_name, rank, world, *xs)

@@ -191,6 +191,8 @@ def _price(run: list, length: int, group: CPGroup, strategy: str, nodes, index, 
             if found is None:
                 continue
             into, out = found
+            if any(len({_seq_dim(example(n), length) for n in side}) > 1 for side in (into, out)):
+                continue  # one relayout call a side holds its tokens on one dim (the token guard reads one)
             cost = sum(_row_bytes(n, length) * there for n in into) + sum(_row_bytes(n, length) * back for n in out)
             if best is None or (cost, end - start) < (best[0], best[1][1] - best[1][0]):
                 best = (cost, (start, end), found)
@@ -202,21 +204,26 @@ def _price(run: list, length: int, group: CPGroup, strategy: str, nodes, index, 
 
 
 def _insert(run: Run, nodes, strategy: str, group: CPGroup) -> None:
-    """The relayouts around the run's cut; the nodes inside read the flat copies."""
+    """The relayouts around the run's cut (one region call a side, its all-to-alls one chain); the nodes inside
+    read the flat copies, the nodes after the zigzag ones."""
     start, end = run.cut
-    inside = set(nodes[start:end])
     where = dict(group_name=group.name, rank=group.rank, world=group.size)
     graph = nodes[start].graph
     for side, (src, dst) in zip(run.crossing, ((strategy, "flat"), ("flat", strategy))):
-        anchor = nodes[start] if src == strategy else nodes[end]
-        for node, dim in side:
-            with graph.inserting_before(anchor):
-                moved = graph.call_function(relayout, (node,), dict(seq_dim=dim, src=src, dst=dst, **where))
-            moved.meta = {k: v for k, v in node.meta.items() if k in ("example_value", "val", "stack_trace")}
-            moved.meta[_TOKEN_REGION] = dim
-            readers = inside if src == strategy else set(nodes[end:]) - {moved}
-            for user in [u for u in node.users if u in readers]:
-                user.replace_input_with(node, moved)
+        if not side:
+            continue
+        readers = set(nodes[start:end]) if src == strategy else set(nodes[end:])
+        with graph.inserting_before(nodes[start] if src == strategy else nodes[end]):
+            tensors = tuple(node for node, _ in side)
+            call = graph.call_function(relayout, tensors, dict(seq_dims=tuple(d for _, d in side), src=src, dst=dst,
+                                                               **where))  # fmt: skip
+            call.meta["example_value"] = tuple(example(n) for n in tensors)
+            call.meta[_TOKEN_REGION] = side[0][1]
+            for i, (node, _) in enumerate(side):
+                moved = graph.call_function(operator.getitem, (call, i))
+                moved.meta = {k: v for k, v in node.meta.items() if k in ("example_value", "val")}
+                for user in [u for u in node.users if u in readers]:
+                    user.replace_input_with(node, moved)
 
 
 def _note(run: Run, chosen: bool, mixer_layout: str, strategy: str) -> str:

@@ -12,31 +12,35 @@ from cpcompile.layouts import LAYOUTS
 from cpcompile.mixers.relayout import received_tokens, relayout, relayout_routes
 
 
-def _play(pieces: dict[int, torch.Tensor], src: str, dst: str, cp: int, seq_dim: int, monkeypatch) -> list:
-    """Every rank's relayout of its `pieces[rank]`, the all-to-all delivered between two runs of the region."""
-    sent = {}
+def _play(pieces: dict[int, list[torch.Tensor]], src: str, dst: str, cp: int, seq_dim: int, monkeypatch) -> list:
+    """Every rank's relayout of its `pieces[rank]` (one region call, its all-to-alls one chain), the all-to-alls
+    delivered between two runs of the region."""
+    sent: dict[int, list] = {}
 
     def record(rank):
         def fake(x, out_splits, in_splits, group_name):
             assert sum(in_splits) == x.shape[0], (in_splits, x.shape)
-            sent[rank] = (x, list(in_splits), list(out_splits))
+            sent.setdefault(rank, []).append((x, list(in_splits), list(out_splits)))
             return x.new_zeros(sum(out_splits), *x.shape[1:])
 
         return fake
 
+    def call(rank):
+        dims = (seq_dim,) * len(pieces[rank])
+        return relayout(*pieces[rank], seq_dims=dims, src=src, dst=dst, group_name="0", rank=rank, world=cp)
+
     for rank in range(cp):
         monkeypatch.setattr(relayout_module, "_all_to_all", record(rank))
-        relayout(pieces[rank], seq_dim=seq_dim, src=src, dst=dst, group_name="0", rank=rank, world=cp)
+        call(rank)
     outs = []
     for rank in range(cp):
-        parts = []
-        for p in range(cp):
-            x, splits, _ = sent[p]
-            parts.append(x.split(splits)[rank])  # what rank p sent to `rank`
-        assert [t.shape[0] for t in parts] == sent[rank][2], "the receive splits do not match what arrives"
-        got = torch.cat(parts)
-        monkeypatch.setattr(relayout_module, "_all_to_all", lambda x, o, i, g, got=got: got)
-        outs.append(relayout(pieces[rank], seq_dim=seq_dim, src=src, dst=dst, group_name="0", rank=rank, world=cp))
+        arrived = []
+        for k in range(len(pieces[rank])):  # the k-th all-to-all of the chain
+            parts = [sent[p][k][0].split(sent[p][k][1])[rank] for p in range(cp)]  # what rank p sent to `rank`
+            assert [t.shape[0] for t in parts] == sent[rank][k][2], "the receive splits do not match what arrives"
+            arrived.append(torch.cat(parts))
+        monkeypatch.setattr(relayout_module, "_all_to_all", lambda x, o, i, g, arrived=arrived: arrived.pop(0))
+        outs.append(call(rank))
     return outs
 
 
@@ -48,13 +52,16 @@ def test_relayout_is_the_layouts_permutation(cp, seq_dim, monkeypatch):
     whole = torch.randn(shape[0], seq, 5, dtype=torch.float64)
     whole = whole if seq_dim == 1 else whole.transpose(0, 1).contiguous()  # (seq, 3, 5)
 
-    def shard(name: str, rank: int) -> torch.Tensor:
-        return whole.index_select(seq_dim, LAYOUTS[name].shard_index(seq, cp, rank))
+    def shard(t: torch.Tensor, name: str, rank: int) -> torch.Tensor:
+        return t.index_select(seq_dim, LAYOUTS[name].shard_index(seq, cp, rank))
 
+    ids = torch.randint(0, 100, (shape[0], seq) if seq_dim == 1 else (seq, shape[1]))  # int64 tokens in the chain
     for src, dst in (("zigzag", "flat"), ("flat", "zigzag")):
-        outs = _play({r: shard(src, r) for r in range(cp)}, src, dst, cp, seq_dim, monkeypatch)
-        for rank, out in enumerate(outs):
-            assert torch.equal(out, shard(dst, rank)), (src, dst, cp, rank)
+        outs = _play({r: [shard(whole, src, r), shard(ids, src, r)] for r in range(cp)}, src, dst, cp, seq_dim,
+                     monkeypatch)  # fmt: skip
+        for rank, (out, out_ids) in enumerate(outs):
+            assert torch.equal(out, shard(whole, dst, rank)), (src, dst, cp, rank)
+            assert torch.equal(out_ids, shard(ids, dst, rank)), (src, dst, cp, rank)
 
 
 def test_routes_and_bytes():
