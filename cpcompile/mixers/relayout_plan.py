@@ -154,12 +154,11 @@ def _crossing(held: list, start: int, end: int):
     """(token tensors read inside [start, end) from before it, those inside read after it), or None where one
     that crosses is not one tensor with one seq dim. `held`: (node, its position, its users' positions, kind) of
     every node that holds tokens."""
-    into = [n for n, i, users, _ in held if i < start and any(start <= u < end for u in users)]
-    out = [n for n, i, users, _ in held if start <= i < end and users and users[-1] >= end]
-    kinds = {n: k for n, _, _, k in held}
-    if any(kinds[n] != "token" for n in into + out):
+    into = [(n, k) for n, i, users, k in held if i < start and any(start <= u < end for u in users)]
+    out = [(n, k) for n, i, users, k in held if start <= i < end and users[-1] >= end]
+    if any(k != "token" for _, k in into + out):
         return None
-    return into, out
+    return [n for n, _ in into], [n for n, _ in out]
 
 
 def _row_bytes(n: torch.fx.Node, length: int) -> int:
@@ -183,7 +182,11 @@ def _price(run: list, length: int, group: CPGroup, strategy: str, nodes, index, 
     lay = get_layout(strategy)
     there = received_tokens(lay, LAYOUTS["flat"], group.size, length)
     back = received_tokens(LAYOUTS["flat"], lay, group.size, length)
-    held = [(n, index[n], sorted(index[u] for u in n.users), kinds[n]) for n in nodes if kinds[n] != "free"]
+    held = [  # the token nodes alive somewhere between the barriers: only they can cross a cut there
+        (n, index[n], users, kinds[n])
+        for n in nodes
+        if kinds[n] != "free" and index[n] < hi and (users := sorted(index[u] for u in n.users)) and users[-1] >= lo
+    ]
     best = None
     for start in range(lo, first + 1):
         for end in range(last + 1, hi + 1):
