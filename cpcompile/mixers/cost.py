@@ -36,7 +36,7 @@ def a2a_bytes(plan: MixerPlan | StatePlan) -> int:
     """The forward bytes a rank receives if the mixer ran head-parallel (a2a)."""
     node, spec, cp = plan.node, plan.spec, plan.group.size
     n = len(spec.weight_names)
-    kwargs = {k: example(v) for k, v in node.kwargs.items()}
+    kwargs = {k: example(v) for k, v in node.kwargs.items() if k != getattr(plan, "documents", None)}
     shared = _tensors([kwargs.pop(k) for k in spec.shared_inputs if k in kwargs])
     tokens = _tensors(([example(a) for a in node.args[1 + n :]], kwargs)) + _tensors(example(node))
     return sum(_nbytes(t) * (cp - 1) // cp for t in tokens) + sum(_nbytes(t) * (cp - 1) for t in shared)
@@ -48,7 +48,8 @@ def state_bytes(plan: StatePlan, layout: str | None = None) -> int:
     lay = get_layout(layout or plan.layout)
     if plan.context is not None:
         n = len(spec.weight_names)
-        tokens = _tensors(([example(a) for a in node.args[1 + n :]], {k: example(v) for k, v in node.kwargs.items()}))
+        kwargs = {k: example(v) for k, v in node.kwargs.items() if k != plan.documents}  # offsets: not tokens
+        tokens = _tensors(([example(a) for a in node.args[1 + n :]], kwargs))
         tails = tails_received(lay, cp) if plan.context else 0
         return tails * sum(_nbytes(t) // plan.local_len * plan.context for t in tokens)
     b, h, dk, dv = plan.state_shape
@@ -62,6 +63,11 @@ def describe(plan: MixerPlan | StatePlan) -> str:
     a2a = a2a_bytes(plan)
     if plan.comm == "a2a":
         return f"{plan.spec.name}: a2a, {a2a} bytes received a rank per forward call"
+    if plan.documents is not None:  # packed documents: a2a does not reset at them (its plan refuses them)
+        return (
+            f"{plan.spec.name}: state passing, {state_bytes(plan)} bytes received a rank per forward call (packed "
+            f"documents from {plan.documents}=; a2a cannot run them)"
+        )
     flat = ""
     if get_layout(plan.layout).chunks_per_rank > 1:
         flat = f"; state passing on flat chunks would receive {state_bytes(plan, 'flat')}"

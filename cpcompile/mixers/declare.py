@@ -26,10 +26,10 @@ T = TypeVar("T")
 
 COMMS = ("a2a", "state", "auto")
 """How a mixer's region communicates: "a2a" trades the sequence for heads (any head-local mixer, any chunk layout);
-"state" passes state along a chunk layout's chunks (flat, zigzag) in sequence order: a conv's last `context` tokens
-to the chunk after them (a halo), or a linear recurrence's chunk transitions (mixers/state_region.py); "auto": per
-call, the one whose forward moves fewer bytes a rank among those that can run it (state passing needs context= or
-state=)."""
+"state" passes state along a chunk layout's chunks (flat, zigzag; packed documents: thd) in sequence order: a
+conv's last `context` tokens to the chunk after them (a halo), or a linear recurrence's chunk transitions
+(mixers/state_region.py); "auto": per call, the one whose forward moves fewer bytes a rank among those that can run
+it (state passing needs context= or state=)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,9 @@ class MixerSpec:
     the weights by name: the halo each rank receives from the previous one)."""
     state: StateArgs | None = None
     """comm="state", a chunked linear recurrence: where it takes and returns its state."""
+    documents: str | None = None
+    """comm="state": the keyword argument that takes packed documents' offsets, which the mixer honours in
+    flash-linear-attention's convention (mixers/documents.py); None: a call given documents is refused."""
 
     def call(self, weights, args, kwargs):
         """The mixer itself on these weights and inputs (any head count, any length the code infers)."""
@@ -141,6 +144,7 @@ def token_mixer(
     comm: str = "a2a",
     context: int | Callable[[dict[str, Any]], int] | None = None,
     state: StateArgs | bool | None = None,
+    documents: str | None = None,
 ) -> T:
     """Declare `obj` (an nn.Module instance, changed in place, or a function: use the returned one) a head-local
     token mixer and return it. Under CP its call runs head-parallel: its tensor arguments (this rank's tokens on
@@ -163,11 +167,21 @@ def token_mixer(
     e.g. `lambda w: w["weight"].shape[-1] - 1`), which gets the previous chunk's last `context` tokens, or a chunked
     linear recurrence in flash-linear-attention's convention (`state`: True or a StateArgs naming its value,
     initial_state and output_final_state arguments), whose chunk transitions are all-gathered and composed.
+    `documents` (comm="state" or "auto"): the keyword argument through which the mixer takes packed documents'
+    offsets (e.g. "cu_seqlens") and honours them in flash-linear-attention's convention: batch 1, offsets of its
+    own input (zero-length documents allowed), a state mixer takes and returns one state a document; under
+    strategy "thd" (or "flat", one packed row) each rank's chunk gets its own offsets and the state and halo
+    reset at document starts (mixers/documents.py). Undeclared, a call given documents is refused.
     """
     if heads_dim == seq_dim:
         raise ValueError("token_mixer: heads_dim and seq_dim must differ")
     state = StateArgs() if state is True else (state or None)
     _check_comm(comm, context, state, shared_inputs)
+    if documents is not None and (comm == "a2a" or not isinstance(documents, str)):
+        raise ValueError(
+            f"token_mixer: documents={documents!r}; name the keyword that takes the offsets (e.g. 'cu_seqlens'), "
+            "with comm='state' or 'auto' (the a2a region does not take packed documents)"
+        )
     if isinstance(obj, nn.Module) and "_cpcompile_mixer" in obj.__dict__:
         raise ValueError(f"token_mixer: this {type(obj).__name__} is declared already")
     key = next(_KEYS)
@@ -180,7 +194,7 @@ def token_mixer(
             raise ValueError(f"token_mixer: {sorted(unknown)} are not parameters or buffers of {type(obj).__name__}")
         spec = MixerSpec(
             key, type(obj).__name__, heads_dim, seq_dim, names, dict(weight_dims or {}), module=obj, comm=comm,
-            context=context, state=state,
+            context=context, state=state, documents=documents,
         )  # fmt: skip
         MIXERS[key] = spec
         _wrap_module(obj, spec)
@@ -198,7 +212,7 @@ def token_mixer(
         )
     spec = MixerSpec(
         key, getattr(obj, "__name__", type(obj).__name__), heads_dim, seq_dim, weights, dict(weight_dims or {}), fn=obj,
-        shared_inputs=tuple(shared_inputs), comm=comm, context=context, state=state,
+        shared_inputs=tuple(shared_inputs), comm=comm, context=context, state=state, documents=documents,
     )  # fmt: skip
     MIXERS[key] = spec
 

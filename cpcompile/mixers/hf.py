@@ -6,6 +6,8 @@ layers by their declared versions (process-wide, like any declaration; without C
 `comm="state"` declares those that can pass state (the causal conv: a halo of kernel - 1 tokens; the gated delta
 rule: its chunk transition) with comm="state" and the others (Mamba's scans) with comm="a2a". The torch
 fallback is declared even where transformers would call a kernel package instead (`torch_fallback`).
+Packed documents: these fallbacks take `cu_seqlens` in **kwargs and ignore it (their documents mix even in one
+process), so they are not declared with `documents=` and a packed call is refused (plan_state.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Plan one declared mixer's node: check that it can run head-parallel here, before any collective runs.
 
 Rules (each violation is one CPCompileError naming the node and its source line): a chunk layout (flat,
-zigzag: packed documents would need the scan's state reset at every document start); plain tensors (no
+zigzag: packed documents run under state passing, plan_state.py); plain tensors (no
 DTensor); every token input and output with the declared seq and heads dims, one local length, and a head count
 that divides by cp; weights that split with the heads divisible by cp; and a dry run of the mixer's own code on
 meta tensors shaped as the region will feed it (the whole sequence, heads/cp heads) that gives outputs of the
@@ -193,8 +193,9 @@ def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
             node,
             spec,
             f"runs head-parallel over the chunk layouts {sorted(LAYOUTS)} only, not {strategy!r} "
-            "(packed documents need its state reset at every document start)",
-            "use strategy='flat' or 'zigzag'",
+            "(the a2a region does not reset its state at document starts)",
+            "use strategy='flat' or 'zigzag', or for packed documents (strategy='thd') declare it with "
+            "comm='state' and documents='cu_seqlens' (state passing)",
         )
     cp = group.size
     inputs = _token_shapes(node, spec, pytree.tree_leaves((args, kwargs)), cp, "tensor argument")

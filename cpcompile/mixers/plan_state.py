@@ -1,9 +1,11 @@
 """Plan one mixer declared with comm="state": check that state passing can run it here, before any collective.
 
-Rules (each violation is one CPCompileError naming the node and its source line): a chunk layout (flat, zigzag: each
-chunk's state follows the chunk before it in sequence order, wherever that is; packed documents would need the state
-reset at document starts, and so would boundaries given as cu_seqlens= or seq_idx=); plain tensors; every token
-tensor with the declared seq dim and one local length. The mixer runs once per chunk a rank owns (flat: its L
+Rules (each violation is one CPCompileError naming the node and its source line): strategy flat, zigzag or thd (each
+chunk's state follows the chunk before it in sequence order, wherever that is; thd's ranks hold flat's chunks of the
+packed buffer; thd_zigzag and thd_balanced order a rank's tokens by document: refused); packed documents' offsets
+(cu_seqlens=, required under thd) only to a mixer declared with documents= (it resets at them in fla's convention,
+batch 1; documents.py), per-token document ids (seq_idx=) never; plain tensors; every token tensor with the
+declared seq dim and one local length. The mixer runs once per chunk a rank owns (flat: its L
 tokens; zigzag: two chunks of L/2), so the dry runs use a chunk's length C. A conv-like mixer (`context`): a context
 of 0..C tokens, and a dry run on meta tensors of C + context tokens that gives C + context outputs. A linear
 recurrence (`state`): its value argument a 4-D (batch, ..., value dim last) tensor with heads and tokens on the
@@ -44,6 +46,8 @@ class StatePlan:
     state_shape: tuple[int, ...] = ()
     """A linear recurrence: its state (batch, heads, Dk, Dv)."""
     state_dtype: torch.dtype = torch.float32
+    documents: str | None = None
+    """The call's keyword holding packed documents' GLOBAL offsets (the state and the halo reset at their starts)."""
     note: str = ""
     """What explain() prints: the comm and both comms' bytes (set by the rewrite, before the node is erased)."""
     comm = "state"
@@ -56,6 +60,8 @@ class StatePlan:
         where = dict(group_name=self.group.name, rank=self.group.rank, world=self.group.size)
         if self.layout != "flat":  # flat's region calls keep the default (their graphs stay as they were)
             where["layout"] = self.layout
+        if self.documents is not None:
+            where["documents"] = self.documents
         if self.context is not None:
             return dict(key=self.spec.key, call_kwargs=dict(self.node.kwargs), context=self.context, **where)
         return dict(
@@ -91,7 +97,7 @@ def _shapes(out) -> list[tuple[int, ...]]:
     return [tuple(t.shape) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
-def _plan_halo(node, spec: MixerSpec, weights, args, kwargs, length: int, chunk: int, strategy: str) -> int:
+def _plan_halo(node, spec: MixerSpec, weights, args, kwargs, length: int, chunk: int, strategy: str, docs: dict) -> int:
     context = spec.context(dict(zip(spec.weight_names, weights))) if callable(spec.context) else spec.context
     if not isinstance(context, int) or not 0 <= context <= chunk:
         held = f"the {length} tokens a rank holds"
@@ -104,7 +110,7 @@ def _plan_halo(node, spec: MixerSpec, weights, args, kwargs, length: int, chunk:
             "declare context= as the conv's kernel size - 1, and give each rank's chunks at least that many tokens",
         )
     grown = pytree.tree_map(lambda t: _meta(t, spec, chunk - length + context), (args, kwargs))
-    out = _run(node, spec, weights, *grown, f"on {chunk} + {context} tokens")
+    out = _run(node, spec, weights, grown[0], grown[1] | docs, f"on {chunk} + {context} tokens")
     want = _shapes(pytree.tree_map(lambda t: _meta(t, spec, chunk - length + context), example(node)))
     if _shapes(out) != want:
         raise refuse(
@@ -120,18 +126,63 @@ _DOCUMENTS = ("cu_seqlens", "seq_idx")
 """Keyword arguments that carry packed documents' boundaries (fla's and transformers' convs and scans)."""
 
 
-def _check_documents(node, spec: MixerSpec, kwargs) -> None:
-    """No packed documents: a document starting inside a chunk would have to cut the chain there (its transition
-    zeroed from that point, the halo dropped), which the regions do not do."""
-    given = [name for name in _DOCUMENTS if kwargs.get(name) is not None]
-    if given:
+def _documents(node, spec: MixerSpec, strategy: str, kwargs: dict) -> str | None:
+    """The keyword of the call's document offsets, checked (1-D integer, batch-1 token tensors), or None (no
+    documents); one CPCompileError where state passing cannot reset the mixer at their starts."""
+    given = [name for name in dict.fromkeys((*_DOCUMENTS, spec.documents)) if name and kwargs.get(name) is not None]
+    if not given:
+        if strategy == "thd":
+            raise refuse(
+                node,
+                spec,
+                "runs under strategy 'thd' (packed documents) without the documents' offsets: state passing would "
+                "carry its state and conv halo across every document start (transformers' hybrids cannot run "
+                "packed documents on their torch fallbacks: those ignore cu_seqlens, so documents mix even in one "
+                "process)",
+                f"pass the model's cu_seqlens to it ({spec.documents or 'cu_seqlens'}=...) and declare it with "
+                "token_mixer(..., documents='cu_seqlens') if it resets at them in flash-linear-attention's "
+                "convention",
+            )
+        return None
+    name = given[0]
+    if name != spec.documents:
         raise refuse(
             node,
             spec,
-            f"is given packed documents' boundaries ({given[0]}=...); state passing does not reset the state or the "
-            "conv's halo at a document start inside a chunk (not supported yet)",
-            f"call it without {given[0]} (one document a sequence), or leave this model's documents unpacked",
+            f"is given packed documents' boundaries ({name}=...) but is not declared to reset at them "
+            f"(token_mixer(..., documents={spec.documents!r})); state passing hands it one chunk at a time and "
+            "must give each chunk its own offsets. transformers' torch fallbacks take cu_seqlens in **kwargs and "
+            "ignore it (their documents mix even in one process); per-token document ids (seq_idx=) are not "
+            "supported",
+            "declare it with documents='cu_seqlens' if it takes fla-style offsets and resets its state and conv "
+            "window at them (batch 1, one state a document), or call it without them (one document a sequence)",
         )
+    cu = kwargs[name]
+    tokens = [t for k, t in kwargs.items() if k != name and isinstance(t, torch.Tensor)]
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.is_floating_point() or cu.shape[0] < 2:
+        raise refuse(
+            node,
+            spec,
+            f"is given {name}={_shapes(cu) or cu!r}, not 1-D integer offsets (documents + 1 entries)",
+            "pass the packed batch's cu_seqlens (the GLOBAL offsets shard_batch leaves the model)",
+        )
+    batches = sorted({int(t.shape[0]) for t in tokens if t.dim() >= 2})
+    if batches and batches != [1]:
+        raise refuse(
+            node,
+            spec,
+            f"is given {name}= with token tensors of batch {batches}, not 1",
+            "pack the documents into one row (batch 1), as fla's varlen functions take them",
+        )
+    if strategy not in ("thd", "flat"):
+        raise refuse(
+            node,
+            spec,
+            f"is given packed documents ({name}=) under strategy {strategy!r}; state passing resets at document "
+            "starts on contiguous ranks only ('thd', or 'flat' chunks of one packed row)",
+            "use strategy='thd' for packed documents",
+        )
+    return name
 
 
 def _check_flags(node, spec: MixerSpec, kwargs) -> None:
@@ -148,8 +199,11 @@ def _check_flags(node, spec: MixerSpec, kwargs) -> None:
         )
 
 
-def _plan_state(node, spec: MixerSpec, weights, args, kwargs, cut: int) -> tuple[int, tuple[int, ...], torch.dtype]:
-    """`cut`: the tokens a chunk has fewer than the rank (the dry runs are on one chunk)."""
+def _plan_state(
+    node, spec: MixerSpec, weights, args, kwargs, cut: int, docs: dict
+) -> tuple[int, tuple[int, ...], torch.dtype]:
+    """`cut`: the tokens a chunk has fewer than the rank (the dry runs are on one chunk); `docs`: the document
+    offsets' keyword -> a meta tensor (none: one document a sequence)."""
     names = spec.state
     args, kwargs = spec.named(args, kwargs)
     v = kwargs.get(names.value)
@@ -171,7 +225,9 @@ def _plan_state(node, spec: MixerSpec, weights, args, kwargs, cut: int) -> tuple
     metas = pytree.tree_map(lambda t: _meta(t, spec, -cut), (args, kwargs))
     v = metas[1][names.value]
     out = pytree.tree_map(lambda t: _meta(t, spec, -cut), out)
-    plain = _run(node, spec, weights, metas[0], metas[1] | {names.output_final_state: True}, "asked for its state")
+    plain = _run(
+        node, spec, weights, metas[0], metas[1] | docs | {names.output_final_state: True}, "asked for its state"
+    )
     final = plain[1] if isinstance(plain, (tuple, list)) and len(plain) == 2 else None
     dv = int(v.shape[-1])
     if not isinstance(final, torch.Tensor) or final.dim() != 4 or int(final.shape[-1]) != dv:
@@ -182,7 +238,7 @@ def _plan_state(node, spec: MixerSpec, weights, args, kwargs, cut: int) -> tuple
             "declare it with comm='a2a'",
         )
     dk = int(final.shape[2])
-    wide = dict(metas[1])
+    wide = dict(metas[1]) | docs
     wide[names.value] = torch.empty([*v.shape[:-1], dv + dk], dtype=v.dtype, device="meta")
     wide[names.initial_state] = torch.empty([*final.shape[:-1], dv + dk], dtype=final.dtype, device="meta")
     wide[names.output_final_state] = True
@@ -195,7 +251,8 @@ def _plan_state(node, spec: MixerSpec, weights, args, kwargs, cut: int) -> tuple
             f"gives {_shapes(got)} on values of {dv} + {dk} columns, not {want}",
             "make its value width follow its inputs, or declare it with comm='a2a'",
         )
-    return dk, tuple(int(s) for s in final.shape), final.dtype
+    shape = tuple(int(s) for s in final.shape)
+    return dk, (1, *shape[1:]) if docs else shape, final.dtype  # documents: a chunk passes on one state
 
 
 def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
@@ -205,17 +262,27 @@ def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
     weights = [example(a) for a in node.args[1 : 1 + n]]
     args = tuple(example(a) for a in node.args[1 + n :])
     kwargs = {k: example(v) for k, v in node.kwargs.items()}
-    if strategy not in LAYOUTS:
+    if strategy not in (*LAYOUTS, "thd"):
         raise refuse(
             node,
             spec,
-            f"passes state along the chunks of a chunk layout {sorted(LAYOUTS)} (comm='state'), not {strategy!r} "
-            "(packed documents would need the state reset at every document start)",
-            "use strategy='flat' or 'zigzag'",
+            f"passes state along chunks in sequence order (comm='state'): strategy 'flat', 'zigzag' or 'thd' "
+            f"(packed documents, each rank a contiguous slice; the state resets at every document start), not "
+            f"{strategy!r}, which orders a rank's tokens by document ('thd_zigzag': every document cut in 2cp "
+            "pieces; 'thd_balanced': documents reordered)",
+            "use strategy='thd' for packed documents (or 'flat' / 'zigzag' with one document a sequence)",
         )
-    _check_documents(node, spec, spec.named(args, kwargs)[1])
+    named = spec.named(args, kwargs)[1]
+    documents = _documents(node, spec, strategy, named)
     if spec.state is not None:
-        _check_flags(node, spec, spec.named(args, kwargs)[1])
+        _check_flags(node, spec, named)
+    docs = {}
+    if documents is not None:  # the offsets are not a token tensor: left out of the token checks and dry runs
+        cu = named[documents]
+        docs = {documents: torch.empty(cu.shape, dtype=cu.dtype, device="meta")}
+        args, kwargs = spec.named(args, kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k != documents}
+    layout = "flat" if strategy == "thd" else strategy  # thd's ranks hold flat's chunks of the packed buffer
     fix = "declare the dim its token tensors hold the tokens on"
     lengths = token_lengths(node, spec, (("tensor argument", t) for t in pytree.tree_leaves((args, kwargs))), fix)
     lengths |= token_lengths(node, spec, (("output", t) for t in pytree.tree_leaves(example(node))), fix)
@@ -227,7 +294,7 @@ def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
             "call it on token tensors of this rank's length (tokens on seq_dim)",
         )
     length = lengths.pop()
-    count = LAYOUTS[strategy].chunks_per_rank
+    count = LAYOUTS[layout].chunks_per_rank
     if length % count:
         raise refuse(
             node,
@@ -236,9 +303,11 @@ def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
             "shard the sequence with cpcompile.shard (its length a multiple of the layout's chunk count)",
         )
     chunk = length // count
-    where = dict(node=node, spec=spec, local_len=length, layout=strategy, group=group, chunk_len=chunk)
+    where = dict(
+        node=node, spec=spec, local_len=length, layout=layout, group=group, chunk_len=chunk, documents=documents
+    )
     if spec.context is not None:
-        context = _plan_halo(node, spec, weights, args, kwargs, length, chunk, strategy)
+        context = _plan_halo(node, spec, weights, args, kwargs, length, chunk, strategy, docs)
         return StatePlan(**where, context=context)
-    dk, shape, dtype = _plan_state(node, spec, weights, args, kwargs, length - chunk)
+    dk, shape, dtype = _plan_state(node, spec, weights, args, kwargs, length - chunk, docs)
     return StatePlan(**where, key_dim=dk, state_shape=shape, state_dtype=dtype)

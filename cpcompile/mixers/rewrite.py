@@ -11,6 +11,7 @@ import logging
 import torch.fx
 
 from ..errors import CPCompileError, node_origin
+from ..layouts import LAYOUTS
 from ..mesh import CPGroup
 from .cost import a2a_bytes, describe, state_bytes
 from .declare import MIXERS, is_mixer_call
@@ -46,6 +47,8 @@ def _plan(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan | Sta
         return plan_state(node, strategy, group) if spec.comm == "state" else plan_mixer(node, strategy, group)
     if spec.context is None and spec.state is None:
         return plan_mixer(node, strategy, group)
+    if strategy not in LAYOUTS:  # packed documents: a2a refuses them, state passing's plan says what it needs
+        return plan_state(node, strategy, group)
     try:
         state = plan_state(node, strategy, group)
     except CPCompileError:  # e.g. a halo longer than a rank's chunk, packed documents: a2a, or its refusal
@@ -71,7 +74,7 @@ def _replace(plan: MixerPlan | StatePlan) -> None:
         log.info(
             "cpcompile: %s -> state-passing region (%s, %s, cp=%d, rank %d)",
             node_origin(region, "token mixer"),
-            plan.layout,
+            plan.layout if plan.documents is None else f"{plan.layout} chunks, documents from {plan.documents}=",
             f"a halo of {plan.context} tokens" if plan.context is not None else f"state {plan.state_shape}",
             plan.group.size,
             plan.group.rank,

@@ -17,6 +17,11 @@ rank's chunks are all-gathered (H x Dk x (Dv + Dk) a chunk, whatever the length)
 fp32 (or the state's wider dtype) into each chunk's initial state S, and o = O + P @ S. Backward is autograd's: the
 gather's is a reduce-scatter (every later chunk reads a chunk's transition), the shifts' the reverse shifts, the
 rest differentiates the mixer's own code.
+
+Packed documents (`documents`: the call's keyword holding the GLOBAL offsets; strategy thd runs flat's chunks):
+each chunk's mixer call gets the chunk's own offsets, the halo's included, and the scan's [0 | I] goes only to
+the document carried into the chunk; its transition is the final state of the document holding its last token
+(documents.py says why that resets the state and the halo at every document start).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from torch.utils import _pytree as pytree
 from ..layouts import get_layout
 from .chain import chunk_owners, halo_routes
 from .declare import MIXERS
+from .documents import carried, chunk_offsets, containing
 from .exchange import dense_grad
 from .passing import attach, gather_states, shifts
 
@@ -71,20 +77,33 @@ def _halos(tails: list[torch.Tensor], received: list[torch.Tensor], routes):
 
 
 def halo_region(
-    *flat, key: int, call_kwargs: dict, context: int, group_name: str, rank: int, world: int, layout: str = "flat"
+    *flat,
+    key: int,
+    call_kwargs: dict,
+    context: int,
+    group_name: str,
+    rank: int,
+    world: int,
+    layout: str = "flat",
+    documents: str | None = None,
 ):
-    """Run declared mixer `key` on each of this rank's chunks with the `context` tokens before it put first."""
+    """Run declared mixer `key` on each of this rank's chunks with the `context` tokens before it put first
+    (`documents`: the keyword of the call's GLOBAL document offsets; each chunk gets its own)."""
     spec = MIXERS[key]
     n = len(spec.weight_names)
-    inputs, tree = pytree.tree_flatten((tuple(flat[n:]), dict(call_kwargs)))
-    if not context:
-        args, kwargs = pytree.tree_unflatten(inputs, tree)
+    args, kwargs, cu = tuple(flat[n:]), dict(call_kwargs), None
+    if documents is not None:  # the offsets are not a token tensor: each chunk gets its own (documents.py)
+        args, kwargs = spec.named(args, kwargs)
+        cu = kwargs.pop(documents)
+    inputs, tree = pytree.tree_flatten((args, kwargs))
+    if not context and cu is None:
         return spec.call(flat[:n], args, kwargs)
     lay = get_layout(layout)
     routes = halo_routes(lay, world, rank)
-    seq, count = spec.seq_dim, lay.chunks_per_rank
+    seq, count, mine = spec.seq_dim, lay.chunks_per_rank, lay.rank_chunks(rank, world)
     per_chunk = [list(inputs) for _ in range(count)]
     tails = {}  # token input index -> each local chunk's last `context` tokens
+    length = 0
     for i, t in enumerate(inputs):
         if isinstance(t, torch.Tensor):
             pieces = _chunks(t, seq, count)
@@ -92,10 +111,12 @@ def halo_region(
             tails[i] = [p.narrow(seq, length - context, context) for p in pieces]
             for s, piece in enumerate(pieces):
                 per_chunk[s][i] = piece
+    if not context:  # documents, no halo: each chunk alone, with its own offsets
+        tails = {}
     # every input's shifts in ONE chain (passing.shifts: the same order on every rank)
     sends = [x for i in tails for x in _sends(tails[i], routes)]
     width = len(routes.sends)
-    received = shifts(sends, [o for _ in tails for o, _ in routes.sends], group_name, rank, world)
+    received = shifts(sends, [o for _ in tails for o, _ in routes.sends], group_name, rank, world) if sends else []
     unread = []
     for j, i in enumerate(tails):
         halos, missed = _halos(tails[i], received[j * width : (j + 1) * width], routes)
@@ -103,8 +124,10 @@ def halo_region(
         for s, halo in enumerate(halos):
             per_chunk[s][i] = dense_grad(torch.cat([halo, per_chunk[s][i]], dim=seq))
     outs = []
-    for chunk_inputs in per_chunk:
+    for s, chunk_inputs in enumerate(per_chunk):
         args, kwargs = pytree.tree_unflatten(chunk_inputs, tree)
+        if cu is not None:
+            kwargs[documents] = chunk_offsets(cu, mine[s] * length, length, lead=context)
         out = spec.call(flat[:n], args, kwargs)
         outs.append(
             pytree.tree_map(
@@ -120,7 +143,7 @@ def halo_region(
     return out
 
 
-def _initial_states(transition, chunks: tuple[int, ...], dv: int, acc: torch.dtype) -> list[torch.Tensor | None]:
+def initial_states(transition, chunks: tuple[int, ...], dv: int, acc: torch.dtype) -> list[torch.Tensor | None]:
     """Each of `chunks`' initial state: S_0 = 0, S_{c+1} = M_c @ S_c + B_c over the chunks before it in sequence
     order (`transition(c)`: chunk c's (B | M)); None: the sequence's first chunk (no earlier state)."""
     at: dict[int, torch.Tensor | None] = {}
@@ -141,18 +164,31 @@ def _subscripts(dim: int, heads_dim: int, seq_dim: int, last: str) -> str:
     return "".join(letters)
 
 
-def _transitions(spec, weights, args, kwargs, key_dim: int, state_dtype: torch.dtype):
-    """One chunk's run from [0 | I] on values [v | 0]: (outputs [O | P], final state [B | M])."""
+def chunk_transition(spec, weights, args, kwargs, key_dim: int, state_dtype: torch.dtype, documents=None):
+    """One chunk's run from [0 | I] on values [v | 0]: (outputs [O | P], final state [B | M]). `documents`:
+    (keyword, GLOBAL offsets, the chunk's first global token): the mixer gets the chunk's own offsets, [0 | I] only
+    for the document carried into the chunk (zeros for the others), and the final state is the one of the
+    document holding the chunk's last token (documents.py)."""
     names = spec.state
     kwargs = dict(kwargs)
     v = kwargs[names.value]
-    dv, batch, heads = v.shape[-1], v.shape[0], v.shape[spec.heads_dim]
+    dv, batch, heads, length = v.shape[-1], v.shape[0], v.shape[spec.heads_dim], v.shape[spec.seq_dim]
     kwargs[names.value] = torch.cat([v, v.new_zeros(*v.shape[:-1], key_dim)], dim=-1)
+    if documents is not None:
+        name, cu, start = documents
+        batch = cu.shape[0] - 1  # one state a document
+        kwargs[name] = chunk_offsets(cu, start, length)
     eye = torch.eye(key_dim, dtype=state_dtype, device=v.device).expand(batch, heads, key_dim, key_dim)
     zeros = torch.zeros(batch, heads, key_dim, dv, dtype=state_dtype, device=v.device)
-    kwargs[names.initial_state] = torch.cat([zeros, eye], dim=-1)
+    initial = torch.cat([zeros, eye], dim=-1)
+    if documents is not None:
+        initial = initial * carried(cu, start).to(device=v.device, dtype=state_dtype).view(-1, 1, 1, 1)
+    kwargs[names.initial_state] = initial
     kwargs[names.output_final_state] = True
-    return spec.call(weights, args, kwargs)
+    out, final = spec.call(weights, args, kwargs)
+    if documents is not None:
+        final = final.index_select(0, containing(cu, start + length - 1).to(final.device))
+    return out, final
 
 
 def state_region(
@@ -165,21 +201,30 @@ def state_region(
     rank: int,
     world: int,
     layout: str = "flat",
+    documents: str | None = None,
 ):
     """Run declared linear recurrence `key` on each of this rank's chunks from the state the chunks before it
-    leave; returns (output, None) as the mixer does with output_final_state=False."""
+    leave; returns (output, None) as the mixer does with output_final_state=False. `documents`: the keyword of the
+    call's GLOBAL document offsets (the state resets at every document start: documents.py)."""
     spec = MIXERS[key]
     lay = get_layout(layout)
     mine, count = lay.rank_chunks(rank, world), lay.chunks_per_rank
     n = len(spec.weight_names)
-    inputs, tree = pytree.tree_flatten(spec.named(tuple(flat[n:]), dict(call_kwargs)))
+    args, kwargs = spec.named(tuple(flat[n:]), dict(call_kwargs))
+    cu = kwargs.pop(documents) if documents is not None else None
+    inputs, tree = pytree.tree_flatten((args, kwargs))
     inputs = [dense_grad(t) if isinstance(t, torch.Tensor) else t for t in inputs]
     per_chunk = [list(inputs) for _ in range(count)]
     for i, t in enumerate(inputs):
         if isinstance(t, torch.Tensor):
             for s, piece in enumerate(_chunks(t, spec.seq_dim, count)):
                 per_chunk[s][i] = piece
-    runs = [_transitions(spec, flat[:n], *pytree.tree_unflatten(c, tree), key_dim, state_dtype) for c in per_chunk]
+    runs = []
+    for s, chunk_inputs in enumerate(per_chunk):
+        args, kwargs = pytree.tree_unflatten(chunk_inputs, tree)
+        length = kwargs[spec.state.value].shape[spec.seq_dim]
+        where = None if cu is None else (documents, cu, mine[s] * length)
+        runs.append(chunk_transition(spec, flat[:n], args, kwargs, key_dim, state_dtype, where))
     final, out = runs[0][1], runs[0][0]
     dv = out.shape[-1] - key_dim
     acc = torch.promote_types(torch.promote_types(final.dtype, out.dtype), torch.float32)
@@ -190,7 +235,7 @@ def state_region(
         p, slot = owners[c]
         return gathered[p] if count == 1 else gathered[p, slot]
 
-    states = _initial_states(transition, mine, dv, acc)
+    states = initial_states(transition, mine, dv, acc)
     outs = []
     for (chunk_out, _), state in zip(runs, states):
         o, p = chunk_out.split([dv, key_dim], dim=-1)

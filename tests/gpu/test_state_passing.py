@@ -89,3 +89,61 @@ def test_gpu_qwen3_next_between_relayouts_matches_one_gpu(monkeypatch):
         assert "model.model.layers.0.linear_attn.A_log" in errors, sorted(errors)
         bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
         assert not bad, f"rank {rank}: {bad}"
+
+
+class _PackedGDN(torch.nn.Module):
+    """Two GDN layers over packed documents (tests/support/gdn.py, conv and scan declared with
+    documents="cu_seqlens"), no attention: (T,) ids and the GLOBAL cu_seqlens -> (T, vocab) logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tests.support.gdn import GDNLayer
+
+        self.embed = torch.nn.Embedding(VOCAB, 32)
+        self.layers = torch.nn.ModuleList(GDNLayer(32, 2, 8, 6, documents=True) for _ in range(2))
+        self.head = torch.nn.Linear(32, VOCAB)
+
+    def forward(self, ids, cu_seqlens):
+        x = self.embed(ids)[None]
+        for layer in self.layers:
+            x = layer(x, cu_seqlens)
+        return self.head(x[0])
+
+
+def _packed_gdn(rank, world, device):
+    """Packed documents under thd on `device` (the offsets on it too): fp32 against the same model on one device."""
+    if device == "cuda":
+        _rank_setup()
+        torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    model = _PackedGDN().to(device)
+    cu = torch.tensor([0, 3, 8, 9, 11, 16, 16], dtype=torch.int32, device=device)  # a start at the chunk edge
+    g = torch.Generator().manual_seed(1)
+    ids, labels = (torch.randint(0, VOCAB, (16,), generator=g).to(device) for _ in range(2))
+    cp_model = copy.deepcopy(model)
+    logits = model(ids, cu)
+    F.cross_entropy(logits, labels, reduction="sum").backward()
+    local = cpcompile.shard_batch(dict(input_ids=ids, labels=labels, cu_seqlens=cu), strategy="thd", seq_dim=0)
+    be = cpcompile.backend(strategy="thd", comm="all_gather", inner="aot_eager")
+    torch._dynamo.reset()
+    out = torch.compile(cp_model, backend=be, fullgraph=True)(local["input_ids"], local["cu_seqlens"])
+    F.cross_entropy(out, local["labels"], reduction="sum").backward()
+    full = cpcompile.unshard(out.detach(), strategy="thd", seq_dim=0, cu_seqlens=cu)
+    errors = {"logits": rel_err(full.cpu(), logits.detach().cpu())}
+    grads = dict(model.named_parameters())
+    for n, p in cp_model.named_parameters():
+        total = p.grad.detach().cpu()
+        dist.all_reduce(total)
+        errors[n] = rel_err(total, grads[n].grad.cpu())
+    return errors
+
+
+@pytest.mark.multirank
+def test_gpu_packed_documents_state_passing_matches_one_gpu(monkeypatch):
+    """Packed documents (strategy thd): the per-chunk offsets, the carried-in document's mask and the carried-out
+    document's index are traced tensor ops on the offsets' device (CUDA here), 2 ranks, fp32."""
+    monkeypatch.setenv("CPCOMPILE_TEST_PG_TIMEOUT", "300")
+    for rank, errors in enumerate(run_ranks(_packed_gdn, 2, "cuda", timeout=420)):
+        assert len(errors) == 1 + len(list(_PackedGDN().parameters())), sorted(errors)
+        bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
+        assert not bad, f"rank {rank}: {bad}"

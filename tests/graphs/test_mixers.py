@@ -129,6 +129,7 @@ def test_packed_layouts_are_refused():
     mixer = cpcompile.token_mixer(CausalConv(8), heads_dim=2)  # no attention: the mixer alone under thd
     msg = _compile_error(lambda x: mixer(x) * 2, _x(), strategy="thd")
     assert "chunk layouts ['flat', 'zigzag'] only, not 'thd'" in msg, msg
+    assert "declare it with comm='state' and documents='cu_seqlens' (state passing)" in msg, msg
 
 
 def test_an_undeclared_conv_is_refused_naming_token_mixer():

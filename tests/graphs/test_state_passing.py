@@ -14,7 +14,7 @@ from expecttest import assert_expected_inline
 import cpcompile
 from tests.support.errors import cp_error
 from tests.support.fake_pg import capture_graphs, fake_group, normalize_gm
-from tests.support.gdn import gated_delta_rule
+from tests.support.gdn import PackedCausalConv, gated_delta_rule
 from tests.support.graphs import on_snapshot_torch
 from tests.support.hybrid import CausalConv
 
@@ -121,35 +121,140 @@ def _compile_error(model, *inputs, world=4, strategy="flat") -> str:
     return str(cp_error(e))
 
 
-def test_packed_documents_are_refused_naming_the_chunk_layouts():
-    """What is still refused: a packed layout (thd), whose state would have to reset at every document start."""
+class PackedConvScan(nn.Module):
+    """ConvScan over packed documents: both mixers take fla's cu_seqlens and are declared to reset at them."""
+
+    def __init__(self, heads: int = 2, dim: int = 4) -> None:
+        super().__init__()
+        self.heads, self.dim = heads, dim
+        context = lambda w: w["weight"].shape[-1] - 1  # noqa: E731
+        conv = PackedCausalConv(3 * heads * dim)
+        self.conv = cpcompile.token_mixer(conv, heads_dim=2, comm="state", context=context, documents="cu_seqlens")
+        self.scan = cpcompile.token_mixer(gated_delta_rule, heads_dim=2, comm="state", state=True,
+                                          documents="cu_seqlens")  # fmt: skip
+
+    def forward(self, x, g, beta, cu_seqlens):
+        b, n, _ = x.shape
+        q, k, v = self.conv(x, cu_seqlens=cu_seqlens).view(b, n, 3, self.heads, self.dim).unbind(2)
+        return self.scan(q, k, v, g, beta, cu_seqlens=cu_seqlens)[0]
+
+
+CU = torch.tensor([0, 3, 8, 9, 11, 16], dtype=torch.int32)
+"""Documents of a 16-token buffer (4 tokens a rank at cp 4)."""
+
+
+def _packed_inputs():
+    return (*_inputs(seq=4), CU)
+
+
+def test_packed_documents_pass_state_with_each_chunk_s_offsets():
+    """Strategy "thd": the regions take the GLOBAL offsets (`documents='cu_seqlens'`) and run flat's chain of chunks
+    (one a rank) with the same collectives as flat (the offsets travel nowhere: every rank holds them whole)."""
+    torch._dynamo.reset()
+    with fake_group(1, 4):
+        graphs = capture_graphs(PackedConvScan(), cpcompile.backend(strategy="thd", inner="eager"), *_packed_inputs())
+    assert (_collectives(graphs["fw"]), _collectives(graphs["bw"])) == ((1, 1, 0), (1, 0, 1))
+    if on_snapshot_torch():
+        code = re.sub(r"key = \d+", "key = K", normalize_gm(graphs["rewritten"].print_readable(False)))
+        assert_expected_inline(
+            code,
+            """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[1, 4, 24]", L_self_modules_conv_parameters_weight_: "f32[24, 1, 4]", L_self_modules_conv_parameters_bias_: "f32[24]", L_cu_seqlens_: "i32[6]", L_g_: "f32[1, 4, 2]", L_beta_: "f32[1, 4, 2]"):
+        l_x_ = L_x_
+        l_self_modules_conv_parameters_weight_ = L_self_modules_conv_parameters_weight_
+        l_self_modules_conv_parameters_bias_ = L_self_modules_conv_parameters_bias_
+        l_cu_seqlens_ = L_cu_seqlens_
+        l_g_ = L_g_
+        l_beta_ = L_beta_
+        halo_region: "f32[1, 4, 24]" = cpcompile_mixers_state_region_halo_region(l_self_modules_conv_parameters_weight_, l_self_modules_conv_parameters_bias_, l_x_, key = K, call_kwargs = {'cu_seqlens': l_cu_seqlens_}, context = 3, group_name = '0', rank = 1, world = 4, documents = 'cu_seqlens')
+        view: "f32[1, 4, 3, 2, 4]" = halo_region.view(1, 4, 3, 2, 4)
+        unbind = view.unbind(2)
+        q: "f32[1, 4, 2, 4]" = unbind[0]
+        k: "f32[1, 4, 2, 4]" = unbind[1]
+        v: "f32[1, 4, 2, 4]" = unbind[2]
+        state_region = cpcompile_mixers_state_region_state_region(key = K, call_kwargs = {'query': q, 'key': k, 'value': v, 'g': l_g_, 'beta': l_beta_, 'cu_seqlens': l_cu_seqlens_}, key_dim = 4, state_dtype = torch.float32, group_name = '0', rank = 1, world = 4, documents = 'cu_seqlens')
+        getitem_3: "f32[1, 4, 2, 4]" = state_region[0]
+        return (getitem_3,)
+""",
+        )
+
+
+def test_explain_under_thd_prints_the_packed_state_passing_bytes():
+    """explain(strategy="thd"): the conv receives one 3-token tail of 24 fp32 channels (288 bytes; the offsets are
+    not tokens and travel nowhere), the scan 3 other ranks' 1 x 2 x 4 x (4 + 4) fp32 transitions (768); a2a cannot
+    run packed documents, so no a2a bytes are compared."""
+    torch._dynamo.reset()
+    x, g, beta = (t.repeat(1, 4, *[1] * (t.dim() - 2)) for t in _inputs(seq=4))
+    report = cpcompile.explain(PackedConvScan(), x, g, beta, CU, strategy="thd", world=4, cu_seqlens=CU, seq_dim=1)
+    assert not report.refusals, report.refusals
+    for line in (
+        "PackedCausalConv: state passing, 288 bytes received a rank per forward call (packed documents from "
+        "cu_seqlens=; a2a cannot run them)",
+        "gated_delta_rule: state passing, 768 bytes received a rank per forward call (packed documents",
+    ):
+        assert any(line in n for n in report.notes), report.notes
+
+
+def test_packed_layouts_that_reorder_documents_are_refused():
+    """thd_zigzag (every document in 2cp pieces) and thd_balanced (documents reordered): a rank's tokens are not one
+    stretch of the buffer; one CPCompileError naming the node, the layouts that work and what to use."""
+    for strategy in ("thd_zigzag", "thd_balanced"):
+        msg = _compile_error(PackedConvScan(), *_packed_inputs(), strategy=strategy)
+        assert "passes state along chunks in sequence order (comm='state'): strategy 'flat', 'zigzag' or 'thd'" in msg
+        assert f"not {strategy!r}, which orders a rank's tokens by document" in msg, msg
+        assert "use strategy='thd' for packed documents" in msg and "token mixer 'mixer_call' at " in msg, msg
+
+
+def test_thd_without_the_documents_offsets_is_refused():
+    """Under thd a mixer that is not given the offsets would carry its state across every document start."""
     msg = _compile_error(ConvScan(), *_inputs(), strategy="thd")
-    assert "passes state along the chunks of a chunk layout ['flat', 'zigzag'] (comm='state'), not 'thd'" in msg, msg
-    assert "reset at every document start" in msg and "use strategy='flat' or 'zigzag'" in msg, msg
-    assert "token mixer 'mixer_call' at " in msg, msg
+    assert "runs under strategy 'thd' (packed documents) without the documents' offsets" in msg, msg
+    assert "declare it with token_mixer(..., documents='cu_seqlens')" in msg, msg
 
 
-def _scan_with_documents(query, key, value, g, beta, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """The gated delta rule with fla's `cu_seqlens` keyword (ignored, as HF's torch fallback ignores it)."""
+def _scan_with_documents(query, key, value, g, beta, initial_state=None, output_final_state=False, **kwargs):
+    """The gated delta rule taking fla's `cu_seqlens` in **kwargs and ignoring it, as HF's torch fallback does."""
     return gated_delta_rule(query, key, value, g, beta, initial_state, output_final_state)
 
 
 class PackedScan(nn.Module):
-    """The gated delta rule given packed documents' boundaries (fla's cu_seqlens keyword)."""
+    """A gated delta rule given packed documents' boundaries (`name`: fla's cu_seqlens, Mamba's seq_idx)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "cu_seqlens", documents: str | None = None) -> None:
         super().__init__()
-        self.scan = cpcompile.token_mixer(_scan_with_documents, heads_dim=2, comm="state", state=True)
+        self.name = name
+        fn = gated_delta_rule if documents else _scan_with_documents
+        self.scan = cpcompile.token_mixer(fn, heads_dim=2, comm="state", state=True, documents=documents)
 
-    def forward(self, q, k, v, g, beta, cu_seqlens):
-        return self.scan(q, k, v, g, beta, cu_seqlens=cu_seqlens)[0]
+    def forward(self, q, k, v, g, beta, bounds):
+        return self.scan(q, k, v, g, beta, **{self.name: bounds})[0]
 
 
-def test_packed_document_boundaries_are_refused():
-    """A document starting inside a chunk would cut the chain there: not supported, said before any collective."""
-    msg = _compile_error(PackedScan(), *_scan_inputs(8), torch.tensor([0, 3, 8], dtype=torch.int32))
-    assert "is given packed documents' boundaries (cu_seqlens=...); state passing does not reset" in msg, msg
-    assert "_scan_with_documents" in msg and "call it without cu_seqlens" in msg, msg
+def test_documents_a_mixer_is_not_declared_to_reset_at_are_refused():
+    """A mixer given documents' boundaries that its declaration does not say it honours (HF's torch fallbacks
+    ignore cu_seqlens), or per-token document ids: refused before any collective, under every strategy."""
+    for strategy in ("flat", "thd"):
+        msg = _compile_error(
+            PackedScan(), *_scan_inputs(8), torch.tensor([0, 3, 8], dtype=torch.int32), strategy=strategy
+        )
+        assert "is given packed documents' boundaries (cu_seqlens=...) but is not declared to reset at them" in msg
+        assert "_scan_with_documents" in msg and "declare it with documents='cu_seqlens'" in msg, msg
+        assert "transformers' torch fallbacks take cu_seqlens in **kwargs and ignore it" in msg, msg
+    msg = _compile_error(PackedScan("seq_idx"), *_scan_inputs(8), torch.zeros(1, 8, dtype=torch.int32))
+    assert "is given packed documents' boundaries (seq_idx=...)" in msg and "(seq_idx=) are not supported" in msg
+
+
+def test_documents_under_zigzag_chunks_are_refused():
+    msg = _compile_error(PackedScan(documents="cu_seqlens"), *_scan_inputs(8), CU, strategy="zigzag")
+    assert "is given packed documents (cu_seqlens=) under strategy 'zigzag'" in msg, msg
+    assert "use strategy='thd' for packed documents" in msg, msg
+
+
+def test_documents_over_a_batch_of_rows_are_refused():
+    inputs = [t.expand(2, *t.shape[1:]) for t in _scan_inputs(8)]
+    msg = _compile_error(PackedScan(documents="cu_seqlens"), *inputs, torch.tensor([0, 3, 8]), strategy="thd")
+    assert "is given cu_seqlens= with token tensors of batch [2], not 1" in msg, msg
 
 
 def test_a_halo_longer_than_a_zigzag_chunk_is_refused():

@@ -167,3 +167,74 @@ def test_gdn_model_between_relayouts_matches_one_process(ranks4, cp):
         assert len(errors) == 2 + len(list(GDNModel().parameters())), errors
         bad = {n: e for n, e in errors.items() if not e <= TOL}
         assert not bad, f"rank {rank}: {bad}"
+
+
+PACKED = {
+    # cp -> batches of document lengths (4 tokens a rank) on one compiled model: a document start exactly at a
+    # chunk edge, a chunk that begins inside a document with another starting in it, one-token documents,
+    # documents shorter than the conv's 4-token kernel, a document over 3 chunks (cp 3), empty documents (padding)
+    2: ([3, 1, 2, 2], [2, 5, 1]),
+    3: ([1, 8, 1, 2], [4, 3, 1, 4]),
+}
+CU_ENTRIES = 6
+"""cu_seqlens padded to one shape (empty documents at the end), so the batches share one compile."""
+
+
+def _compare_packed(rank, world, cp):
+    """PackedGDNModel (two GDN layers taking the documents, varlen attention between them) under strategy "thd",
+    each batch against the one-process run on the whole buffer: logits, loss and every parameter gradient."""
+    from tests.support.gdn import PackedGDNModel
+
+    torch._dynamo.reset()
+    group = dist.new_group(list(range(cp)))
+    if rank >= cp:
+        return []
+    torch.manual_seed(0)
+    total = sum(PACKED[cp][0])
+    model = PackedGDNModel(max_len=total).double()
+    cp_model = copy.deepcopy(model)
+    model.attn.per_document = True
+    be = cpcompile.backend(strategy="thd", comm="all_gather", inner="aot_eager", group=group)
+    compiled = torch.compile(cp_model, backend=be, fullgraph=True)
+    gen = torch.Generator().manual_seed(1)
+    found = []
+    for step, lengths in enumerate(PACKED[cp]):
+        cu = cpcompile.pad_cu_seqlens([0, *torch.tensor(lengths).cumsum(0).tolist()], total, CU_ENTRIES)
+        ids, labels = torch.randint(0, VOCAB, (2, total), generator=gen)
+        model.zero_grad()
+        cp_model.zero_grad()
+        logits = model(ids, cu)
+        loss = F.cross_entropy(logits, labels, reduction="sum") / total
+        loss.backward()
+        local = cpcompile.shard_batch(dict(input_ids=ids, labels=labels, cu_seqlens=cu), strategy="thd", seq_dim=0,
+                                      group=group)  # fmt: skip
+        with torch._dynamo.config.patch(error_on_recompile=step > 0):
+            out = compiled(local["input_ids"], local["cu_seqlens"])
+        cp_loss = F.cross_entropy(out, local["labels"], reduction="sum") / total
+        cp_loss.backward()
+        summed = cp_loss.detach().clone()
+        dist.all_reduce(summed, group=group)
+        full = cpcompile.unshard(out.detach(), strategy="thd", seq_dim=0, cu_seqlens=cu, group=group)
+        errors = {"logits": rel_err(full, logits.detach()), "loss": rel_err(summed, loss.detach())}
+        grads = dict(model.named_parameters())
+        for name, p in cp_model.named_parameters():
+            dist.all_reduce(p.grad, group=group)
+            errors[name] = rel_err(p.grad, grads[name].grad)
+        found.append(errors)
+    return found
+
+
+@pytest.mark.parametrize("cp", [2, 3])
+def test_packed_documents_reset_the_state_and_the_halo(ranks4, cp):
+    """Packed documents under state passing (strategy "thd"): each rank's conv and scan restart at every document
+    start in its chunk, a chunk that begins at a document start reads no earlier state or halo, and only the first
+    segment of a chunk reads the incoming state; two batches of different documents, one compile."""
+    from tests.support.gdn import PackedGDNModel
+
+    params = len(list(PackedGDNModel(16).parameters()))
+    for rank, batches in enumerate(ranks4.run(_compare_packed, cp, timeout=600)[:cp]):
+        assert len(batches) == len(PACKED[cp]), batches
+        for step, errors in enumerate(batches):
+            assert len(errors) == 2 + params, errors
+            bad = {n: e for n, e in errors.items() if not e <= TOL}
+            assert not bad, f"rank {rank} batch {step}: {bad}"
