@@ -156,7 +156,7 @@ def fit_overheads(cases: list[dict]) -> dict:
         resid = [abs(per_byte * r[0] + fixed - t) for r, t in zip(rows, target)]
         out[f"{comm}/{kernel}"] = {"ms_per_byte": per_byte, "ms": fixed, "ranks": len(rows),
                                    "median_abs_err_ms": statistics.median(resid)}  # fmt: skip
-    out["a2a/*"] = {**out["a2a/flash_varlen"], "note": "borrowed from a2a/flash_varlen (the same comm/heads packs)"}
+    out["a2a/*"] = {**out["a2a/flash_varlen"], "note": "borrowed from a2a/flash_varlen (the same a2a packs)"}
     for kernel in ("cudnn", "flash"):
         out[f"all_gather/{kernel}"] = {"ms_per_byte": 0.0, "ms": 0.0, "note": "inside the executor times fitted on"}
     return out

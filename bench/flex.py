@@ -52,7 +52,8 @@ def _mask_mod(kind: str, seq: int):
 
 
 def _at_global(mask_mod, qpos: Positions, kvpos: Positions):
-    """The global mask_mod at the buffers' global positions (regions/flex.py's wrapper, closures instead of buffers)."""
+    """The global mask_mod at the buffers' global positions (regions/flex_call.py's wrapper, closures
+    instead of buffers)."""
     qt, kt = (p.table(torch.device("cuda")) if p.offset is None else None for p in (qpos, kvpos))
     return lambda b, h, q, k: mask_mod(b, h, qpos.apply(q, qt), kvpos.apply(k, kt))
 

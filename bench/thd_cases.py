@@ -19,12 +19,12 @@ import time
 import torch
 
 from bench.common import DTYPE, HKV, HQ, D
+from cpcompile.comms.all_gather.varlen import attend_gathered, fold_key_grads
 from cpcompile.executor import decode_varlen, encode_varlen, prepare_blocks  # (registers torch.ops.cpcompile.*)
 from cpcompile.kernels import get_varlen_kernel
 from cpcompile.kernels.base import NO_WINDOW, range_ids
 from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens
 from cpcompile.layouts import get_packed_layout
-from cpcompile.regions.all_gather_varlen import attend_gathered, fold_key_grads
 
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
 SCALE = 1 / math.sqrt(D)
@@ -94,7 +94,7 @@ _fold = torch.compile(fold_key_grads, fullgraph=True)
 
 
 def _block_tensors(q, gathered, key_index, ranges, spec, kernel) -> list[torch.Tensor]:
-    """The ranges and metadata `attend_gathered` takes (regions.all_gather_varlen.gathered_blocks' tensors)."""
+    """The ranges and metadata `attend_gathered` takes (comms.all_gather.varlen.gathered_blocks' tensors)."""
     keys = gathered.shape[0] if key_index is None else key_index.shape[0]
     return list(ranges) + prepare_blocks(ranges, spec, q.shape[0], [keys], kernel)
 
@@ -279,15 +279,15 @@ def a2a_rank_case(lengths: list[int], cp: int):
 
 
 def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str, compiled: bool = False):
-    """The a2a region itself (regions/a2a_varlen.py, eager: its head pack, the varlen executor ops over the whole
+    """The a2a region itself (comms/a2a/varlen.py, eager: its head pack, the varlen executor ops over the whole
     packed sequence with Hq/cp heads, the output unpack, and their backward), with the all-to-alls replaced by
     identity: what a rank does besides communicating. Eager (compiled=False) runs every pack as its own copy,
     an upper bound; compiled=True runs the region under Inductor."""
-    from cpcompile.comm import heads
-    from cpcompile.regions import a2a_varlen
+    from cpcompile.comms.a2a import head_parallel, heads
+    from cpcompile.comms.a2a import varlen as a2a_varlen
 
-    # every all-to-all of the region: the q/k/v and output exchanges (comm.heads) and the lse one (a2a_varlen)
-    heads.exchange_first = a2a_varlen.exchange_first = _identity_exchange
+    # every all-to-all of the region: the q/k/v one (head_parallel), the output's and the lse's (heads)
+    head_parallel.exchange_first = heads.exchange_first = _identity_exchange
     longest = int((cu[1:] - cu[:-1]).max())  # varlen_attn's max_q/max_k, which the planner hands the region
 
     def region(q, k, v, cu):

@@ -14,9 +14,9 @@ import argparse
 
 from bench import thd_cases
 from bench.common import time_many_ms
+from cpcompile.comms.all_gather.varlen import read_keys
 from cpcompile.executor import decode_varlen
 from cpcompile.kernels import get_varlen_kernel
-from cpcompile.regions.all_gather_varlen import read_keys
 
 
 def main() -> None:

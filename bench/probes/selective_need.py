@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from bench.thd_cases import MIXES, doc_lengths
+from cpcompile.comms.selective.schedule import capacity, select, select_thd
 from cpcompile.layouts import get_packed_layout
-from cpcompile.layouts.selective import capacity, select, select_thd
 
 
 def need(layout: str, lengths: list[int], cp: int, causal: bool = True) -> torch.Tensor:

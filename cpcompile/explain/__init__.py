@@ -23,12 +23,12 @@ import torch
 
 from .. import passes
 from ..backend import check_choices
+from ..comms.selective.schedule import capacity, select, select_thd
 from ..cost import estimate
 from ..errors import CPCompileError, node_source
 from ..families.plans import CPConfig, CPPlan
 from ..families.registry import FAMILIES, get_family
 from ..layouts import THD_LAYOUTS
-from ..layouts.selective import capacity, select, select_thd
 from ..log import LOGGER_NAME
 from ..mixers.relayout_plan import check_mixer_layout
 from ..passes import PassState

@@ -69,12 +69,12 @@ class ChunkLayout:
             q0 = i * chunk_len
             out.append(Block(q0, chunk_len, LOCAL_SOURCE, q0, chunk_len, True))
             for slot in range(self.chunks_per_rank):
-                for first, count in _runs(pos for pos, g in enumerate(self.source_chunks(slot, cp)) if g < c):
+                for first, count in runs(pos for pos, g in enumerate(self.source_chunks(slot, cp)) if g < c):
                     out.append(Block(q0, chunk_len, 1 + slot, first * chunk_len, count * chunk_len, False))
         return out
 
 
-def _runs(positions) -> list[tuple[int, int]]:
+def runs(positions) -> list[tuple[int, int]]:
     """Group increasing integers into maximal runs of consecutive values: [(first, count), ...]."""
     runs: list[tuple[int, int]] = []
     for p in positions:

@@ -154,7 +154,7 @@ class Plan:
     def key_buffer(self, rank: int, causal: bool, local_len: int, position, held: int):
         """(index, fold) of rank `rank`'s key buffer (PackedLayout.key_buffer) over a source buffer of `held`
         tokens in which global position g sits at `position(g)`: the all-gather buffer (held = T), or the
-        selective exchange's own + received tokens (layouts/selective.py)."""
+        selective exchange's own + received tokens (comms/selective/schedule.py)."""
         _, _, k0, k1, d0, second = self.sequences(rank, causal)
         total, size = self.cp * local_len, key_budget(local_len, self.cp)
         i = torch.arange(size, device=k1.device)
@@ -256,7 +256,7 @@ class ThdBalancedLayout(PackedLayout):
         return plan.key_buffer(rank, causal, local_len, lambda g: plan.gathered_position(g, local_len), cp * local_len)
 
     def held_key_buffer(self, cu_seqlens, local_len, cp, rank, causal, held_position, held):
-        """`key_buffer` over the selective exchange's held buffer of `held` tokens (layouts/selective.py), where
+        """`key_buffer` over the selective exchange's held buffer of `held` tokens (comms/selective/schedule.py), where
         global position g sits at `held_position[g]`."""
         plan = Plan(cu_seqlens, cp)
         return plan.key_buffer(rank, causal, local_len, lambda g: held_position[g], held)

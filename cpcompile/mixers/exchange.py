@@ -2,17 +2,22 @@
 
 `to_heads`: this rank's tokens of every head -> every token (in GLOBAL order) of this rank's heads/cp heads.
 `to_tokens`: the way back. The tensors of one dtype travel in ONE equal-split all-to-all (packed side by side
-per token, as the attention a2a packs q/k/v; comm.collectives.exchange_first, differentiable, routed like every
-collective). The received buffer is rank-major: rank p's local chunks in local order (flat: already global
-order; zigzag: chunks p and 2cp-1-p), so a layout with several chunks a rank reorders it into global order with
-one copy before the mixer runs and back after, since a scan must see its tokens in order.
+per token, as the attention a2a packs q/k/v: comms/a2a/head_parallel.exchange_side_by_side, differentiable,
+routed like every collective). The received buffer is rank-major: rank p's local chunks in local order (flat:
+already global order; zigzag: chunks p and 2cp-1-p), so a layout with several chunks a rank reorders it into
+global order with one copy before the mixer runs and back after, since a scan must see its tokens in order.
+`MixerHeads` is this exchange as comms/a2a/head_parallel.head_parallel takes it (mixers/region.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
-from ..comm.collectives import all_gather_dim0, exchange_first, reduce_scatter_dim0
+from ..comm.collectives import all_gather_dim0, reduce_scatter_dim0
+from ..comms.a2a.head_parallel import exchange_side_by_side
 from ..layouts import ChunkLayout
 
 
@@ -73,14 +78,8 @@ def _orders(layout: ChunkLayout, world: int) -> tuple[list[int], list[int]] | No
 
 def _exchange(blocks: list[torch.Tensor], group_name: str) -> list[torch.Tensor]:
     """One all-to-all per dtype of (world, n, h, rest...) blocks (block j to rank j); the received blocks."""
-    got: list[torch.Tensor | None] = [None] * len(blocks)
-    for dtype in dict.fromkeys(b.dtype for b in blocks):
-        idx = [i for i, b in enumerate(blocks) if b.dtype == dtype]
-        flat = [blocks[i].flatten(2) for i in idx]  # (world, n, h*rest)
-        packed = exchange_first(torch.cat(flat, dim=-1) if len(flat) > 1 else flat[0], group_name)
-        for i, part in zip(idx, packed.split([f.shape[-1] for f in flat], dim=-1)):
-            got[i] = part.view(blocks[i].shape)
-    return got  # type: ignore[return-value]
+    flat = [b.flatten(2) for b in blocks]  # (world, n, h*rest)
+    return [part.view(b.shape) for part, b in zip(exchange_side_by_side(flat, group_name), blocks)]
 
 
 def to_heads(
@@ -114,6 +113,24 @@ def to_tokens(
         mine = _back(got.transpose(1, 2).flatten(0, 1), perm)  # (H, n, rest) in the caller's dims
         out.append(_DenseGrad.apply(mine.contiguous()))  # callers .view() a mixer's outputs (FalconH1 does)
     return out
+
+
+@dataclass(frozen=True)
+class MixerHeads:
+    """A mixer region's exchange (comms/a2a/head_parallel.HeadExchange): token tensors with heads on `heads_dim`
+    and tokens on `seq_dim`, every token of this rank's heads in global order (to_heads / to_tokens)."""
+
+    heads_dim: int
+    seq_dim: int
+    layout: ChunkLayout
+    group_name: str
+    world: int
+
+    def to_heads(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return to_heads(list(inputs), self.heads_dim, self.seq_dim, self.layout, self.group_name, self.world)
+
+    def to_tokens(self, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return to_tokens(list(outputs), self.heads_dim, self.seq_dim, self.layout, self.group_name, self.world)
 
 
 class _GatherTokens(torch.autograd.Function):

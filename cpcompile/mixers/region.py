@@ -1,4 +1,5 @@
-"""The head-parallel (Ulysses) region around a declared token mixer, written once for any mixer.
+"""The head-parallel (Ulysses) region around a declared token mixer, written once for any mixer: comm="a2a"'s
+head_parallel (comms/a2a/head_parallel.py) with the mixer as its inner function, through exchange.MixerHeads.
 
 Before the mixer every token input goes through an all-to-all (exchange.to_heads): each rank then holds the
 whole sequence, in global order, for its heads/cp heads (channels); weights that split with the heads are
@@ -14,9 +15,10 @@ from __future__ import annotations
 import torch
 from torch.utils import _pytree as pytree
 
+from ..comms.a2a.head_parallel import head_parallel
 from ..layouts import get_layout
 from .declare import MIXERS
-from .exchange import gather_tokens, to_heads, to_tokens
+from .exchange import MixerHeads, gather_tokens
 
 
 def mixer_region(
@@ -49,14 +51,19 @@ def mixer_region(
     }
     inputs, spec_in = pytree.tree_flatten((tuple(flat[n:]), call_kwargs))
     tensors = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
-    moved = to_heads([inputs[i] for i in tensors], spec.heads_dim, spec.seq_dim, lay, group_name, world)
-    for i, t in zip(tensors, moved):
-        inputs[i] = t
-    args, kwargs = pytree.tree_unflatten(inputs, spec_in)
-    out = spec.call(weights, args, kwargs | shared)
-    outputs, spec_out = pytree.tree_flatten(out)
-    tensors = [i for i, t in enumerate(outputs) if isinstance(t, torch.Tensor)]
-    back = to_tokens([outputs[i] for i in tensors], spec.heads_dim, spec.seq_dim, lay, group_name, world)
-    for i, t in zip(tensors, back):
-        outputs[i] = t
+    produced = []  # the mixer's flat outputs and their tree
+
+    def run(*moved: torch.Tensor) -> list[torch.Tensor]:
+        """The mixer's own code on every token of this rank's heads; its tensor outputs, in order."""
+        for i, t in zip(tensors, moved):
+            inputs[i] = t
+        args, kwargs = pytree.tree_unflatten(inputs, spec_in)
+        outputs, spec_out = pytree.tree_flatten(spec.call(weights, args, kwargs | shared))
+        produced.extend((outputs, spec_out))
+        return [t for t in outputs if isinstance(t, torch.Tensor)]
+
+    exchange = MixerHeads(spec.heads_dim, spec.seq_dim, lay, group_name, world)
+    back = iter(head_parallel(run, [inputs[i] for i in tensors], exchange))
+    outputs, spec_out = produced
+    outputs = [next(back) if isinstance(t, torch.Tensor) else t for t in outputs]
     return pytree.tree_unflatten(outputs, spec_out)

@@ -1,3 +1,4 @@
-"""CP regions of the comms not yet in a package (comms/<name>/; ring is there): the plain torch functions the pass
-inserts in place of an attention node, one module per comm and family, plus shared pieces (partials, guards,
-the DTensor wrapper). comm/registry.py names them."""
+"""Pieces shared by the comms' regions (comms/<name>/): partials (running merges and sums of partial results),
+guards (the run-time checks the rewrite inserts), dtensor (the DTensor wrapper around any comm's dense region),
+flex_call (one flex_attention call at global positions). None imports a comm package except dtensor, which
+sits above them all: it reads the comm registry."""

@@ -13,11 +13,11 @@ import torch
 
 import cpcompile
 from cpcompile.comm.registry import comms_that
+from cpcompile.comms.a2a.dense import buffer_blocks
 from cpcompile.comms.ring.schedule import held_rank, ring_blocks
 from cpcompile.layouts import LAYOUTS, get_layout
 from cpcompile.layouts.heads import HeadSplit
 from cpcompile.layouts.window import band
-from cpcompile.regions.a2a import buffer_blocks
 from cpcompile.testing.distributed import run_ranks
 from tests.gpu.test_gpu import _rank_setup
 from tests.support.parity import bf16_rule, max_err, sdpa_case

@@ -42,7 +42,7 @@ class GraphModule(torch.nn.Module):
         l_q_ = L_q_
         l_k_ = L_k_
         l_v_ = L_v_
-        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_regions_all_gather_all_gather_attention(l_q_, l_k_, l_v_, layout = 'flat', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
+        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_comms_all_gather_dense_all_gather_attention(l_q_, l_k_, l_v_, layout = 'flat', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
         return (all_gather_attention,)
 """,
         )
@@ -58,7 +58,7 @@ class GraphModule(torch.nn.Module):
         l_q_ = L_q_
         l_k_ = L_k_
         l_v_ = L_v_
-        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_regions_all_gather_all_gather_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
+        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_comms_all_gather_dense_all_gather_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
         return (all_gather_attention,)
 """,
         )

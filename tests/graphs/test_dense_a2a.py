@@ -52,7 +52,7 @@ class GraphModule(torch.nn.Module):
         l_q_ = L_q_
         l_k_ = L_k_
         l_v_ = L_v_
-        a2a_attention: "f32[1, 4, 8, 8]" = cpcompile_regions_a2a_a2a_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
+        a2a_attention: "f32[1, 4, 8, 8]" = cpcompile_comms_a2a_dense_a2a_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
         return (a2a_attention,)
 """,
     )

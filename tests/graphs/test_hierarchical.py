@@ -39,7 +39,7 @@ def test_rewritten_graph_has_both_levels():
         inter, intra = mesh.get_group("cp_inter").group_name, mesh.get_group("cp_intra").group_name
         code = rewritten_graph(gqa_attention, *_qkv(requires_grad=False), strategy="zigzag", comm="hierarchical",
                                mesh=mesh)  # fmt: skip
-    assert "cpcompile_regions_hierarchical_hierarchical_attention(l_q_, l_k_, l_v_, layout = 'zigzag'" in code
+    assert "cpcompile_comms_hierarchical_dense_hierarchical_attention(l_q_, l_k_, l_v_, layout = 'zigzag'" in code
     # CP rank 1 = node 0, index 1 in its node
     assert f"rank = 1, world = 4, levels = (('{inter}', 0, 2), ('{intra}', 1, 2)))" in code
 

@@ -60,7 +60,7 @@ class GraphModule(torch.nn.Module):
         mixer_region: "f32[1, 8, 8]" = cpcompile_mixers_region_mixer_region(l_self_modules_conv_parameters_weight_, l_self_modules_conv_parameters_bias_, l_x_, key = K, weight_dims = (0, 0), call_kwargs = {}, layout = 'zigzag', group_name = '0', rank = 1, world = 4)
         view: "f32[1, 8, 4, 2]" = mixer_region.view(1, 8, 4, 2)
         y: "f32[1, 4, 8, 2]" = view.transpose(1, 2)
-        all_gather_attention: "f32[1, 4, 8, 2]" = cpcompile_regions_all_gather_all_gather_attention(y, y, y, layout = 'zigzag', causal = True, scale = 0.7071067811865475, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
+        all_gather_attention: "f32[1, 4, 8, 2]" = cpcompile_comms_all_gather_dense_all_gather_attention(y, y, y, layout = 'zigzag', causal = True, scale = 0.7071067811865475, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 4)
         return (all_gather_attention,)
 """,
         )

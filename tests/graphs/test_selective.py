@@ -35,7 +35,7 @@ class GraphModule(torch.nn.Module):
         l_v_ = L_v_
         l_cu_ = L_cu_
         check_packed_metadata: "i32[56]" = cpcompile_regions_guards_check_packed_metadata(l_cu_, total = 32, max_doc = 6, doc_multiple_per_cp = 0, group_name = '0', world = 4, layout = 'thd_balanced')
-        selective_varlen_attention = cpcompile_regions_selective_varlen_selective_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd_balanced', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 6, window = (-1, -1))
+        selective_varlen_attention = cpcompile_comms_selective_varlen_selective_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd_balanced', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 6, window = (-1, -1))
         out: "f32[8, 2, 4]" = selective_varlen_attention[0]
         return (out,)
 """,

@@ -46,7 +46,7 @@ class GraphModule(torch.nn.Module):
         l_v_ = L_v_
         l_cu_ = L_cu_
         check_packed_metadata: "i32[4]" = cpcompile_regions_guards_check_packed_metadata(l_cu_, total = 32, max_doc = 16, doc_multiple_per_cp = 0, group_name = '0', world = 4)
-        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16, window = (-1, -1))
+        all_gather_varlen_attention = cpcompile_comms_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16, window = (-1, -1))
         out: "f32[8, 2, 4]" = all_gather_varlen_attention[0]
         lse: "f32[2, 8]" = all_gather_varlen_attention[1]
         mul: "f32[8, 2, 4]" = out * 2
@@ -67,7 +67,7 @@ class GraphModule(torch.nn.Module):
         l_v_ = L_v_
         l_cu_ = L_cu_
         check_packed_metadata: "i32[3]" = cpcompile_regions_guards_check_packed_metadata(l_cu_, total = 32, max_doc = 32, doc_multiple_per_cp = 2, group_name = '0', world = 4)
-        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd_zigzag', causal = False, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 32, window = (-1, -1))
+        all_gather_varlen_attention = cpcompile_comms_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd_zigzag', causal = False, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 32, window = (-1, -1))
         out: "f32[8, 4, 4]" = all_gather_varlen_attention[0]
         return (out,)
 """,
@@ -251,7 +251,7 @@ class GraphModule(torch.nn.Module):
         l_v_ = L_v_
         l_cu_ = L_cu_
         check_packed_metadata: "i32[45]" = cpcompile_regions_guards_check_packed_metadata(l_cu_, total = 32, max_doc = 16, doc_multiple_per_cp = 0, group_name = '0', world = 4, layout = 'thd_balanced')
-        all_gather_varlen_attention = cpcompile_regions_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd_balanced', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16, window = (-1, -1))
+        all_gather_varlen_attention = cpcompile_comms_all_gather_varlen_all_gather_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd_balanced', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 16, window = (-1, -1))
         out: "f32[8, 2, 4]" = all_gather_varlen_attention[0]
         return (out,)
 """,

@@ -48,7 +48,7 @@ class GraphModule(torch.nn.Module):
         l_v_ = L_v_
         l_cu_ = L_cu_
         check_packed_metadata: "i32[4]" = cpcompile_regions_guards_check_packed_metadata(l_cu_, total = 32, max_doc = 32, doc_multiple_per_cp = 0, group_name = '0', world = 4)
-        a2a_varlen_attention = cpcompile_regions_a2a_varlen_a2a_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 32, window = (4, -1), return_lse = True)
+        a2a_varlen_attention = cpcompile_comms_a2a_varlen_a2a_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata, layout = 'thd', causal = True, scale = 0.5, kernel = 'cpu_varlen_ref', group_name = '0', rank = 1, world = 4, max_doc = 32, window = (4, -1), return_lse = True)
         out: "f32[8, 4, 4]" = a2a_varlen_attention[0]
         lse: "f32[4, 8]" = a2a_varlen_attention[1]
         return (out, lse)

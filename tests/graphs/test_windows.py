@@ -43,7 +43,7 @@ class GraphModule(torch.nn.Module):
         l_v_ = L_v_
         l_pos_ = L_pos_
         check_dense_tokens = cpcompile_regions_guards_check_dense_tokens(l_pos_, None, layout = 'zigzag', group_name = '0', rank = 1, world = 2)
-        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_regions_all_gather_all_gather_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 2, window = (3, 0))
+        all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_comms_all_gather_dense_all_gather_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 2, window = (3, 0))
         return (all_gather_attention,)
 """,
         )
@@ -59,7 +59,7 @@ class GraphModule(torch.nn.Module):
         l_q_ = L_q_
         l_k_ = L_k_
         l_v_ = L_v_
-        a2a_attention: "f32[1, 4, 8, 16]" = cpcompile_regions_a2a_a2a_attention(l_q_, l_k_, l_v_, layout = 'flat', causal = True, scale = 0.25, kernel = 'cpu_ref', group_name = '0', rank = 0, world = 2, softcap = 20.0)
+        a2a_attention: "f32[1, 4, 8, 16]" = cpcompile_comms_a2a_dense_a2a_attention(l_q_, l_k_, l_v_, layout = 'flat', causal = True, scale = 0.25, kernel = 'cpu_ref', group_name = '0', rank = 0, world = 2, softcap = 20.0)
         return (a2a_attention,)
 """,
         )

@@ -121,8 +121,8 @@ def _inputs(layout: str, world: int, hq: int = 4, hkv: int = 2, d: int = 8):
 def count_region(comm: str, layout: str, world: int = 8, rank: int = 0, kernel: str = "cudnn_varlen") -> Count:
     """Ops of one eager forward + backward of the packed region `comm` ("ring" or "all_gather") on `layout`,
     causal, rank `rank` of `world` on a fake group, `kernel` (cudnn_varlen: on the stand-in)."""
+    from cpcompile.comms.all_gather.varlen import all_gather_varlen_attention
     from cpcompile.comms.ring.varlen import ring_varlen_attention
-    from cpcompile.regions.all_gather_varlen import all_gather_varlen_attention
 
     region = {"ring": ring_varlen_attention, "all_gather": all_gather_varlen_attention}[comm]
     cu, q, k, v, dout = _inputs(layout, world)

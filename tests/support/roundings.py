@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+from cpcompile.comms.a2a.schedule import buffer_chunks, exchange_blocks, exchange_slots
+from cpcompile.comms.hierarchical.levels import level_layout
 from cpcompile.comms.ring.schedule import held_rank, ring_blocks
 from cpcompile.layouts import get_layout
-from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
 from cpcompile.layouts.heads import HeadSplit
-from cpcompile.layouts.levels import level_layout
 
 
 def roundings(partials: int) -> int:
@@ -58,7 +58,7 @@ def dense_partials(
         for rank in range(cp):
             for step, blocks in enumerate(ring_blocks(layout, cp, rank, 1, causal)):
                 count(rank, blocks, [list(layout.rank_chunks(held_rank(rank, step, cp), cp))])
-    elif comm == "hierarchical":  # the ring over the nodes, each node's chunks in global order (layouts/levels.py)
+    elif comm == "hierarchical":  # the ring over the nodes, each node's chunks in global order (hierarchical/levels.py)
         nodes, per_node = levels
         node = level_layout(layout, nodes, per_node)
         for p in range(nodes):

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cpcompile.comms.a2a.schedule import buffer_chunks, exchange_blocks, exchange_slots
 from cpcompile.layouts import LAYOUTS
-from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
 from cpcompile.layouts.heads import HeadSplit, head_split_problem
 
 

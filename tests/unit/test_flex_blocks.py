@@ -18,7 +18,7 @@ from cpcompile.layouts.flex import Positions, derive_tables, rank_major_chunks, 
 
 
 def _buffers(layout_name: str, cp: int, rank: int, seq: int, comm: str) -> tuple[Positions, Positions, bool]:
-    """(q positions, key positions, whether heads are split) exactly as regions/flex.py builds them."""
+    """(q positions, key positions, whether heads are split) exactly as comms/all_gather/flex.py and comms/a2a/flex.py build them."""
     lay = get_layout(layout_name)
     chunk = seq // cp // lay.chunks_per_rank
     kv = Positions(tuple(rank_major_chunks(lay, cp)), chunk)

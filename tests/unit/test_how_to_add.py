@@ -168,6 +168,18 @@ def test_a_comm_without_the_family_is_refused_by_the_family_planner(registered):
             torch.compile(ToyModel(), backend=be, fullgraph=True)(torch.randn(1, 4, 8))
 
 
+def test_every_comm_is_one_package():
+    """Each comm of the registry is built by its own package's entry (comms/<name>/entry.py) and its regions live
+    there: a comm is one package plus one registry line."""
+    import importlib
+
+    for name, comm in COMMS.items():
+        entry = importlib.import_module(f"cpcompile.comms.{name}.entry")
+        assert comm in vars(entry).values(), name
+        for family, region in comm.regions.items():
+            assert region.attention.__module__.startswith(f"cpcompile.comms.{name}."), (name, family)
+
+
 SWITCHES = ("VarlenPlan", "FlexPlan", "varlen_region", "flex_region", "varlen_rank_blocks")
 
 

@@ -1,4 +1,4 @@
-"""layouts/levels.py: what a node of a 2-D CP mesh holds after the intra-node exchange, and the ring's layout over
+"""comms/hierarchical/levels.py: what a node of a 2-D CP mesh holds after the intra-node exchange, and the ring's layout over
 the nodes. Put in global order, a node's chunks are one rank of the same layout over the nodes (flat: one run;
 zigzag: the runs p and 2*nodes-1-p), so the ring across the nodes runs the 1-D ring's steps."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from cpcompile.comms.hierarchical.levels import level_layout, node_chunks, sorted_order
 from cpcompile.layouts import LAYOUTS
-from cpcompile.layouts.levels import level_layout, node_chunks, sorted_order
 
 MESHES = [(1, 2), (2, 1), (2, 2), (2, 3), (3, 2), (4, 4), (2, 8)]
 

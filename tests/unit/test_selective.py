@@ -1,4 +1,4 @@
-"""comm="selective"'s index math (layouts/selective.py) against a brute force, and its cost (comm="auto")."""
+"""comm="selective"'s index math (comms/selective/schedule.py) against a brute force, and its cost (comm="auto")."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
+from cpcompile.comms.selective.schedule import capacity, global_key_buffer, held_len, select, select_thd
 from cpcompile.cost import SiteShape, choose
 from cpcompile.layouts import get_packed_layout
-from cpcompile.layouts.selective import capacity, global_key_buffer, held_len, select, select_thd
 from cpcompile.layouts.thd_balanced import make_plan
 
 LAYOUT = get_packed_layout("thd_balanced")

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
+from cpcompile.comms.a2a.schedule import buffer_chunks, exchange_blocks, exchange_slots
 from cpcompile.comms.ring.schedule import held_rank, ring_blocks, visited_steps
 from cpcompile.layouts import LAYOUTS, LOCAL_SOURCE
-from cpcompile.layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
 from cpcompile.layouts.window import band
 
 WINDOWS = [(0, 0), (1, 0), (2, 0), (3, 1), (-1, 2), (4, -1), (5, 5), (0, -1), (-1, 0)]

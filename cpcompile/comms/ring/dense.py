@@ -21,8 +21,8 @@ from ...comm.wire import WireShape
 from ...executor.blocks import encode_dense
 from ...executor.sinks import fold_sinks, sinks_grad
 from ...layouts import Block, ChunkLayout, get_layout
-from ...regions.all_gather import executor_extra, pack_slots, unpack_slots
 from ...regions.partials import add_part, merge_step
+from ..all_gather.dense import executor_extra, pack_slots, unpack_slots
 from .schedule import packed_visited_steps, packed_window, ring_blocks, step_gap, visited_steps
 
 
@@ -122,7 +122,7 @@ def ring_over(
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """ring_attention over any chunk layout object (the hierarchical region's nodes: layouts/levels.py)."""
+    """ring_attention over any chunk layout object (the hierarchical region's nodes: comms/hierarchical/levels.py)."""
     chunk = q.shape[-2] // lay.chunks_per_rank
     every = ring_blocks(lay, world, rank, chunk, causal, window)
     visited = visited_steps(lay, world, chunk, causal, window)
@@ -151,7 +151,7 @@ def wire_bytes(shape: WireShape) -> tuple[int, int]:
 
 def layout_wire_bytes(shape: WireShape, lay: ChunkLayout | None) -> tuple[int, int]:
     """wire_bytes with the steps a windowed `dense_mask` visits counted over the layout object `lay` (None: every
-    step; the hierarchical region's ring runs over layouts/levels.py's node layout)."""
+    step; the hierarchical region's ring runs over comms/hierarchical/levels.py's node layout)."""
     s = shape
     visited = s.world
     if lay is not None and s.dense_mask is not None and s.dense_mask[2] is not None:

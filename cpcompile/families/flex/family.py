@@ -23,7 +23,7 @@ FLEX = Family(
         "flex_attention sites are planned but not costed (their work is set by the BlockMask's blocks): no "
         "blocks, FLOPs or estimate for them, and comm='auto' refuses them"
     ),
-    overlaps=False,  # its regions issue and wait each collective before the blocks (regions/flex.py)
+    overlaps=False,  # its regions issue and wait each collective before the blocks (comms/<comm>/flex.py)
     dtensor_refusal=(
         "its q/k/v are DTensors; cpcompile rewrites flex_attention on plain local tensors only",
         "feed the model plain tensors from cpcompile.shard_batch and the mask from cpcompile.shard_block_mask",

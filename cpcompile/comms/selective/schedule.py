@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .search import sorted_search
-from .thd_balanced import Plan
+from ...layouts.search import sorted_search
+from ...layouts.thd_balanced import Plan
 
 
 def capacity(local_len: int, max_doc: int | None) -> int:

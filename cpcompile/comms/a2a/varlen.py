@@ -2,8 +2,9 @@
 
 thd shards the packed buffer rank-major, so after the heads<->tokens exchange every rank holds all T tokens
 in GLOBAL order for its heads: the attention is that of cp=1, one varlen block over the whole buffer with
-the global cu_seqlens unchanged (causal, full or sliding-window), and no reorder. Packing, the exchange and
-GQA replication are comm.heads' (shared with the dense a2a region), on (T, H, D) tensors seen as (1, H, T, D).
+the global cu_seqlens unchanged (causal, full or sliding-window), and no reorder: head_parallel.head_parallel
+over the varlen executor, through heads.PackedHeads. Packing, the exchange and GQA replication are heads.py's, on
+(T, H, D) tensors seen as (1, H, T, D).
 thd_balanced's ranks hold pieces, so the received buffer is put in global order first (one index_select of
 q, k and v each, from the plan) and the output back in rank-major order after (one of the output and lse):
 it works, but a2a balances causal work by itself, so thd_balanced only adds these copies over thd.
@@ -13,21 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.heads import (
-    heads_to_bshd,
-    replicate_kv,
-    send_heads,
-    send_lse_back,
-    send_tokens_back,
-    thd_as_bhsd,
-    tokens_as_thd,
-)
-from ..executor.blocks import encode_varlen
-from ..executor.varlen_meta import prepare_blocks
-from ..kernels.base import NO_WINDOW
-from ..layouts.heads import HeadSplit
-from ..layouts.thd import get_packed_layout, whole_sequence_blocks
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...executor.blocks import encode_varlen
+from ...executor.varlen_meta import prepare_blocks
+from ...kernels.base import NO_WINDOW
+from ...layouts.heads import HeadSplit
+from ...layouts.thd import get_packed_layout, whole_sequence_blocks
+from .head_parallel import head_parallel
+from .heads import PackedHeads, replicate_kv, thd_as_bhsd, tokens_as_thd
 
 
 def rank_blocks(
@@ -75,33 +69,35 @@ def a2a_varlen_attention(
     del rank
     split = HeadSplit(q.shape[1], k.shape[1], world)
     k_h, v_h = replicate_kv(thd_as_bhsd(k), thd_as_bhsd(v), split)
-    q_b, k_b, v_b = send_heads(thd_as_bhsd(q), k_h, v_h, split, group_name)  # (T, 1, h*D) each, rank-major
-    lay, total = get_packed_layout(layout), q_b.shape[0]
-    where = None  # thd: rank-major is global order
-    if lay.carries_plan:  # the global position of each rank-major token, and its inverse
-        where = torch.cat([lay.shard_index(cu_seqlens, total, world, p) for p in range(world)])
-        order = torch.empty_like(where).scatter_(0, where, torch.arange(total, device=where.device))
-        q_b, k_b, v_b = (t.index_select(0, order) for t in (q_b, k_b, v_b))
-        cu_seqlens = lay.offsets(cu_seqlens, world)
-    blocks = whole_sequence_blocks(cu_seqlens, total, causal, tuple(window), max_doc)
-    spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
-    out, lse = torch.ops.cpcompile.attend_varlen_blocks(
-        tokens_as_thd(q_b, split.q_per_rank),
-        [tokens_as_thd(k_b, split.kv_per_rank)],
-        [tokens_as_thd(v_b, split.kv_per_rank)],
-        ranges,
-        spec,
-        scale,
-        kernel,
-        prepare_blocks(ranges, spec, total, [total], kernel),
-    )
-    if where is not None:  # back to rank-major order
-        out, lse = out.index_select(0, where), lse.index_select(1, where)
-    heads = send_tokens_back(out.unsqueeze(1), world, group_name)  # (world, L, 1, h*Dv)
-    out_local = heads_to_bshd(heads, q.shape[1])[0]
-    if return_lse:  # (h, T) of every token -> (Hq, L) of this rank's tokens, heads rank-major
-        lse_local = send_lse_back(lse, world, group_name)
-    else:
+
+    def attend(q_b: torch.Tensor, k_b: torch.Tensor, v_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cp=1's varlen attention over the received (T, 1, h*D) buffers: (out (T, h, Dv), lse (h, T)), rank-major."""
+        lay, total, cu = get_packed_layout(layout), q_b.shape[0], cu_seqlens
+        where = None  # thd: rank-major is global order
+        if lay.carries_plan:  # the global position of each rank-major token, and its inverse
+            where = torch.cat([lay.shard_index(cu, total, world, p) for p in range(world)])
+            order = torch.empty_like(where).scatter_(0, where, torch.arange(total, device=where.device))
+            q_b, k_b, v_b = (t.index_select(0, order) for t in (q_b, k_b, v_b))
+            cu = lay.offsets(cu, world)
+        blocks = whole_sequence_blocks(cu, total, causal, tuple(window), max_doc)
+        spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
+        out, lse = torch.ops.cpcompile.attend_varlen_blocks(
+            tokens_as_thd(q_b, split.q_per_rank),
+            [tokens_as_thd(k_b, split.kv_per_rank)],
+            [tokens_as_thd(v_b, split.kv_per_rank)],
+            ranges,
+            spec,
+            scale,
+            kernel,
+            prepare_blocks(ranges, spec, total, [total], kernel),
+        )
+        if where is not None:  # back to rank-major order
+            out, lse = out.index_select(0, where), lse.index_select(1, where)
+        return out, lse
+
+    exchange = PackedHeads(split, group_name, q.shape[1], return_lse)
+    out_local, lse_local = head_parallel(attend, (thd_as_bhsd(q), k_h, v_h), exchange)
+    if lse_local is None:  # not read by the graph
         lse_local = q.new_full((q.shape[1], q.shape[0]), float("nan"), dtype=torch.float32)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out_local, lse_local.to(torch.float32), rng_state

@@ -1,9 +1,9 @@
 """The selective-exchange CP region for packed documents (varlen_attn under thd_balanced / thd, comm="selective").
 
-Like the all-gather region (regions/all_gather_varlen.py) a rank runs ONE varlen block over the layout's key
+Like the all-gather region (comms/all_gather/varlen.py) a rank runs ONE varlen block over the layout's key
 buffer (thd_balanced's; thd's in global order, so its blocks are all_gather's), but the K/V it holds are its own
 tokens plus, from each peer, only the tokens its queries read (the other pieces of the documents it holds a
-piece of), in C static slots a peer: one all-to-all with splits [C, .., 0 (itself), .., C] (layouts/selective.py:
+piece of), in C static slots a peer: one all-to-all with splits [C, .., 0 (itself), .., C] (comms/selective/schedule.py:
 the slots, C, the device check that they suffice). Backward sends back only those tokens' K/V gradients, in
 fp32, through the same all-to-all, and each rank adds what it gets to its own tokens' gradient (a gather per
 peer, fp32, rounded once).
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.collectives import exchange_slots
-from ..comm.wire import WireShape
-from ..executor.packed_kv import pack_kv, unpack_kv
-from ..kernels.base import NO_WINDOW
-from ..layouts.selective import capacity, global_key_buffer, held_len, select, select_thd
-from ..layouts.thd import get_packed_layout
-from .all_gather_varlen import attend_gathered, attend_gathered_backward, gathered_blocks
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.collectives import exchange_slots
+from ...comm.wire import WireShape
+from ...executor.packed_kv import pack_kv, unpack_kv
+from ...kernels.base import NO_WINDOW
+from ...layouts.thd import get_packed_layout
+from ..all_gather.varlen import attend_gathered, attend_gathered_backward, gathered_blocks
+from .schedule import capacity, global_key_buffer, held_len, select, select_thd
 
 TOO_SMALL = (
     "cpcompile: comm='selective' this batch's plan needs more than C=min(T/cp, max_q) tokens from one rank; "

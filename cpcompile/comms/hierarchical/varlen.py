@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ..comm.heads import (
+from ...kernels.base import NO_WINDOW
+from ...layouts.heads import HeadSplit
+from ..a2a.heads import (
     heads_to_bshd,
     replicate_kv,
     send_heads,
@@ -22,11 +24,9 @@ from ..comm.heads import (
     thd_as_bhsd,
     tokens_as_thd,
 )
-from ..comms.ring.schedule import packed_step_blocks
-from ..comms.ring.varlen import ring_varlen_attention
-from ..kernels.base import NO_WINDOW
-from ..layouts.heads import HeadSplit
-from .hierarchical import Level
+from ..ring.schedule import packed_step_blocks
+from ..ring.varlen import ring_varlen_attention
+from .dense import Level
 
 
 def hierarchical_varlen_attention(

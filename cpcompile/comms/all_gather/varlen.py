@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.collectives import all_gather_dim0 as _gather
-from ..comm.collectives import reduce_scatter_dim0 as _reduce
-from ..comm.pending import in_backward
-from ..executor.blocks import decode_varlen, encode_varlen
-from ..executor.packed_kv import pack_kv, unpack_kv
-from ..executor.varlen_meta import prepare_blocks
-from ..kernels.base import NO_WINDOW
-from ..layouts.thd import get_packed_layout
-from ..precision import acc_dtype
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.collectives import all_gather_dim0 as _gather
+from ...comm.collectives import reduce_scatter_dim0 as _reduce
+from ...comm.pending import in_backward
+from ...executor.blocks import decode_varlen, encode_varlen
+from ...executor.packed_kv import pack_kv, unpack_kv
+from ...executor.varlen_meta import prepare_blocks
+from ...kernels.base import NO_WINDOW
+from ...layouts.thd import get_packed_layout
+from ...precision import acc_dtype
 
 
 def read_keys(gathered: torch.Tensor, key_index: torch.Tensor | None) -> torch.Tensor:

@@ -6,16 +6,16 @@ import dataclasses
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.collectives import slots_tokens_first
-from ..comm.pending import in_backward, start_all_gather, start_reduce_scatter, wait
-from ..comm.wire import WireShape
-from ..executor.blocks import encode_dense, encode_windows
-from ..executor.packed_kv import pack_kv, unpack_kv
-from ..executor.sinks import fold_sinks, sinks_grad
-from ..layouts import LOCAL_SOURCE, Block, get_layout
-from ..precision import acc_dtype
-from .partials import add_part, merge_step
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.collectives import slots_tokens_first
+from ...comm.pending import in_backward, start_all_gather, start_reduce_scatter, wait
+from ...comm.wire import WireShape
+from ...executor.blocks import encode_dense, encode_windows
+from ...executor.packed_kv import pack_kv, unpack_kv
+from ...executor.sinks import fold_sinks, sinks_grad
+from ...layouts import LOCAL_SOURCE, Block, get_layout
+from ...precision import acc_dtype
+from ...regions.partials import add_part, merge_step
 
 
 def pack_slots(k: torch.Tensor, v: torch.Tensor, slots: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ rank (every rank attends over the whole sequence), expressed per q buffer with s
 
 from __future__ import annotations
 
-from .base import Block, ChunkLayout, _runs
+from ...layouts.base import Block, ChunkLayout, runs
 
 
 def exchange_slots(layout: ChunkLayout, causal: bool, windowed: bool = False) -> tuple[tuple[int, ...], ...]:
@@ -70,7 +70,7 @@ def exchange_blocks(
     A sliding window: layouts/window.py (flat: one windowed block over the whole sequence, as on one GPU).
     """
     if window is not None:
-        from .window import exchange_window_blocks
+        from ...layouts.window import exchange_window_blocks
 
         return exchange_window_blocks(buffers, chunk_len, causal, window)
     if not causal:
@@ -87,7 +87,7 @@ def exchange_blocks(
             first, count = segment_of[pos]
             for src, kv in enumerate(buffers):
                 earlier = (j for j, g in enumerate(kv) if g < c and not (src == b and first <= j < first + count))
-                for j, n in _runs(earlier):
+                for j, n in runs(earlier):
                     blocks.append(Block(pos * chunk_len, chunk_len, src, j * chunk_len, n * chunk_len, False))
         per_buffer.append(_coalesce(blocks))
     return per_buffer

@@ -1,6 +1,7 @@
-"""The all-to-all (Ulysses) CP region: trade heads for sequence, attend over the whole sequence, trade back.
+"""The all-to-all (Ulysses) CP region: trade heads for sequence, attend over the whole sequence, trade back
+(head_parallel.head_parallel over the block executor, through heads.DenseHeads).
 
-Before attention one all-to-all per exchange (see layouts.exchange.exchange_slots) sends rank j the q heads
+Before attention one all-to-all per exchange (see schedule.exchange_slots) sends rank j the q heads
 it owns plus the k/v heads those read, for this rank's tokens; q, k and v travel in ONE collective, packed
 side by side per token. Afterwards every rank holds every token of its heads, rank-major, which for flat
 (and any non-causal attention) is one buffer the block executor reads in place; zigzag's causal attention
@@ -14,14 +15,15 @@ import dataclasses
 
 import torch
 
-from .. import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
-from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
-from ..comm.wire import WireShape
-from ..executor.blocks import encode_dense
-from ..layouts import Block, get_layout
-from ..layouts.exchange import buffer_chunks, exchange_blocks, exchange_slots
-from ..layouts.heads import HeadSplit
-from .all_gather import executor_extra
+from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ...comm.wire import WireShape
+from ...executor.blocks import encode_dense
+from ...layouts import Block, get_layout
+from ...layouts.heads import HeadSplit
+from ..all_gather.dense import executor_extra
+from .head_parallel import head_parallel
+from .heads import DenseHeads, replicate_kv
+from .schedule import buffer_chunks, exchange_blocks, exchange_slots
 
 
 def _used_sources(blocks: list[Block]) -> tuple[list[int], list[int]]:
@@ -92,22 +94,17 @@ def a2a_attention(
     if sinks is not None:
         sinks = sinks.narrow(0, rank * split.q_per_rank, split.q_per_rank)
     k, v = replicate_kv(k, v, split)
-    chunk = q.shape[-2] // lay.chunks_per_rank
-    exchanges = exchange_slots(lay, causal, window is not None)
-    qs, ks, vs = [], [], []
-    for slots in exchanges:
-        start, length = slots[0] * chunk, len(slots) * chunk
-        rows = (t if length == t.shape[-2] else t.narrow(-2, start, length) for t in (q, k, v))
-        q_b, k_b, v_b = send_heads(*rows, split, group_name)
-        qs.append(tokens_to_bhsd(q_b, split.q_per_rank))
-        ks.append(tokens_to_bhsd(k_b, split.kv_per_rank))
-        vs.append(tokens_to_bhsd(v_b, split.kv_per_rank))
-    back = []
-    for q_b, blocks in zip(qs, buffer_blocks(layout, causal, world, q.shape[-2], window)):
-        used, ints = _used_sources(blocks)
-        k_src, v_src = [ks[i] for i in used], [vs[i] for i in used]
-        extra = executor_extra(blocks, softcap) | ({} if sinks is None else {"sinks": sinks})
-        out, _lse = torch.ops.cpcompile.attend_blocks(q_b, k_src, v_src, ints, scale, kernel, **extra)
-        back.append(send_tokens_back(out.permute(2, 0, 1, 3), world, group_name))
-    heads = torch.cat(back, dim=1) if len(back) > 1 else back[0]  # (world, L, B, h*Dv): block j = heads of rank j
-    return heads_to_bshd(heads, q.shape[1]).transpose(1, 2)
+    slots = exchange_slots(lay, causal, window is not None)
+    exchange = DenseHeads(split, group_name, q.shape[1], slots, q.shape[-2] // lay.chunks_per_rank)
+
+    def attend(*received: torch.Tensor):
+        """Each q buffer's blocks over the exchanged buffers, one output at a time (each goes back as it comes)."""
+        qs, ks, vs = received[0::3], received[1::3], received[2::3]
+        for q_b, blocks in zip(qs, buffer_blocks(layout, causal, world, q.shape[-2], window)):
+            used, ints = _used_sources(blocks)
+            k_src, v_src = [ks[i] for i in used], [vs[i] for i in used]
+            extra = executor_extra(blocks, softcap) | ({} if sinks is None else {"sinks": sinks})
+            out, _lse = torch.ops.cpcompile.attend_blocks(q_b, k_src, v_src, ints, scale, kernel, **extra)
+            yield out
+
+    return head_parallel(attend, (q, k, v), exchange)

@@ -1,5 +1,5 @@
 """The hierarchical CP region (comm="hierarchical") on a 2-D CP mesh (inter x intra): an all-to-all of heads inside
-a node, a ring of K/V across the nodes, composed of the a2a exchange (comm/heads.py) and the ring region
+a node, a ring of K/V across the nodes, composed of the a2a exchange (comms/a2a/heads.py) and the ring region
 (comms/ring/dense.ring_over).
 
 CP rank g = inter_rank * intra + intra_rank holds the layout's chunks of rank g of a 1-D group of inter * intra
@@ -10,7 +10,7 @@ ranks (mesh.py), so shard_batch shards for it as for any group of that size. For
 2. across the nodes: the ring passes the K/V of those heads only (Hkv/intra of them) around the nodes' ranks of the
    same intra index, the blocks of each step running while the next chunk is in flight; the node's tokens, put in
    global order by one copy of the received buffer (none under flat, where it is in order already), are one rank of
-   flat or zigzag over the nodes to the ring (layouts/levels.py);
+   flat or zigzag over the nodes to the ring (comms/hierarchical/levels.py);
 3. inside the node: the output goes back by the inverse all-to-all.
 
 Backward is the composition's: the ring's backward (K/V and their fp32 gradients around the nodes), then the
@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import torch
 
-from ..comm.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
-from ..comm.wire import LevelBytes, WireShape
-from ..comms.ring.dense import layout_wire_bytes, ring_over
-from ..comms.ring.schedule import ring_blocks
-from ..layouts import Block, get_layout
-from ..layouts.heads import HeadSplit
-from ..layouts.levels import level_layout, sorted_order
-from ..mesh import CP_LEVEL_NAMES
-from . import a2a
+from ...comm.wire import LevelBytes, WireShape
+from ...layouts import Block, get_layout
+from ...layouts.heads import HeadSplit
+from ...mesh import CP_LEVEL_NAMES
+from ..a2a import dense as a2a
+from ..a2a.heads import heads_to_bshd, replicate_kv, send_heads, send_tokens_back, tokens_to_bhsd
+from ..ring.dense import layout_wire_bytes, ring_over
+from ..ring.schedule import ring_blocks
+from .levels import level_layout, sorted_order
 
 Level = tuple[str, int, int]
 """One level of the 2-D CP group as the region call holds it: (group name, this rank in it, its size)."""

@@ -2,7 +2,7 @@
 
 The CP ranks of a 2-D mesh (inter x intra) are numbered g = inter_rank * intra + intra_rank (mesh.py), and the
 sequence is laid out over all of them by the ordinary layout (flat, zigzag) as for a 1-D group of that size. The
-heads<->tokens all-to-all inside a node (comm/heads.send_heads) leaves every rank of node p holding, for its share
+heads<->tokens all-to-all inside a node (comms/a2a/heads.send_heads) leaves every rank of node p holding, for its share
 of the heads, the tokens of global ranks p*intra .. p*intra + intra - 1, rank-major, each in its local order
 (`node_chunks`). The hierarchical region puts them in global order with one copy (`sorted_order`), and to the ring
 across the nodes node p is then one rank of a chunk layout whose `rank_chunks(p, inter)` are its chunks ascending,
@@ -15,7 +15,7 @@ and several rectangles per chunk at step 0 and a rectangle per held chunk at eve
 
 from __future__ import annotations
 
-from .base import ChunkLayout
+from ...layouts.base import ChunkLayout
 
 
 def node_chunks(base: ChunkLayout, node: int, nodes: int, per_node: int) -> list[int]:
