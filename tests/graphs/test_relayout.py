@@ -63,7 +63,7 @@ halo_region_1: "f32[1, 10, 22]" = cpcompile_mixers_state_region_halo_region(l_se
 state_region_1 = cpcompile_mixers_state_region_state_region(key = K, call_kwargs = {'query': q_3, 'key': k_3, 'value': value_2, 'g': g_1, 'beta': value_3}, key_dim = 4, state_dtype = torch.float32, group_name = '0', rank = 1, world = 2)
 relayout_1 = cpcompile_mixers_relayout_relayout(x_1, seq_dims = (1,), src = 'flat', dst = 'zigzag', group_name = '0', rank = 1, world = 2)
 getitem_20: "f32[1, 10, 16]" = relayout_1[0]
-all_gather_attention: "f32[1, 2, 10, 8]" = cpcompile_regions_all_gather_all_gather_attention(q_4, k_4, v_2, layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 2)
+all_gather_attention: "f32[1, 2, 10, 8]" = cpcompile_comms_all_gather_dense_all_gather_attention(q_4, k_4, v_2, layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 2)
 return (x_2,)
 """,
         )
