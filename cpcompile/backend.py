@@ -18,6 +18,7 @@ from .inner import INNER, inner_compiler
 from .kernels import KERNEL_NAMES
 from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
+from .mixers.relayout_plan import check_mixer_layout
 from .passes import CPConfig, CPPlan
 
 INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
@@ -100,6 +101,7 @@ def backend(
     kernel: str = "auto",
     inner: str | Callable = "inductor",
     regather: bool = False,
+    mixer_layout: str = "same",
 ) -> CPBackend:
     """A torch.compile backend that runs every attention node context-parallel.
 
@@ -115,7 +117,9 @@ def backend(
     fastest estimate among the providers that can run it) or a provider name; inner: the compiler after the
     pass ("inductor", "aot_eager", "eager", or any torch.compile backend callable, e.g. one that records
     aot_autograd graphs); regather: with comm="all_gather", save only the local K/V for backward and gather
-    them again there (one layer's gathered K/V alive at a time, one more gather).
+    them again there (one layer's gathered K/V alive at a time, one more gather); mixer_layout: under zigzag,
+    where runs of token mixers run on flat chunks between two relayouts (all-to-alls of the tokens): "same" (never),
+    "auto" (where that receives fewer bytes), "flat" (always; a run that cannot is refused).
     """
     check_choices(strategy, comm, kernel)
     if not callable(inner) and inner not in INNER:
@@ -126,7 +130,11 @@ def backend(
             "K/V for backward. Fix: drop regather, or use comm='all_gather'."
         )
     check_mesh_or_group(mesh, group)
-    config = CPConfig(strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group, regather=bool(regather))
+    check_mixer_layout(mixer_layout, strategy)
+    config = CPConfig(
+        strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group, regather=bool(regather),
+        mixer_layout=mixer_layout,
+    )  # fmt: skip
     return CPBackend(config, inner=inner)
 
 

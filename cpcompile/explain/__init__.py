@@ -30,6 +30,7 @@ from ..families.plans import CPConfig, CPPlan
 from ..families.registry import FAMILIES, get_family
 from ..layouts import THD_LAYOUTS
 from ..log import LOGGER_NAME
+from ..mixers.relayout_plan import check_mixer_layout
 from ..passes import PassState
 from ..sharding.conventions import with_hf_labels, with_position_ids
 from .inputs import local_inputs, model_offsets, packed_offsets, stand_in_group
@@ -168,6 +169,7 @@ def explain(
     device: str | torch.device | None = None,
     hf_loss: str | None = None,
     ignore_index: int = -100,
+    mixer_layout: str = "same",
     **example_kwargs,
 ) -> Report:
     """What cpcompile.backend(strategy=strategy, comm=comm, kernel=kernel) would do with `model` on `world` CP
@@ -180,13 +182,18 @@ def explain(
     device: plan the kernels for this device instead of the example tensors' (meta tensors: "cpu", or "cuda" in a
     process where CUDA is available, since the kernels' availability checks run here); hf_loss: as in shard_batch
     ("causal_lm": the example's `labels=` become the globally shifted `shift_labels`, `num_items_in_batch` and
-    the global `position_ids` (when absent) are added: the batch a Hugging Face model gets under CP).
+    the global `position_ids` (when absent) are added: the batch a Hugging Face model gets under CP); mixer_layout:
+    as in backend() (token mixers on flat chunks between relayouts).
     Unknown names and a world below 2 raise CPCompileError; everything the pass would refuse is a refusal.
     """
     check_choices(strategy, comm, kernel)
+    check_mixer_layout(mixer_layout, strategy)
     report = Report(strategy=strategy, comm=comm, kernel=kernel, world=world)
     world, levels = _world(world)
-    configs = [CPConfig(strategy, comm, kernel, cp_group=stand_in_group(r, world, levels)) for r in range(world)]
+    configs = [
+        CPConfig(strategy, comm, kernel, cp_group=stand_in_group(r, world, levels), mixer_layout=mixer_layout)
+        for r in range(world)
+    ]
     try:
         if hf_loss is not None:  # the batch a Hugging Face model gets from shard_batch(..., hf_loss=)
             dim = (0 if strategy in THD_LAYOUTS else 1) if seq_dim is None else seq_dim

@@ -25,6 +25,8 @@ class CPConfig:
     `world` ranks this way, without any process group."""
     regather: bool = False
     """all_gather: keep only the local K/V for backward and gather them again there (backend(regather=...))."""
+    mixer_layout: str = "same"
+    """Token mixers under zigzag: "same", "auto" or "flat" (mixers/relayout_plan.py; backend(mixer_layout=...))."""
 
 
 @dataclass(frozen=True)

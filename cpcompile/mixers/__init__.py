@@ -7,7 +7,8 @@ the sequence for heads and back; or, declared with comm="state" (flat or zigzag)
 it into `halo_region` / `state_region` (state_region.py), which pass a conv's edge tokens and a linear
 recurrence's chunk transitions along the chunks in sequence order (chain.py: which rank holds the chunk before;
 passing.py: the collectives; documents.py: packed documents under thd, each chunk's offsets and the document
-carried into and out of it). cost.py: both comms' bytes, and the relayout break-even, for explain().
+carried into and out of it). cost.py: both comms' bytes, for explain(). Under zigzag, relayout_plan.py runs runs of
+mixers on flat chunks between two relayouts (relayout.py: one all-to-all) where backend(mixer_layout=) asks.
 """
 
 from .declare import MIXERS, MixerSpec, StateArgs, is_mixer_call, mixer_call, token_mixer

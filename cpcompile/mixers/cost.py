@@ -1,5 +1,5 @@
 """The bytes a rank receives in one forward call of a planned mixer, under each comm it could use (explain(), and
-comm="auto"'s choice), and what a layout per layer kind would save.
+comm="auto"'s choice).
 
 a2a: every token tensor (inputs and outputs) but the rank's own share of it, (cp-1)/cp of its bytes; a shared
 input all-gathered, cp-1 times its bytes. state: a conv's halo, `context` tokens of each token input per tail a
@@ -7,12 +7,8 @@ rank receives (flat: one, from the previous rank; zigzag: two, one from each nei
 recurrence's chunk transitions, (cp-1) x chunks a rank of them (batch x heads x Dk x (Dv + Dk) of the state's dtype):
 zigzag receives twice flat's.
 
-A layout per layer kind (zigzag attention, flat linear layers) would relayout the residual stream zigzag -> flat
-before a run of linear layers and back after it; it saves the difference between zigzag's and flat's state-passing
-bytes of the run's mixers and costs `relayout_tokens` token rows of the residual stream a rank. No relayout is
-inserted: `relayout_break_even` is the residual row width (bytes a token, over the batch) below which the pair of
-relayouts would receive fewer bytes than zigzag state passing does for the graph's state-passing mixers (explain()
-prints it).
+A layout per layer kind (zigzag attention, flat linear layers between relayouts) is priced with these bytes by
+relayout_plan.py.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..layouts import get_layout
-from .chain import relayout_tokens, tails_received
+from .chain import tails_received
 from .plan import MixerPlan, example
 from .plan_state import StatePlan
 
@@ -61,19 +57,6 @@ def state_bytes(plan: StatePlan, layout: str | None = None) -> int:
     return (cp - 1) * lay.chunks_per_rank * math.prod((b, h, dk, dv + dk)) * item
 
 
-def relayout_break_even(plans: list[MixerPlan | StatePlan]) -> tuple[int, int, int] | None:
-    """(extra bytes zigzag state passing receives over flat's, summed over `plans`' state-passing mixers; the token
-    rows a relayout to flat and back receives a rank; the residual row width in bytes below which that pair would
-    receive fewer bytes), or None where no plan passes state on a layout with several chunks a rank."""
-    chunked = [p for p in plans if p.comm == "state" and get_layout(p.layout).chunks_per_rank > 1]
-    if not chunked:
-        return None
-    extra = sum(state_bytes(p) - state_bytes(p, "flat") for p in chunked)
-    first = chunked[0]
-    rows = relayout_tokens(get_layout(first.layout), first.group.size, first.local_len)
-    return extra, rows, extra // rows if rows else 0
-
-
 def describe(plan: MixerPlan | StatePlan) -> str:
     """One line: the mixer, its comm, and the bytes of both comms where it has both (and of flat state passing
     under a layout with several chunks a rank)."""
@@ -91,20 +74,4 @@ def describe(plan: MixerPlan | StatePlan) -> str:
     return (
         f"{plan.spec.name}: state passing, {state_bytes(plan)} bytes received a rank per forward call "
         f"(a2a would receive {a2a}{flat})"
-    )
-
-
-def describe_relayout(plans: list[MixerPlan | StatePlan]) -> str | None:
-    """The line explain() prints for a graph whose mixers pass state on a layout with several chunks a rank: why
-    no relayout to flat is inserted, and where one would pay off."""
-    found = relayout_break_even(plans)
-    if found is None:
-        return None
-    extra, rows, width = found
-    layout = next(p.layout for p in plans if p.comm == "state" and get_layout(p.layout).chunks_per_rank > 1)
-    return (
-        f"state passing on {layout} chunks receives {extra} bytes a rank more than on flat chunks over this graph's "
-        f"state-passing mixers; a relayout of the residual stream to flat and back (not inserted) receives {rows} "
-        f"token rows of it a rank, so it would receive fewer bytes only if the residual stream carried fewer than "
-        f"{width} bytes a token row (over its batch), and only with one such pair for all of them"
     )

@@ -13,11 +13,12 @@ import torch.fx
 from ..errors import CPCompileError, node_origin
 from ..layouts import LAYOUTS
 from ..mesh import CPGroup
-from .cost import a2a_bytes, describe, describe_relayout, state_bytes
+from .cost import a2a_bytes, describe, state_bytes
 from .declare import MIXERS, is_mixer_call
 from .plan import MixerPlan, plan_mixer
 from .plan_state import StatePlan, plan_state
 from .region import mixer_region
+from .relayout_plan import plan_layouts
 
 log = logging.getLogger("cpcompile")
 
@@ -89,19 +90,18 @@ def _replace(plan: MixerPlan | StatePlan) -> None:
     )
 
 
-def rewrite_mixers(gm: torch.fx.GraphModule, strategy: str, group: CPGroup | None) -> list[MixerPlan | StatePlan]:
+def rewrite_mixers(
+    gm: torch.fx.GraphModule, strategy: str, group: CPGroup | None, mixer_layout: str = "same"
+) -> list[MixerPlan | StatePlan]:
     """Plan every mixer node (all of them first: a refusal comes before any rewrite), then rewrite them. Without
-    a CP group of two or more ranks the nodes stay: they run the mixer as it is."""
+    a CP group of two or more ranks the nodes stay: they run the mixer as it is. `mixer_layout`: where runs of
+    mixers run flat between relayouts (relayout_plan.py)."""
     nodes = find_mixers(gm)
     if not nodes or group is None or group.size < 2:
         return []
     plans = [_plan(node, strategy, group) for node in nodes]
     plans = [dataclasses.replace(p, note=describe(p)) for p in plans]
-    relayout = describe_relayout(plans)
-    if relayout is not None:  # said once a graph, after its first mixer that passes state on several chunks a rank
-        i = next(i for i, p in enumerate(plans) if p.comm == "state" and p.layout != "flat")
-        plans[i] = dataclasses.replace(plans[i], note=f"{plans[i].note}; {relayout}")
-        log.info("cpcompile: %s", relayout)
+    plans = plan_layouts(gm, plans, strategy, group, mixer_layout)  # relayouts inserted where chosen
     modules = {id(p.node.graph): p.node.graph.owning_module for p in plans}
     for plan in plans:
         _replace(plan)

@@ -78,7 +78,7 @@ def mixers(gm: torch.fx.GraphModule, state: PassState) -> None:
     if not find_mixers(gm):
         return
     group = state.plans[0].group if state.plans else state.config.cp_group or config_group(state.config)
-    state.mixers = rewrite_mixers(gm, state.config.strategy, group)
+    state.mixers = rewrite_mixers(gm, state.config.strategy, group, state.config.mixer_layout)
 
 
 def guard(gm: torch.fx.GraphModule, state: PassState) -> None:

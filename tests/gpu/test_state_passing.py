@@ -24,7 +24,7 @@ FP32_TOL = 1e-4  # relative to the largest reference value: fp32 on both sides, 
 SEQ, BATCH, VOCAB = 16, 2, 32
 
 
-def _qwen3_next(rank, world, strategy):
+def _qwen3_next(rank, world, strategy, mixer_layout="same"):
     _rank_setup()
     torch.backends.cudnn.allow_tf32 = False  # the causal conv: fp32 against fp32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -33,9 +33,10 @@ def _qwen3_next(rank, world, strategy):
     torch.manual_seed(0)
     model = hf_hybrid("qwen3_next", world, VOCAB, attn_head_dim=16).cuda()  # flex_softcap: fp32, head dims >= 16
     assert len(cpcompile.hf_token_mixers(model, comm="state")) == 2
+    seq = 20 if mixer_layout == "flat" else SEQ  # relayouts: 10 tokens a rank, a size no other dim has
     g = torch.Generator().manual_seed(1)
-    ids, labels = (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g).cuda() for _ in range(2))
-    positions = torch.arange(SEQ, device="cuda").expand(BATCH, SEQ)
+    ids, labels = (torch.randint(0, VOCAB, (BATCH, seq), generator=g).cuda() for _ in range(2))
+    positions = torch.arange(seq, device="cuda").expand(BATCH, seq)
     cp_model = copy.deepcopy(model)
     logits = model(ids, positions)
     ref_loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / labels.numel()
@@ -44,7 +45,7 @@ def _qwen3_next(rank, world, strategy):
     def local(x):
         return cpcompile.shard(x, strategy=strategy, seq_dim=1)
 
-    be = cpcompile.backend(strategy=strategy, comm="all_gather", inner="aot_eager")
+    be = cpcompile.backend(strategy=strategy, comm="all_gather", inner="aot_eager", mixer_layout=mixer_layout)
     torch._dynamo.reset()
     out = torch.compile(cp_model, backend=be, fullgraph=True)(local(ids), local(positions))
     cp_loss = F.cross_entropy(out.flatten(0, 1), local(labels).flatten(), reduction="sum") / labels.numel()
@@ -73,6 +74,18 @@ def test_gpu_qwen3_next_state_passing_matches_one_gpu(monkeypatch, strategy):
     pytest.importorskip("transformers")
     monkeypatch.setenv("CPCOMPILE_TEST_PG_TIMEOUT", "300")
     for rank, errors in enumerate(run_ranks(_qwen3_next, 2, strategy, timeout=420)):
+        assert "model.model.layers.0.linear_attn.A_log" in errors, sorted(errors)
+        bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
+        assert not bad, f"rank {rank}: {bad}"
+
+
+@pytest.mark.multirank
+def test_gpu_qwen3_next_between_relayouts_matches_one_gpu(monkeypatch):
+    """mixer_layout="flat" under zigzag: the GDN layer runs on flat chunks between two relayouts (the relayout
+    region's uneven all-to-all, through the host hop here), the attention on zigzag; 20 tokens, 10 a rank."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("CPCOMPILE_TEST_PG_TIMEOUT", "300")
+    for rank, errors in enumerate(run_ranks(_qwen3_next, 2, "zigzag", "flat", timeout=420)):
         assert "model.model.layers.0.linear_attn.A_log" in errors, sorted(errors)
         bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
         assert not bad, f"rank {rank}: {bad}"

@@ -334,30 +334,34 @@ def test_auto_picks_the_comm_that_moves_fewer_bytes(seq, strategy):
         (64, "flat"): "state passing, 1536 bytes received a rank per forward call (a2a would receive 3456)",
         (4, "flat"): "a2a, 216 bytes received a rank per forward call",
         (64, "zigzag"): "state passing, 3072 bytes received a rank per forward call (a2a would receive 3456; state "
-        "passing on flat chunks would receive 1536); state passing on zigzag chunks receives 1536 bytes a rank more",
+        "passing on flat chunks would receive 1536); layout zigzag (run of 1 mixer call(s) from gated_delta_rule: "
+        "3072 bytes received a rank per forward call on zigzag chunks, 6144 on flat chunks with the relayouts "
+        "(4608 of it)",  # q, k, v, g and beta there (224 bytes a token row), the output back (64), 16 rows each way
         (16, "zigzag"): "a2a, 864 bytes received a rank per forward call",
     }
     assert f"gated_delta_rule: {expected[seq, strategy]}" in line, line
-    said = line.endswith("for all of them")  # the relayout break-even: zigzag state passing only
+    said = "; layout zigzag (run of" in line  # both layouts' prices: zigzag state passing only
     assert said == (strategy == "zigzag" and expected[seq, strategy].startswith("state")), line
 
 
-def test_explain_under_zigzag_says_why_no_relayout():
+def test_explain_under_zigzag_prices_both_layouts():
     """Zigzag, 8 tokens a rank (2 chunks of 4): the conv receives two 3-token tails (576 bytes; flat: 288), the scan
-    two transitions from each other rank (1536; flat: 768): 1056 bytes more than flat. A relayout to flat and back
-    receives 16 token rows on ranks 1 and 3 (both their chunks leave, both flat chunks arrive), so it would win only
-    below 1056 / 16 = 66 bytes a token row; this model's 24 fp32 channels are 96: no relayout (none is inserted)."""
+    two transitions from each other rank (1536; flat: 768): 2112 bytes on zigzag chunks. On flat chunks 1056, plus
+    the relayouts of x, g and beta (96 + 8 + 8 bytes a token row) there and of the output (32) back, 8 token rows
+    each way on ranks 1 and 3 (both their chunks leave, both flat chunks arrive): 1152, 2208 in all, so
+    mixer_layout="auto" keeps zigzag here (cpcompile/mixers/relayout_plan.py; tests/graphs/test_relayout.py)."""
     torch._dynamo.reset()
     inputs = (t.repeat(1, 4, *[1] * (t.dim() - 2)) for t in _inputs())
-    report = cpcompile.explain(ConvScan(), *inputs, strategy="zigzag", world=4)
+    report = cpcompile.explain(ConvScan(), *inputs, strategy="zigzag", world=4, mixer_layout="auto")
     assert not report.refusals, report.refusals
+    run = (
+        "layout zigzag (run of 2 mixer call(s) from CausalConv: 2112 bytes received a rank per forward call on zigzag "
+        "chunks, 2208 on flat chunks with the relayouts (1152 of it); mixer_layout='auto')"
+    )
     for line in (
         "CausalConv: state passing, 576 bytes received a rank per forward call (a2a would receive 1152; state "
-        "passing on flat chunks would receive 288); state passing on zigzag chunks receives 1056 bytes a rank more "
-        "than on flat chunks over this graph's state-passing mixers; a relayout of the residual stream to flat and "
-        "back (not inserted) receives 16 token rows of it a rank, so it would receive fewer bytes only if the "
-        "residual stream carried fewer than 66 bytes a token row",
+        f"passing on flat chunks would receive 288); {run}",
         "gated_delta_rule: state passing, 1536 bytes received a rank per forward call (a2a would receive 864; state "
-        "passing on flat chunks would receive 768)",
+        f"passing on flat chunks would receive 768); {run}",
     ):
         assert any(line in n for n in report.notes), report.notes

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 import cpcompile
+from cpcompile.mixers.relayout import relayout
 from cpcompile.testing.distributed import RankPool
 from tests.support.gdn import GDNModel
 from tests.support.hybrid import hf_hybrid
@@ -56,11 +57,13 @@ def fp64_scan():
     return cpcompile.token_mixer(namespace[name], comm="state", **HF_MIXERS[name], **HF_STATE[name])
 
 
-def _compare(rank, world, cp, name="gdn", strategy="flat"):
+def _compare(rank, world, cp, name="gdn", strategy="flat", mixer_layout="same"):
     torch._dynamo.reset()
     torch.manual_seed(0)
     # 4 tokens a chunk: more than the conv's 3-token halo, fewer than HF's 64-token chunk (zigzag: 2 chunks a rank)
     seq = 4 * cp * (2 if strategy == "zigzag" else 1)
+    if mixer_layout == "flat":  # 10 tokens a rank: a size no other dim of GDNModel has (relayout_plan.py's rule)
+        seq = 5 * cp * 2
     if name != "gdn" or world % cp:  # ranks 0..cp-1 (every rank creates the group); the others idle
         group = dist.new_group(list(range(cp)))
         if rank >= cp:
@@ -80,13 +83,13 @@ def _compare(rank, world, cp, name="gdn", strategy="flat"):
             declared = modeling.torch_chunk_gated_delta_rule
             modeling.torch_chunk_gated_delta_rule = fp64_scan()
             try:
-                return _run(model, group, where, seq, strategy, name)
+                return _run(model, group, where, seq, strategy, name, mixer_layout)
             finally:
                 modeling.torch_chunk_gated_delta_rule = declared
-    return _run(model, group, where, seq, strategy, name)
+    return _run(model, group, where, seq, strategy, name, mixer_layout)
 
 
-def _run(model, group, where, seq: int, strategy: str, name: str) -> dict:
+def _run(model, group, where, seq: int, strategy: str, name: str, mixer_layout: str = "same") -> dict:
     """The one-process run and the CP run of `model` on the same ids: the relative error of each output."""
     ids = torch.randint(0, VOCAB, (BATCH, seq))
     labels = torch.randint(0, VOCAB, (BATCH, seq))
@@ -100,10 +103,18 @@ def _run(model, group, where, seq: int, strategy: str, name: str) -> dict:
     def local(x):
         return cpcompile.shard(x, strategy=strategy, seq_dim=1, **where)
 
-    be = cpcompile.backend(strategy=strategy, comm="all_gather", inner="aot_eager", **where)
+    relayouts = []  # mixer_layout="flat": the relayout calls the pass inserted (there must be some)
+
+    def inner(gm, example_inputs):
+        relayouts.extend(n for n in gm.graph.nodes if n.target is relayout)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    options = dict(mixer_layout=mixer_layout, inner=inner if mixer_layout == "flat" else "aot_eager")
+    be = cpcompile.backend(strategy=strategy, comm="all_gather", **options, **where)
     out = torch.compile(cp_model, backend=be, fullgraph=True)(local(ids), *(local(p) for p in positions))
     cp_loss = F.cross_entropy(out.flatten(0, 1), local(labels).flatten(), reduction="sum") / labels.numel()
     cp_loss.backward()
+    assert mixer_layout != "flat" or relayouts, "mixer_layout='flat' inserted no relayout"
     summed = cp_loss.detach().clone()
     dist.all_reduce(summed, group=group)
     full = cpcompile.unshard(out.detach(), strategy=strategy, seq_dim=1, **where)
@@ -144,6 +155,17 @@ def test_hf_qwen3_next_matches_one_process(ranks4, strategy):
         assert "model.model.layers.0.linear_attn.conv1d.weight" in errors, sorted(errors)
         assert "model.model.layers.0.linear_attn.A_log" in errors, sorted(errors)
         bad = {n: e for n, e in errors.items() if not e <= tol}
+        assert not bad, f"rank {rank}: {bad}"
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_gdn_model_between_relayouts_matches_one_process(ranks4, cp):
+    """mixer_layout="flat" under zigzag: each GDN layer (a run of two mixers: the conv and the scan) runs on flat
+    chunks between two relayouts (one all-to-all of the token tensors zigzag -> flat before it, flat -> zigzag
+    after), the attention block on zigzag; the relayouts' backward is the inverse permutation."""
+    for rank, errors in enumerate(ranks4.run(_compare, cp, "gdn", "zigzag", "flat", timeout=600)[:cp]):
+        assert len(errors) == 2 + len(list(GDNModel().parameters())), errors
+        bad = {n: e for n, e in errors.items() if not e <= TOL}
         assert not bad, f"rank {rank}: {bad}"
 
 
