@@ -158,7 +158,7 @@ def test_hf_qwen3_next_matches_one_process(ranks4, strategy):
         assert not bad, f"rank {rank}: {bad}"
 
 
-@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("cp", [2])  # cp 3/4's permutations: tests/unit/test_relayout.py, bit-equal (CI time)
 def test_gdn_model_between_relayouts_matches_one_process(ranks4, cp):
     """mixer_layout="flat" under zigzag: each GDN layer (a run of two mixers: the conv and the scan) runs on flat
     chunks between two relayouts (one all-to-all of the token tensors zigzag -> flat before it, flat -> zigzag
