@@ -20,6 +20,7 @@ from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
 from .mixers.relayout_plan import check_mixer_layout
 from .passes import CPConfig, CPPlan
+from .token_marks import OUTPUTS_META, marking_outputs
 
 INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
 """Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
@@ -78,7 +79,10 @@ class CPBackend:
             options = {k: v for k, v in (options or {}).items() if k != "post_grad_custom_post_pass"} or None
             if any(COMMS[p.comm].capabilities.overlaps and get_family(p.site.kind).overlaps for p in new):
                 patches.update(INDUCTOR_OVERLAP_PATCHES)
-        return inner_compiler(self.inner, mode, options, patches)(gm, example_inputs)
+        compiled = inner_compiler(self.inner, mode, options, patches)(gm, example_inputs)
+        # the outputs that hold tokens (the guard's finding) are marked when it runs: the graph fed them next (after a
+        # graph break, or another compiled function) knows where their tokens are (token_marks.py)
+        return marking_outputs(compiled, gm.meta.get(OUTPUTS_META, ()))
 
 
 def check_choices(strategy: str, comm: str, kernel: str) -> None:

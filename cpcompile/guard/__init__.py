@@ -33,8 +33,12 @@ covers (fallback.py). The rule:
 5. An op with no rule and no DTensor answer (a custom kernel) fed sequence-carrying values is refused: cpcompile
    cannot tell. Code that is token-local but refused is exempted with `cpcompile.mark_token_local(fn_or_op)`.
 
-Graphs Dynamo cuts at breaks: one with no site is kept until a graph of the same backend brings the local length,
-then checked fully (infer.check_pending); one cut to call a torch.compiler.disable'd function with this rank's
+Graphs with no attention (a separate compiled function, the part after a graph break) are guarded too: their token
+dims come from their inputs' marks (cpcompile/token_marks.py: shard / shard_batch's results, an earlier compiled
+graph's outputs), else an earlier graph's local length; where nothing tells, an op that mixes tokens under any
+reading of the dims is refused (infer.py). One is also kept until a graph of the same backend brings the local
+length, then checked fully (infer.check_pending). An input shard / shard_batch sharded for another layout or CP
+size is refused (check.refuse_wrong_layout). One cut to call a torch.compiler.disable'd function with this rank's
 tokens among its outputs is refused unless that function is marked token-local (no graph shows what it does).
 
 Skipped: DTensor graphs under a flat layout (DTensor's own propagation redistributes what an op needs), no process

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import torch.fx
+
 from ..errors import CPCompileError, site_error
 from ..graph.targets import is_cp_attention, is_sdpa, is_varlen
+from ..token_marks import TokenMark
 from .flow import Flag
 
 SDPA_FIX = (
@@ -35,7 +38,36 @@ def refusal(flag: Flag) -> CPCompileError:
         fix = "pass the whole tensor (built for the global sequence, as for one GPU), not its shard_batch shard"
         return site_error(node, rule, fix)
     rule, fix = _explain(flag)
+    if flag.reading:
+        rule += (
+            "; this graph has no attention and no input cpcompile knows to hold tokens (one cpcompile.shard / "
+            "shard_batch returned, or another compiled graph's output), so cpcompile cannot tell which dim holds "
+            f"this rank's tokens, and with {flag.reading} this op mixes them"
+        )
+        if not flag.pairwise:  # attention written by hand: the attention fix stays the right one
+            fix = UNDETERMINED_FIX
     return site_error(node, rule, fix, what="node", action="run")
+
+
+UNDETERMINED_FIX = (
+    "run it inside the graph that has the attention (compile it with the model, fullgraph=True), or feed this "
+    "graph the tensors cpcompile.shard_batch / shard return (on the device they run on) so that cpcompile knows "
+    "their token dim; a head-local token mixer: cpcompile.token_mixer(module_or_fn, heads_dim=...); " + MARK_FIX
+)
+
+
+def wrong_layout(gm: torch.fx.GraphModule, name: str, mark: TokenMark, strategy: str, world: int) -> CPCompileError:
+    """An input sharded by cpcompile.shard / shard_batch with another layout or CP size than the backend's."""
+    node = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name == name)
+    source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+    what = source() if callable(source) else name
+    return CPCompileError(
+        f"cpcompile cannot run this graph: its input {what} was sharded by cpcompile.shard_batch / shard with "
+        f"strategy={mark.strategy!r} for cp={mark.world}, but this backend runs strategy={strategy!r} on "
+        f"{world} CP ranks, so this rank's tokens are not the ones its CP regions assume and the result would be "
+        f"silently wrong. Fix: shard the batch for the backend: cpcompile.shard_batch(batch, strategy={strategy!r}, "
+        "mesh=...) with the backend's mesh (or compile with the strategy the batch was sharded with)"
+    )
 
 
 def _explain(flag: Flag) -> tuple[str, str]:

@@ -105,11 +105,14 @@ class Runner(torch.fx.Interpreter):
 
 
 def track(
-    gm: torch.fx.GraphModule, seeds: dict[str, int], length: int | None = None, state: frozenset[str] = frozenset()
+    gm: torch.fx.GraphModule,
+    seeds: dict[str, int | Seq],
+    length: int | None = None,
+    state: frozenset[str] = frozenset(),
 ) -> Result:
-    """Run `gm` on meta tensors like its traced inputs, placeholder `name` holding tokens on dim seeds[name]
-    (`length`: the local sequence length, for the local-length checks; `state`: the placeholders that are model
-    state); what it found."""
+    """Run `gm` on meta tensors like its traced inputs, placeholder `name` holding tokens on dim seeds[name] (or
+    on the token axis a Seq tag gives: a marked input, token_marks.py) (`length`: the local sequence length, for
+    the local-length checks; `state`: the placeholders that are model state); what it found."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [traced(n) for n in placeholders]
     tracker = NodeTracker()
@@ -124,9 +127,13 @@ def track(
                 if n.name in state:
                     rules.STATE.add(id(t))
                 if n.name in seeds:
-                    tracker.place(t, whole(seeds[n.name], t.shape[seeds[n.name]]))
+                    seed = seeds[n.name]
+                    tracker.place(t, seed if isinstance(seed, Seq) else whole(seed, t.shape[seed]))
             with tracker:
                 out = Runner(gm, tracker).run(*inputs)
+            top = out if isinstance(out, (tuple, list)) else ()  # Dynamo's graphs return a flat tuple
+            tags = [(i, tracker.tag(v)) for i, v in enumerate(top)]
+            tracker.result.outputs = tuple((i, tag) for i, tag in tags if isinstance(tag, Seq))
             if ends_at_graph_break(gm):
                 _outputs_into_python(gm, tracker, out)
                 if length:

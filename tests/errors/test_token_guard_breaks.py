@@ -6,10 +6,13 @@ are local-length positions made there and an integer reduction over tokens hande
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 
 import cpcompile
 from cpcompile.testing.distributed import RankPool
@@ -173,3 +176,135 @@ def test_tokens_into_a_disabled_function_are_refused(no_comm):
 def test_a_marked_disabled_function_compiles():
     cpcompile.mark_token_local(eager_cumsum)  # a false promise, for the test: the mark is the user's word
     compile_broken(around_eager_cumsum, torch.randn(B, L, H))
+
+
+# Graphs with no attention at all (issue 45): a separate compiled function, or the part after a graph break. Their
+# token dims come from their inputs: shard / shard_batch's marks, an earlier compiled graph's outputs (the handoff);
+# nothing known: every reading of their dims is tried, and an op that mixes tokens under one is refused.
+
+conv_h = nn.Conv1d(H, H, 3, padding=1)
+
+
+def running_sum(x):
+    return x.cumsum(dim=1) * 2
+
+
+def conv_over_sequence(x):
+    return conv_h(x.transpose(1, 2)).transpose(1, 2)
+
+
+mlp_in, mlp_out = nn.Linear(H, 2 * H), nn.Linear(2 * H, H)
+
+
+def mlp_and_norm(x):
+    """Token-local: an MLP and an RMS norm over the hidden dim."""
+    return F.rms_norm(mlp_out(F.gelu(mlp_in(x))) + x, (H,))
+
+
+def compile_alone(fn, x, dynamic=False, strategy="zigzag"):
+    with fake_group(0, 2):
+        be = cpcompile.backend(strategy=strategy, inner="eager")
+        torch._dynamo.reset()
+        return torch.compile(fn, backend=be, dynamic=dynamic)(x)
+
+
+@pytest.mark.parametrize("fn,node", [(running_sum, "cumsum"), (conv_over_sequence, "conv1d")])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_token_mixing_in_a_graph_without_attention_is_refused(no_comm, fn, node, dynamic):
+    """Fed what shard returns: its mark says dim 1 holds the tokens (was silent: cumsum error 6.23, conv 0.525)."""
+    with fake_group(0, 2):
+        x = cpcompile.shard(torch.randn(B, 2 * L, H), strategy="zigzag", seq_dim=1)
+    with pytest.raises(Exception) as excinfo:
+        compile_alone(fn, x, dynamic)
+    msg = str(_cp_error(excinfo))
+    assert f"node '{node}' at {__file__}:" in msg and "mixes tokens along the sequence dim" in msg, msg
+    assert "cannot tell which dim" not in msg, msg  # the mark told it
+
+
+def test_token_mixing_on_unknown_dims_is_refused_naming_the_reading(no_comm):
+    """Hand-cut tokens (no mark): the reading under which the op mixes tokens is named, and the fixes for it."""
+    with pytest.raises(Exception) as excinfo:
+        compile_alone(running_sum, torch.randn(B, L, H))
+    msg = str(_cp_error(excinfo))
+    assert "node 'cumsum'" in msg and "cannot tell which dim holds this rank's tokens" in msg, msg
+    assert "dim 1 of the input 'l_x_' (size 8) as the sequence" in msg, msg
+    fix = msg.split("Fix:")[1]
+    assert "inside the graph that has the attention" in fix and "cpcompile.token_mixer" in fix, msg
+    assert "cpcompile.mark_token_local" in fix and "shard_batch" in fix, msg
+
+
+def test_token_local_graph_without_attention_compiles():
+    with fake_group(0, 2):
+        x = cpcompile.shard(torch.randn(B, 2 * L, H), strategy="zigzag", seq_dim=1)
+    for dynamic in (False, True):
+        compile_alone(mlp_and_norm, x, dynamic)
+
+
+def attend_h(x):
+    return attend(x.view(B, -1, 2, H // 2).flatten(2))
+
+
+def test_compiled_outputs_hand_their_tokens_on(no_comm):
+    """A graph's outputs that hold tokens are marked when it runs: another backend's graph fed them (no shared
+    length, no shard mark) checks them at their token dim, and the cumsum is refused there by the mark."""
+    with fake_group(0, 2):
+        first = torch.compile(attend_h, backend=cpcompile.backend(strategy="zigzag", inner="eager"))
+        y = first(torch.randn(B, L, H))
+        second = torch.compile(running_sum, backend=cpcompile.backend(strategy="zigzag", inner="eager"))
+        with pytest.raises(Exception) as excinfo:
+            second(y)
+    msg = str(_cp_error(excinfo))
+    assert "node 'cumsum'" in msg and "cannot tell which dim" not in msg, msg
+
+
+def test_a_batch_sharded_for_another_layout_is_refused(no_comm):
+    """shard's mark names the layout: a flat-sharded batch fed to a zigzag backend is refused at compile time."""
+    with fake_group(0, 2):
+        x = cpcompile.shard(torch.randn(B, 2 * L, H), strategy="flat", seq_dim=1)
+    with pytest.raises(Exception) as excinfo:
+        compile_alone(mlp_and_norm, x)
+    msg = str(_cp_error(excinfo))
+    assert "sharded by cpcompile.shard_batch / shard with strategy='flat' for cp=2" in msg, msg
+    assert "strategy='zigzag'" in msg.split("Fix:")[1], msg
+
+
+def _no_attention_graphs(rank: int, world: int) -> dict:
+    """The issue-45 cases on real ranks (gloo, aot_eager, fp64): each graph without attention fed shard_batch's
+    tokens; the refusal on this rank, or the token-local control's largest error against one process."""
+    torch.manual_seed(0)
+    batch = {"inputs_embeds": torch.randn(B, 4 * L, H, dtype=torch.float64)}
+    local = cpcompile.shard_batch(batch, strategy="zigzag", position_ids=False)["inputs_embeds"]
+    tokens = cpcompile.shard(batch["inputs_embeds"].float(), strategy="zigzag", seq_dim=1)  # conv_h's dtype
+    found = {}
+    for name, fn, dynamic in [("cumsum", running_sum, True), ("cumsum static", running_sum, False),
+                              ("conv1d", conv_over_sequence, False)]:  # fmt: skip
+        torch._dynamo.reset()
+        try:
+            torch.compile(fn, backend=cpcompile.backend(strategy="zigzag", inner="aot_eager"), dynamic=dynamic)(tokens)
+            found[name] = "ran"
+        except Exception as e:  # noqa: BLE001
+            found[name] = str(_cp_error_of(e))
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(H, 2 * H), nn.GELU(), nn.Linear(2 * H, H), nn.RMSNorm(H)).double()
+    reference = copy.deepcopy(model)
+    full = reference(batch["inputs_embeds"])
+    full.square().sum().backward()
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", inner="aot_eager"))(local)
+    out.square().sum().backward()
+    errors = [(out - cpcompile.shard(full.detach(), strategy="zigzag", seq_dim=1)).abs().max().item()]
+    for p, q in zip(model.parameters(), reference.parameters()):
+        dist.all_reduce(p.grad)
+        errors.append(((p.grad - q.grad).abs().max() / q.grad.abs().max()).item())
+    found["control"] = max(errors)
+    return found
+
+
+@pytest.mark.multirank
+def test_graphs_without_attention_on_every_rank(ranks2):
+    """A cumsum (dynamic and static dims) and a conv1d over the sequence in graphs without attention are refused
+    on every rank; an MLP and a norm there run like one process."""
+    for rank, found in enumerate(ranks2.run(_no_attention_graphs, timeout=300)):
+        for name, node in (("cumsum", "cumsum"), ("cumsum static", "cumsum"), ("conv1d", "conv1d")):
+            assert f"node '{node}'" in found[name] and "mixes tokens" in found[name], (rank, name, found[name])
+        assert found["control"] < 1e-12, (rank, found)
