@@ -106,6 +106,7 @@ def backend(
     inner: str | Callable = "inductor",
     regather: bool = False,
     mixer_layout: str = "same",
+    check_batch: bool = True,
 ) -> CPBackend:
     """A torch.compile backend that runs every attention node context-parallel.
 
@@ -123,7 +124,9 @@ def backend(
     aot_autograd graphs); regather: with comm="all_gather", save only the local K/V for backward and gather
     them again there (one layer's gathered K/V alive at a time, one more gather); mixer_layout: under zigzag,
     where runs of token mixers run on flat chunks between two relayouts (all-to-alls of the tokens): "same" (never),
-    "auto" (where that receives fewer bytes), "flat" (always; a run that cannot is refused).
+    "auto" (where that receives fewer bytes), "flat" (always; a run that cannot is refused); check_batch: check
+    each step's batch against the layout on every rank (position ids, padding, an unsharded batch:
+    regions/batch_check.py; one all-gather of four int64 a graph and step, no host sync), False: off.
     """
     check_choices(strategy, comm, kernel)
     if not callable(inner) and inner not in INNER:
@@ -137,7 +140,7 @@ def backend(
     check_mixer_layout(mixer_layout, strategy)
     config = CPConfig(
         strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group, regather=bool(regather),
-        mixer_layout=mixer_layout,
+        mixer_layout=mixer_layout, check_batch=bool(check_batch),
     )  # fmt: skip
     return CPBackend(config, inner=inner)
 

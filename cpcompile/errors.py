@@ -25,6 +25,11 @@ class CPCompileError(ValueError):
     """
 
 
+class BatchLayoutError(CPCompileError, RuntimeError):
+    """A step's batch does not fit the layout the backend compiled for (regions/batch_check.py), found at run time
+    on every CP rank. Also a RuntimeError, like the device assert that says the same on CUDA."""
+
+
 def _user_frame(node: torch.fx.Node) -> tuple[str, str, str, str] | None:
     """(path, line, function, code) of the user's innermost frame Dynamo recorded for `node`, or None."""
     trace = node.meta.get("stack_trace") or ""

@@ -1,0 +1,104 @@
+"""Insert the run-time batch check (regions/batch_check.py): one check_batch call in each graph that holds CP
+regions, before its first region, fed what of the batch that graph sees:
+
+- position ids: cpcompile.attention's (site metadata) and the graph inputs named `*position*` (HF's position_ids,
+  torchtitan's positions, the examples') with the local length on their last dim, integer;
+- padding masks: cpcompile.attention's;
+- token ids, only where no positions are checked (the positions catch an unsharded batch themselves): the integer
+  graph inputs with a dim of the local length that are not offsets (cu_seqlens);
+- packed layouts: the cu_seqlens the graph's first varlen region reads (after its metadata check).
+
+Nothing is inserted when the graph sees none of them (q/k/v as inputs: the graph tests' snapshots), for DTensor
+regions (their placements say where the tokens are) or a CP group of one rank; backend(check_batch=False) skips
+the step (passes/rewrite.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.fx
+
+from ..families.plans import CPPlan
+from ..families.registry import get_family
+from ..families.varlen.call import VarlenCall
+from ..graph.region_call import read_call
+from ..layouts import THD_LAYOUTS
+from ..regions.batch_check import check_batch
+
+POSITION_NAME = re.compile(r"position", re.IGNORECASE)
+"""Graph inputs that are the model's position ids: Dynamo names placeholders after the arguments (HF's
+position_ids, torchtitan's positions)."""
+
+
+def _traced(node: torch.fx.Node):
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _integer_input(node: torch.fx.Node) -> torch.Tensor | None:
+    value = _traced(node)
+    if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex():
+        return None
+    if value.dtype == torch.bool or isinstance(value, torch.nn.Parameter):
+        return None
+    return value
+
+
+def _local_length(plan: CPPlan) -> int:
+    return int(plan.site.q_shape[get_family(plan.site.kind).seq_dim])
+
+
+def _sizes(value: torch.Tensor) -> list[int]:
+    return [int(s) if isinstance(s, int) else int(s.node.hint) for s in value.shape]
+
+
+def insert_batch_checks(regions: list[tuple[torch.fx.Node, CPPlan]]) -> None:
+    """One check_batch call per graph holding regions (`regions`: every rewritten region node and its plan)."""
+    by_graph: dict[int, list[tuple[torch.fx.Node, CPPlan]]] = {}
+    for region, plan in regions:
+        by_graph.setdefault(id(region.graph), []).append((region, plan))
+    for found in by_graph.values():
+        order = {n: i for i, n in enumerate(found[0][0].graph.nodes)}
+        _insert(sorted(found, key=lambda rp: order[rp[0]]))
+
+
+def _insert(found: list[tuple[torch.fx.Node, CPPlan]]) -> None:
+    first, plan = found[0]
+    if plan.dtensor or plan.group.size < 2:
+        return
+    graph, packed = first.graph, plan.layout in THD_LAYOUTS
+    lengths = {_local_length(p) for _, p in found}
+    positions: list[torch.fx.Node] = []
+    masks: list[torch.fx.Node] = []
+    for _, p in found:
+        for node, into in ((p.site.position_ids, positions), (p.site.padding_mask, masks)):
+            if isinstance(node, torch.fx.Node) and node.graph is graph and node not in into:
+                into.append(node)
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    for node in placeholders:
+        value = _integer_input(node)
+        if value is None or not POSITION_NAME.search(node.name) or node in positions:
+            continue
+        sizes = _sizes(value)
+        if sizes and sizes[-1] in lengths and (not packed or value.numel() == sizes[-1]):
+            positions.append(node)
+    cu = None
+    if packed:
+        varlen = [r for r, p in found if p.site.kind == "varlen"]
+        cu = read_call(VarlenCall, varlen[0]).cu_seqlens if varlen else None
+        if not isinstance(cu, torch.fx.Node):
+            positions, cu = [], None
+    offsets = {cu} | set(cu.all_input_nodes) if cu is not None else set()
+    tokens = []
+    if not positions:
+        for node in placeholders:
+            value = _integer_input(node)
+            if value is not None and node not in offsets and set(_sizes(value)) & lengths:
+                tokens.append(node)
+    if not (positions or masks or tokens):
+        return
+    kwargs = dict(layout=plan.layout, group_name=plan.group.name, rank=plan.group.rank, world=plan.group.size)
+    with graph.inserting_before(first):
+        check = graph.call_function(check_batch, (positions, masks, tokens, cu), kwargs)
+    check.meta = {"stack_trace": first.meta.get("stack_trace"), "cpcompile_check": True}
