@@ -98,28 +98,32 @@ def plan_positions_ok(
     in cu_seqlens): in every document piece they count up by one from the document's first position, which is 0
     (positions inside documents), the document's offset in the packed buffer (positions over the buffer), or the
     previous document's length (HF's padded rows, positions 0..L-1 over the row: a row's real tokens start where
-    its padding document ends, or its padding where its real tokens end). A bool scalar, no host sync."""
+    its padding document ends, or its padding where its real tokens end). A position 0 is padding's (torchtitan's
+    adapter pads documents with tokens at position 0) and passes anywhere. A bool scalar, no host sync."""
     lay = get_packed_layout(layout)
     pos = positions.reshape(-1).long()
     index = lay.shard_index(cu_seqlens, pos.numel() * world, world, rank).long()
     offsets = lay.offsets(cu_seqlens, world).long()
     doc = (sorted_search(offsets, index, right=True) - 1).clamp(0, offsets.numel() - 1)
     first = pos - (index - offsets[doc])  # the position this token's document would start at
+    free = pos == 0
     same_doc = doc[1:] == doc[:-1]
-    counts_up = ((first[1:] == first[:-1]) | ~same_doc).all()
+    counts_up = ((first[1:] == first[:-1]) | ~same_doc | free[1:] | free[:-1]).all()
     previous = offsets[doc] - offsets[(doc - 1).clamp(min=0)]
-    known_start = (first == 0) | (first == offsets[doc]) | ((doc > 0) & (first == previous))
+    known_start = free | (first == 0) | (first == offsets[doc]) | ((doc > 0) & (first == previous))
     return counts_up & known_start.all()
 
 
 def positions_ok(
     positions: torch.Tensor, cu_seqlens: torch.Tensor | None, *, layout: str, rank: int, world: int
 ) -> torch.Tensor:
-    """Whether `positions` are the global positions `layout` gives this rank's tokens (0-dim bool)."""
+    """Whether `positions` are the global positions `layout` gives this rank's tokens (0-dim bool); a position 0
+    passes anywhere (padding's: torchtitan's adapter pads rows with position 0)."""
     if cu_seqlens is not None:
         return plan_positions_ok(positions, cu_seqlens, layout=layout, rank=rank, world=world)
     expected = global_positions(layout, rank, world, positions.shape[-1], positions.device)
-    return (positions.long() == expected).all()
+    pos = positions.long()
+    return ((pos == expected) | (pos == 0)).all()
 
 
 def fingerprint(tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
