@@ -46,7 +46,7 @@ def refuse_token_mixing(
     refuse_wrong_layout(gm, strategy, cp_size)
     found = guard_graph(gm, plans, seen, strategy, pending)
     if found.flag is not None:
-        raise refusal(found.flag)
+        raise refusal(found.flag, strategy)
     gm.meta[OUTPUTS_META] = tuple((i, tuple((p.dim, p.lo, p.hi) for p in tag.parts)) for i, tag in found.outputs)
 
 

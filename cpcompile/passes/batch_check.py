@@ -4,8 +4,9 @@ regions, before its first region, fed what of the batch that graph sees:
 - position ids: cpcompile.attention's (site metadata) and the graph inputs named `*position*` (HF's position_ids,
   torchtitan's positions, the examples') with the local length on their last dim, integer;
 - padding masks: cpcompile.attention's;
-- token ids, only where no positions are checked (the positions catch an unsharded batch themselves): the integer
-  graph inputs with a dim of the local length that are not offsets (cu_seqlens);
+- token ids, only where no positions are checked (the positions catch an unsharded batch themselves) and the group
+  has peers (not a fake process group): the integer graph inputs with a dim of the local length that are not
+  offsets (cu_seqlens);
 - packed layouts: the cu_seqlens the graph's first varlen region reads (after its metadata check).
 
 Nothing is inserted when the graph sees none of them (q/k/v as inputs: the graph tests' snapshots), for DTensor
@@ -18,6 +19,7 @@ from __future__ import annotations
 import re
 
 import torch
+import torch.distributed as dist
 import torch.fx
 
 from ..families.plans import CPPlan
@@ -51,6 +53,18 @@ def _local_length(plan: CPPlan) -> int:
 
 def _sizes(value: torch.Tensor) -> list[int]:
     return [int(s) if isinstance(s, int) else int(s.node.hint) for s in value.shape]
+
+
+def has_peers(group) -> bool:
+    """Whether the CP group's all-gather brings other ranks' values: not a fake process group (tests, one-rank
+    benchmarks), whose all-gather hands this rank's own verdicts back for every rank, which the fingerprint rule
+    would read as every rank holding the same tokens (the positions rules read each rank's own verdict)."""
+    if group is None:
+        return False
+    try:
+        return dist.get_backend(group) != "fake"
+    except (RuntimeError, ValueError):
+        return False
 
 
 def insert_batch_checks(regions: list[tuple[torch.fx.Node, CPPlan]]) -> None:
@@ -91,7 +105,7 @@ def _insert(found: list[tuple[torch.fx.Node, CPPlan]]) -> None:
             positions, cu = [], None
     offsets = {cu} | set(cu.all_input_nodes) if cu is not None else set()
     tokens = []
-    if not positions:
+    if not positions and has_peers(plan.group.group):
         for node in placeholders:
             value = _integer_input(node)
             if value is not None and node not in offsets and set(_sizes(value)) & lengths:
