@@ -39,6 +39,12 @@ def _user_frame(node: torch.fx.Node) -> tuple[str, str, str, str] | None:
     return (user or frames)[-1] if frames else None
 
 
+def node_frame(node: torch.fx.Node) -> tuple[str, int] | None:
+    """(path, line) of the user's innermost frame Dynamo recorded for `node`, or None."""
+    frame = _user_frame(node)
+    return (frame[0], int(frame[1])) if frame is not None else None
+
+
 def node_origin(node: torch.fx.Node, what: str = "attention node") -> str:
     """Name an FX node for an error message: node name plus the user's source line when Dynamo recorded it."""
     frame = _user_frame(node)

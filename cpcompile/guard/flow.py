@@ -80,6 +80,10 @@ class NodeTracker(Tracker):
         super().__init__(self._on_flag)
         self.result = Result()
         self.node: torch.fx.Node | None = None
+        self.length_symbols: set[str] = set()
+        """The symbols of the token dims' sizes (dynamic shapes: length.py)."""
+        self.length_nodes: set[torch.fx.Node] = set()
+        """Nodes whose value is the local length or computed from it (dynamic shapes: length.py)."""
 
     def _on_flag(self, op: str, verdict) -> None:
         self.flag(op, verdict.kind, verdict.pairwise, verdict.detail)
