@@ -12,7 +12,7 @@ apart, and the fake group's ranks count as peers. The rows then
 time the check's device work and launches, not the 32-byte all-gather itself (on NVLink a few microseconds).
 Under torchrun (one rank per GPU, NCCL) the real all-gather runs and every rank times its own step.
 
-    python -m bench.probes.batch_check_cost [--cp 8] [--out results.json]
+    python -m bench.probes.batch_check_cost [--cp 8] [--models positions tokens] [--modes default ...] [--out f.json]
     torchrun --standalone --nproc-per-node=2 -m bench.probes.batch_check_cost
 
 Prints a row per (model, mode): the step with and without the check, and the difference in microseconds and in
@@ -93,7 +93,7 @@ def _step(fn, inputs: tuple, mode: str, grad_of: torch.Tensor | None):
     return run
 
 
-def rows(cp: int, rank: int, real: bool) -> list[dict]:
+def rows(cp: int, rank: int, real: bool, names=("positions", "tokens"), modes=MODES) -> list[dict]:
     layer = build(LLAMA3_8B, DTYPE)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, VOCAB, (1, SPEED_SEQ), generator=g).cuda()
@@ -106,7 +106,9 @@ def rows(cp: int, rank: int, real: bool) -> list[dict]:
     }
     records = []
     for name, (model, inputs, grad_of) in models.items():
-        for mode in MODES:
+        if name not in names:
+            continue
+        for mode in modes:
             steps = []
             for check in (True, False):
                 torch._dynamo.reset()
@@ -131,6 +133,8 @@ def rows(cp: int, rank: int, real: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cp", type=int, default=8, help="CP ranks of the fake group (one GPU)")
+    parser.add_argument("--models", nargs="*", default=["positions", "tokens"], choices=["positions", "tokens"])
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch._dynamo.config.cache_size_limit = 64
@@ -138,14 +142,14 @@ def main() -> None:
         dist.init_process_group("nccl")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         try:
-            records = rows(dist.get_world_size(), dist.get_rank(), real=True)
+            records = rows(dist.get_world_size(), dist.get_rank(), True, args.models, args.modes)
         finally:
             dist.destroy_process_group()
     else:
         batch_check.all_gather_dim0 = local_gather  # traced into the compiled graph: set before compiling
         passes_batch_check.has_peers = lambda group: True  # the fake group's ranks count as peers here
         with fake_group(0, args.cp):
-            records = rows(args.cp, 0, real=False)
+            records = rows(args.cp, 0, False, args.models, args.modes)
     if args.out and records and records[0]["rank"] == 0:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)

@@ -4,14 +4,14 @@ regions, before its first region, fed what of the batch that graph sees:
 - position ids: cpcompile.attention's (site metadata) and the graph inputs named `*position*` (HF's position_ids,
   torchtitan's positions, the examples') with the local length on their last dim, integer;
 - padding masks: cpcompile.attention's;
-- token ids, only where no positions are checked (the positions catch an unsharded batch themselves) and the group
-  has peers (not a fake process group): the integer graph inputs with a dim of the local length that are not
-  offsets (cu_seqlens);
+- token ids, only where no positions are checked (the positions catch an unsharded batch themselves): the integer
+  graph inputs with a dim of the local length that are not offsets (cu_seqlens);
 - packed layouts: the cu_seqlens the graph's first varlen region reads (after its metadata check).
 
-Nothing is inserted when the graph sees none of them (q/k/v as inputs: the graph tests' snapshots), for DTensor
-regions (their placements say where the tokens are) or a CP group of one rank; backend(check_batch=False) skips
-the step (passes/rewrite.py).
+Nothing is inserted when the graph sees none of them (q/k/v as inputs), for DTensor regions (their placements say
+where the tokens are), a CP group of one rank, or a group without peers (a fake process group: one process
+standing in for a rank, fed any batch; explain()'s stand-in); backend(check_batch=False) skips the step
+(passes/rewrite.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import torch.fx
 
 from ..families.plans import CPPlan
 from ..families.registry import get_family
-from ..families.varlen.call import VarlenCall
 from ..graph.region_call import read_call
 from ..layouts import THD_LAYOUTS
 from ..regions.batch_check import check_batch
@@ -56,9 +55,9 @@ def _sizes(value: torch.Tensor) -> list[int]:
 
 
 def has_peers(group) -> bool:
-    """Whether the CP group's all-gather brings other ranks' values: not a fake process group (tests, one-rank
-    benchmarks), whose all-gather hands this rank's own verdicts back for every rank, which the fingerprint rule
-    would read as every rank holding the same tokens (the positions rules read each rank's own verdict)."""
+    """Whether the CP group has other ranks to compare with: not a fake process group (one process standing in for
+    a rank: graph tests, one-rank benchmarks, which feed it any batch) nor explain()'s stand-in group (none), whose
+    all-gather would hand this rank's own verdicts back for every rank."""
     if group is None:
         return False
     try:
@@ -79,7 +78,7 @@ def insert_batch_checks(regions: list[tuple[torch.fx.Node, CPPlan]]) -> None:
 
 def _insert(found: list[tuple[torch.fx.Node, CPPlan]]) -> None:
     first, plan = found[0]
-    if plan.dtensor or plan.group.size < 2:
+    if plan.dtensor or plan.group.size < 2 or not has_peers(plan.group.group):
         return
     graph, packed = first.graph, plan.layout in THD_LAYOUTS
     lengths = {_local_length(p) for _, p in found}
@@ -98,14 +97,15 @@ def _insert(found: list[tuple[torch.fx.Node, CPPlan]]) -> None:
         if sizes and sizes[-1] in lengths and (not packed or value.numel() == sizes[-1]):
             positions.append(node)
     cu = None
-    if packed:
-        varlen = [r for r, p in found if p.site.kind == "varlen"]
-        cu = read_call(VarlenCall, varlen[0]).cu_seqlens if varlen else None
+    if packed:  # the offsets the first region reads (its family's offset field "cu_seqlens", checked already)
+        offsets = [(r, get_family(p.site.kind)) for r, p in found]
+        offsets = [(r, f) for r, f in offsets if "cu_seqlens" in f.offset_fields]
+        cu = read_call(offsets[0][1].call, offsets[0][0]).cu_seqlens if offsets else None
         if not isinstance(cu, torch.fx.Node):
             positions, cu = [], None
     offsets = {cu} | set(cu.all_input_nodes) if cu is not None else set()
     tokens = []
-    if not positions and has_peers(plan.group.group):
+    if not positions:
         for node in placeholders:
             value = _integer_input(node)
             if value is not None and node not in offsets and set(_sizes(value)) & lengths:
