@@ -2,7 +2,8 @@
 regions, before its first region, fed what of the batch that graph sees:
 
 - position ids: cpcompile.attention's (site metadata) and the graph inputs named `*position*` (HF's position_ids,
-  torchtitan's positions, the examples') with the local length on their last dim, integer;
+  torchtitan's positions, the examples') with the local length on their last dim, integer; not where a mask
+  describes documents under a chunk layout (flex_attention's BlockMask: positions may restart at each document);
 - padding masks: cpcompile.attention's;
 - token ids, only where no positions are checked (the positions catch an unsharded batch themselves): the integer
   graph inputs with a dim of the local length that are not offsets (cu_seqlens);
@@ -89,7 +90,10 @@ def _insert(found: list[tuple[torch.fx.Node, CPPlan]]) -> None:
             if isinstance(node, torch.fx.Node) and node.graph is graph and node not in into:
                 into.append(node)
     placeholders = list(graph.find_nodes(op="placeholder"))
-    for node in placeholders:
+    # documents a mask describes (flex's BlockMask: an offset field other than cu_seqlens) may restart the model's
+    # positions at each document under a chunk layout: its positions are not checked (its tokens are instead)
+    masked_documents = not packed and any(get_family(p.site.kind).offset_fields for _, p in found)
+    for node in [] if masked_documents else placeholders:
         value = _integer_input(node)
         if value is None or not POSITION_NAME.search(node.name) or node in positions:
             continue
