@@ -30,7 +30,7 @@ def _play(pieces: dict[int, list[torch.Tensor]], src: str, dst: str, cp: int, se
         return relayout(*pieces[rank], seq_dims=dims, src=src, dst=dst, group_name="0", rank=rank, world=cp)
 
     for rank in range(cp):
-        monkeypatch.setattr(relayout_module, "_all_to_all", record(rank))
+        monkeypatch.setattr(relayout_module, "exchange_uneven", record(rank))
         call(rank)
     outs = []
     for rank in range(cp):
@@ -39,7 +39,7 @@ def _play(pieces: dict[int, list[torch.Tensor]], src: str, dst: str, cp: int, se
             parts = [sent[p][k][0].split(sent[p][k][1])[rank] for p in range(cp)]  # what rank p sent to `rank`
             assert [t.shape[0] for t in parts] == sent[rank][k][2], "the receive splits do not match what arrives"
             arrived.append(torch.cat(parts))
-        monkeypatch.setattr(relayout_module, "_all_to_all", lambda x, o, i, g, arrived=arrived: arrived.pop(0))
+        monkeypatch.setattr(relayout_module, "exchange_uneven", lambda x, o, i, g, arrived=arrived: arrived.pop(0))
         outs.append(call(rank))
     return outs
 
