@@ -76,3 +76,17 @@ def test_routes_and_bytes():
     assert [received_tokens(zigzag, flat, cp, 8) for cp in (2, 3, 4)] == [4, 8, 8]
     assert [received_tokens(flat, zigzag, cp, 8) for cp in (2, 3, 4)] == [4, 8, 8]
     assert received_tokens(flat, flat, 4, 8) == 0
+
+
+def test_a_round_trip_through_flat_receives_the_chunks_a_rank_trades():
+    """zigzag -> flat -> zigzag at cp 4, 8 tokens a rank (chunks of 4): ranks 1 and 3 share no chunk between their
+    zigzag and flat slices and receive both chunks each way (16 tokens); ranks 0 and 2 keep one (8); flat moves
+    nothing."""
+    zigzag, flat = LAYOUTS["zigzag"], LAYOUTS["flat"]
+
+    def received(src, dst, rank: int) -> int:
+        routes = relayout_routes(src, dst, 4, rank)
+        return sum(len(r) for peer, r in enumerate(routes.recvs) if peer != rank) * 8 // routes.fine
+
+    assert [received(zigzag, flat, r) + received(flat, zigzag, r) for r in range(4)] == [8, 16, 8, 16]
+    assert max(received(flat, flat, r) for r in range(4)) == 0
