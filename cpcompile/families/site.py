@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.fx
 
 from ..graph.bodies import Body
-
-if TYPE_CHECKING:
-    from .flex.match import FlexArgs
+from .flex.args import FlexArgs
 
 
 @dataclass(frozen=True)
