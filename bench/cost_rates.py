@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from bench.thd_cases import doc_lengths
-from cpcompile.comm.registry import get_comm
 from cpcompile.comm.wire import WireShape
+from cpcompile.comms.registry import get_comm
 from cpcompile.cost.model import _rank_work
 from cpcompile.cost.work import CallWork
 from cpcompile.layouts import THD_LAYOUTS

@@ -177,7 +177,7 @@ SCALES = ((2**20, 8, None), (2**22, 32, (4, 8)))
 def auto_choices() -> list[str]:
     """What comm="auto" picks for a Llama3-8B attention site (zigzag, cuDNN) at each scale, from cpcompile's own
     cost model (its assumed links: cost/rates.json), with every option's estimate."""
-    from cpcompile.comm.registry import COMMS
+    from cpcompile.comms.registry import COMMS
     from cpcompile.cost import SiteShape
     from cpcompile.families.auto import resolve
 

@@ -1,4 +1,4 @@
-"""What a comm's registry entry holds (comm/registry.COMMS): its region for each attention family it serves, its
+"""What a comm's registry entry holds (comms/registry.COMMS): its region for each attention family it serves, its
 wire bytes and its capabilities. A comm package (comms/<name>/) builds its own entry from these."""
 
 from __future__ import annotations

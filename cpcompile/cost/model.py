@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..comm.registry import get_comm
 from ..comm.wire import LevelBytes, WireShape
+from ..comms.registry import get_comm
 from ..kernels.base import NO_WINDOW
 from ..layouts.heads import HeadSplit
 from ..layouts.thd import get_packed_layout

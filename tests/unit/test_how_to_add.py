@@ -1,6 +1,6 @@
 """The steps of docs/architecture.md's "How to add a comm / a family": a toy attention family (causal linear
 attention, a custom op) and a toy comm that serves it, each added by ONE registry entry (families.registry.FAMILIES,
-comm.registry.COMMS) and nothing else, then found, planned, rewritten, guarded and run on CPU.
+comms.registry.COMMS) and nothing else, then found, planned, rewritten, guarded and run on CPU.
 
 If some step switched on the family's or the comm's name instead of reading the registries (a planner picked by
 `site.kind` with a fallback, an `isinstance` on a plan type, a comm's region read from a per-family field), the
@@ -20,7 +20,7 @@ import torch.fx
 import cpcompile
 from cpcompile.comm.collectives import all_gather_dim0
 from cpcompile.comm.entry import Comm, Region
-from cpcompile.comm.registry import COMMS
+from cpcompile.comms.registry import COMMS
 from cpcompile.families.family import Family
 from cpcompile.families.plans import CPConfig, CPPlan
 from cpcompile.families.registry import FAMILIES

@@ -11,8 +11,8 @@ import json
 import pytest
 
 from bench.overlap_fit import RECORDS, TABLE, table_of
-from cpcompile.comm.registry import COMMS
 from cpcompile.comm.wire import LevelBytes
+from cpcompile.comms.registry import COMMS
 from cpcompile.cost import SiteShape, measured
 from cpcompile.cost.choose import TIE
 from cpcompile.cost.measured import point_of_record, point_of_site

@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from cpcompile.comm.registry import COMMS
+from cpcompile.comms.registry import COMMS
 from cpcompile.families.registry import FAMILIES
 from cpcompile.families.sdpa.call import DenseCall
 from cpcompile.families.varlen.call import VarlenCall

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ...comm.registry import dense_feature_problem, get_comm
+from ...comms.registry import dense_feature_problem, get_comm
 from ...errors import CPCompileError, site_error
 from ...integrations.hints import mask_fix
 from ...kernels.base import NO_WINDOW

@@ -9,7 +9,7 @@ import torch
 import torch.fx
 
 from ...comm.entry import Comm
-from ...comm.registry import comms_that, get_comm, packed_layout_problem
+from ...comms.registry import comms_that, get_comm, packed_layout_problem
 from ...errors import site_error
 from ...kernels import get_varlen_kernel
 from ...kernels.base import NO_WINDOW

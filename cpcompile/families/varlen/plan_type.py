@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...comm.registry import get_comm
+from ...comms.registry import get_comm
 from ...kernels.base import NO_WINDOW
 from ..plans import CPPlan
 from .call import VarlenCall
