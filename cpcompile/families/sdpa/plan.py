@@ -6,7 +6,6 @@ import math
 
 from ...comms.registry import dense_feature_problem, get_comm
 from ...errors import CPCompileError, site_error
-from ...integrations.hints import mask_fix
 from ...kernels.base import NO_WINDOW
 from ...layouts import THD_LAYOUTS, get_layout
 from ...mesh import CPGroup
@@ -16,6 +15,7 @@ from ..cost_shape import site_shape
 from ..plans import CPConfig, CPPlan
 from ..site import AttentionSite
 from .features import check_token_metadata, sinks_of, softcap_of, window_of
+from .mask_hints import mask_fix
 
 SEQ_DIM = 2
 """q (B, H, L, D) holds the tokens on L."""
