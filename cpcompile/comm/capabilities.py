@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS
+from ..layouts.block import NO_WINDOW
 from ..layouts.heads import head_split_problem
 
 PackedWindows = Literal["causal_or_full", "sliding_causal", "any"]

@@ -21,7 +21,7 @@ import torch
 
 from ..comm.wire import LevelBytes, WireShape
 from ..comms.registry import get_comm
-from ..kernels.base import NO_WINDOW
+from ..layouts.block import NO_WINDOW
 from ..layouts.heads import HeadSplit
 from ..layouts.thd import get_packed_layout
 from .measured import measured_at

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..kernels.base import NO_WINDOW
+from ..layouts.block import NO_WINDOW
 
 TILE = 128
 

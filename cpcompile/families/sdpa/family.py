@@ -4,8 +4,8 @@ q/k/v (B, H, L, D) sharded on L by a chunk layout (flat, zigzag)."""
 from __future__ import annotations
 
 from ...cost import SiteShape
-from ...kernels.base import NO_WINDOW
 from ...layouts import LAYOUTS
+from ...layouts.block import NO_WINDOW
 from ..cost_shape import site_shape
 from ..family import Family
 from ..plans import CPPlan

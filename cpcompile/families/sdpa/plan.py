@@ -6,8 +6,8 @@ import math
 
 from ...comms.registry import dense_feature_problem, get_comm
 from ...errors import CPCompileError, site_error
-from ...kernels.base import NO_WINDOW
 from ...layouts import THD_LAYOUTS, get_layout
+from ...layouts.block import NO_WINDOW
 from ...mesh import CPGroup
 from ..auto import resolve, site_comms, site_kernels
 from ..checks import constant, is_static

@@ -12,8 +12,8 @@ from ...comm.entry import Comm
 from ...comms.registry import comms_that, get_comm, packed_layout_problem
 from ...errors import site_error
 from ...kernels import get_varlen_kernel
-from ...kernels.base import NO_WINDOW
 from ...layouts import THD_LAYOUTS
+from ...layouts.block import NO_WINDOW
 from ...mesh import CPGroup
 from ..auto import AUTO, resolve, site_comms, site_kernels
 from ..checks import is_static

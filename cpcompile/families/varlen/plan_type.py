@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...comms.registry import get_comm
-from ...kernels.base import NO_WINDOW
+from ...layouts.block import NO_WINDOW
 from ..plans import CPPlan
 from .call import VarlenCall
 
