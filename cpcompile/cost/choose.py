@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .model import Estimate, SiteShape, estimate
+from .model import Estimate, estimate
+from .shape import SiteShape
 
 TIE = 0.05
 """Estimates within this fraction of the fastest count as equal (the benchmark's repeat spread is ~2%, the

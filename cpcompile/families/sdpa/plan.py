@@ -14,6 +14,7 @@ from ..checks import constant, is_static
 from ..cost_shape import site_shape
 from ..plans import CPConfig, CPPlan
 from ..site import AttentionSite
+from .costing import DENSE
 from .features import check_token_metadata, sinks_of, softcap_of, window_of
 from .mask_hints import mask_fix
 
@@ -122,7 +123,7 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             "[16, 256]) and 'cpu_ref' (CPU) do",
             "use kernel='auto' (it picks them for softcapped sites), or name one of them",
         ) from None
-    shape = site_shape(site, causal, group.size, SEQ_DIM, window=window or NO_WINDOW, levels=group.level_sizes)
+    shape = site_shape(site, DENSE, causal, group.size, SEQ_DIM, window=window or NO_WINDOW, levels=group.level_sizes)
     comm, kernel, choice = resolve(shape, layout.name, comms, kernels)
     scale = float(constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
     return CPPlan(

@@ -20,6 +20,7 @@ from ..checks import is_static
 from ..cost_shape import site_shape
 from ..plans import CPConfig
 from ..site import AttentionSite
+from .costing import PACKED
 from .plan_type import VarlenPlan
 
 SEQ_DIM = 0
@@ -183,7 +184,15 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     max_doc = max(bounds) if len(bounds) == 2 and all(type(b) is int and b > 0 for b in bounds) else None
     lse = _reads_lse(node)
     shape = site_shape(
-        site, causal, group.size, SEQ_DIM, window=window, max_doc=max_doc, return_lse=lse, levels=group.level_sizes
+        site,
+        PACKED,
+        causal,
+        group.size,
+        SEQ_DIM,
+        window=window,
+        max_doc=max_doc,
+        return_lse=lse,
+        levels=group.level_sizes,
     )
     if layout.carries_plan and config.comm != AUTO:  # its blocks come from each batch's plan
         comm, kernel, choice = comms[0], kernels[0], None  # kernel="auto": the first provider, today's order
