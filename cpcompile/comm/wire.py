@@ -2,6 +2,7 @@
 
 Every comm's registry entry has `wire_bytes(shape: WireShape) -> (bytes one rank sends per forward, per
 backward)` (its region module writes it); the cost model (cost/model.py) builds the shape of a planned site.
+`format_bytes` writes a byte count as explain() and the comms' notes print it.
 """
 
 from __future__ import annotations
@@ -47,3 +48,11 @@ class LevelBytes:
     comm: str
     fwd: int
     bwd: int
+
+
+def format_bytes(n: float) -> str:
+    """`n` bytes in the largest unit under it, three significant digits (e.g. "4.1 KB")."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"

@@ -242,3 +242,23 @@ def test_nothing_outside_a_family_switches_on_its_name():
             if isinstance(node, ast.Attribute) and node.attr in SWITCHES:
                 found.append(f"{rel}:{node.lineno}: .{node.attr}")
     assert not found, found
+
+
+SHARED_FROM_COMMS = {"comms.a2a.head_parallel"}
+"""The one comm module others build on: the token mixers' region is a2a's head_parallel (docs/architecture.md)."""
+
+
+def test_nothing_outside_comms_reaches_into_a_comm_package():
+    """Outside comms/, a comm is read through its registry entry (comms/registry.py), never by importing its package:
+    what a comm adds (its notes for explain() too: Comm.batch_note) travels on the entry."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("comms/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("comms."):
+                package = node.module.split(".")[1]
+                if package in COMMS and node.module not in SHARED_FROM_COMMS:
+                    found.append(f"{rel}:{node.lineno}: {node.module}")
+    assert not found, found
