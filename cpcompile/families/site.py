@@ -61,11 +61,3 @@ def traced_tensor(node: Any) -> torch.Tensor | None:
         if isinstance(val, torch.Tensor):
             return val
     return None
-
-
-def schema_bound(node: torch.fx.Node, schema) -> dict:
-    """A call's arguments by its schema's names, defaults filled in."""
-    bound = {a.name: a.default_value if a.has_default_value() else None for a in schema.arguments}
-    bound.update(zip((a.name for a in schema.arguments), node.args))
-    bound.update(node.kwargs)
-    return bound
