@@ -1,8 +1,8 @@
 """WireShape: what a comm's `wire_bytes` reads of a site, declared once and read by name.
 
 Every comm's registry entry has `wire_bytes(shape: WireShape) -> (bytes one rank sends per forward, per
-backward)` (its region module writes it); the cost model (cost/model.py) builds the shape of a planned site.
-`format_bytes` writes a byte count as explain() and the comms' notes print it.
+backward)` (its region module writes it); the cost model builds the shape of a planned site (its family's
+costing: cost/shape.py). `format_bytes` writes a byte count as explain() and the comms' notes print it.
 """
 
 from __future__ import annotations

@@ -196,7 +196,7 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     )
     if layout.carries_plan and config.comm != AUTO:  # its blocks come from each batch's plan
         comm, kernel, choice = comms[0], kernels[0], None  # kernel="auto": the first provider, today's order
-    else:  # a plan layout is costed with the plan of the assumed documents (cost/model.py)
+    else:  # a plan layout is costed with the plan of the assumed documents (costing.py)
         comm, kernel, choice = resolve(shape, layout.name, comms, kernels[:1] if layout.carries_plan else kernels)
     return VarlenPlan(
         site=site,
