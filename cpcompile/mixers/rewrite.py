@@ -1,6 +1,7 @@
 """The pass step: every declared mixer's node (in the graph and in the bodies it calls) planned, then replaced by
-its region call. The new node carries `cpcompile_token_region` (the seq dim) for the token guard, which does not
-run the region but checks that its token inputs arrive sharded on that dim and hands the tokens on to its outputs.
+its region call (packed documents' offsets first routed through their run-time check: checks.py). The new node
+carries `cpcompile_token_region` (the seq dim) for the token guard, which does not run the region but checks that
+its token inputs arrive sharded on that dim and hands the tokens on to its outputs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch.fx
 from ..errors import CPCompileError, node_origin
 from ..layouts import LAYOUTS
 from ..mesh import CPGroup
+from .checks import check_documents
 from .cost import a2a_bytes, describe, state_bytes
 from .declare import MIXERS, is_mixer_call
 from .plan import MixerPlan, plan_mixer
@@ -102,6 +104,7 @@ def rewrite_mixers(
     plans = [_plan(node, strategy, group) for node in nodes]
     plans = [dataclasses.replace(p, note=describe(p)) for p in plans]
     plans = plan_layouts(gm, plans, strategy, group, mixer_layout)  # relayouts inserted where chosen
+    check_documents(plans)  # packed documents' offsets checked on every rank before the regions read them
     modules = {id(p.node.graph): p.node.graph.owning_module for p in plans}
     for plan in plans:
         _replace(plan)
