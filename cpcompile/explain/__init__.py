@@ -96,7 +96,7 @@ def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, dev
     """The pass's steps (passes.PASSES) over one graph, as rank 0 of the stand-in world whose other ranks plan
     every site too (explain/ranks.py): refusals recorded, stopping at the first step that refuses."""
     ranks = StandInRanks(configs)
-    state = PassState(configs[0], ranks=ranks, device=None if device is None else torch.device(device))
+    state = PassState(configs[0], ranks=ranks, device=None if device is None else torch.device(device), compute=False)
     refusal, refused_sites = None, False
     with _warnings() as said:
         for step in passes.PASSES:

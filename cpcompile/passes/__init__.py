@@ -39,6 +39,8 @@ class PassState:
     """The other CP ranks (the process group's store; explain(): its stand-in world)."""
     device: torch.device | None = None
     """Plan the kernels for this device instead of the example tensors' (explain's meta models)."""
+    compute: bool = True
+    """Whether planning may run code on real tensors (the mixers' declaration check); explain() computes nothing."""
 
 
 def find(gm: torch.fx.GraphModule, state: PassState) -> None:
@@ -78,7 +80,7 @@ def mixers(gm: torch.fx.GraphModule, state: PassState) -> None:
     if not find_mixers(gm):
         return
     group = state.plans[0].group if state.plans else state.config.cp_group or config_group(state.config)
-    state.mixers = rewrite_mixers(gm, state.config.strategy, group, state.config.mixer_layout)
+    state.mixers = rewrite_mixers(gm, state.config.strategy, group, state.config.mixer_layout, state.compute)
 
 
 def guard(gm: torch.fx.GraphModule, state: PassState) -> None:
