@@ -14,8 +14,9 @@ same values and so reaches the same verdict), floating values at a small scale (
 integer ones zero, masks true; only entries that are finite in both runs are compared, relative to the largest of
 them, within a bound per dtype that the rounding of a head-local mixer's sliced kernels stays far below (a mixer
 that mixes heads differs by O(1)). Cost: the mixer's forward on this rank's L tokens for all heads, twice (whole,
-then in cp slices), without autograd, on the device of the traced tensors, once per mixer node per compile; the
-random inputs and outputs are freed after it. A meta-device trace (explain() on a meta model) skips it.
+then in cp slices), without autograd, on the device of the traced tensors, once per declaration, cp and shapes in
+the process (a model's layers calling one declared function are checked once); the random inputs and outputs are
+freed after it. A meta-device trace skips it.
 """
 
 from __future__ import annotations
@@ -72,12 +73,36 @@ def _error(whole: torch.Tensor, joined: torch.Tensor) -> float:
     return float((whole != joined).any())
 
 
+_VERDICTS: dict[tuple, tuple[float, float]] = {}
+"""The verdicts so far, by what determines them (the mixer's code, its dims, cp, the weights' split and the values'
+shapes, dtypes, devices and non-tensor arguments): a model's layers share one declared function (HF's fallbacks),
+and a recompile meets the same calls again."""
+
+
+def _signature(spec: MixerSpec, weight_dims, values, cp: int) -> tuple:
+    leaves, tree = pytree.tree_flatten(values)
+    described = tuple(
+        (tuple(int(s) for s in t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else repr(t)
+        for t in leaves
+    )
+    code = spec.fn if spec.module is None else spec.key
+    return (code, spec.heads_dim, spec.seq_dim, cp, tuple(weight_dims), str(tree), described)
+
+
 def split_error(spec: MixerSpec, weights, weight_dims, args, kwargs, shared, cp: int) -> tuple[float, float] | None:
     """(error, bound): how far the mixer run on each of the cp head blocks, its outputs side by side, is from the
     mixer run on every head, on random inputs of the traced values' shapes; None where it cannot run (a meta trace).
-    `weights`, `args`, `kwargs`, `shared`: the traced values (kwargs without the shared inputs)."""
+    `weights`, `args`, `kwargs`, `shared`: the traced values (kwargs without the shared inputs). Computed once per
+    signature (_VERDICTS)."""
     if _on_meta((weights, args, kwargs, shared)):
         return None
+    key = _signature(spec, weight_dims, (weights, args, kwargs, shared), cp)
+    if key not in _VERDICTS:
+        _VERDICTS[key] = _split_error(spec, weights, weight_dims, args, kwargs, shared, cp)
+    return _VERDICTS[key]
+
+
+def _split_error(spec: MixerSpec, weights, weight_dims, args, kwargs, shared, cp: int) -> tuple[float, float]:
     with torch.no_grad():
         gen = torch.Generator().manual_seed(0)
         weights, args, kwargs, shared = pytree.tree_map(lambda t: _real(t, gen), (weights, args, kwargs, shared))
