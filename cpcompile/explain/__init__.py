@@ -5,7 +5,7 @@
 
 The example inputs are the GLOBAL batch; explain() cuts rank 0's part itself (explain/inputs.py: the rules of
 shard_batch), traces the model once with Dynamo computing nothing (explain/trace.py), and runs the backend's
-steps (passes.PASSES: find, plan, agree_ranks, rewrite, mixers, guard) on the graphs, with a stand-in for the
+steps (passes.PASSES: find, plan, agree_ranks, rewrite, mixers, totals, guard) on the graphs, with a stand-in for the
 other ranks (explain/ranks.py: every rank of the stand-in world plans each site in this process, and their plans
 are compared as the store would) and no region run (so no collective). No process group is created, read or
 changed: the plans are made for a stand-in CP group of `world` ranks (CPConfig.cp_group), so explain() works

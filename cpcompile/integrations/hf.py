@@ -242,6 +242,7 @@ def register() -> None:
     from transformers.modeling_utils import AttentionInterface
 
     from ..token_local import mark_builtin_token_local
+    from . import hf_models
 
     _MASKING_UTILS[0] = masking_utils
     _AND_MASK_CODE[0] = masking_utils.and_masks().__code__
@@ -250,6 +251,7 @@ def register() -> None:
     if hasattr(masking_utils, "find_packed_sequence_indices"):
         mark_builtin_token_local(masking_utils.find_packed_sequence_indices)
     _declare_experts_token_local()
+    hf_models.install()  # models built with "cpcompile": mixers declared, capture hooks, the MoE aux loss
 
 
 def _declare_experts_token_local() -> None:
