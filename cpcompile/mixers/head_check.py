@@ -14,9 +14,10 @@ same values and so reaches the same verdict), floating values at a small scale (
 integer ones zero, masks true; only entries that are finite in both runs are compared, relative to the largest of
 them, within a bound per dtype that the rounding of a head-local mixer's sliced kernels stays far below (a mixer
 that mixes heads differs by O(1)). Cost: the mixer's forward on this rank's L tokens for all heads, twice (whole,
-then in cp slices), without autograd, on the device of the traced tensors, once per declaration, cp and shapes in
-the process (a model's layers calling one declared function are checked once); the random inputs and outputs are
-freed after it. A meta-device trace skips it.
+then in cp slices; with drawing the inputs, 2.6-3.1 forwards for HF's gated delta rule on CPU), without autograd, on
+the device of the traced tensors, once per declaration, cp and shapes in the process (a model's layers calling one
+declared function are checked once); the random inputs and outputs are freed after it. A meta-device trace skips
+it.
 """
 
 from __future__ import annotations

@@ -92,7 +92,9 @@ def _token_shapes(node: torch.fx.Node, spec: MixerSpec, values, cp: int, what: s
                 spec,
                 f"has a {what} with {h} heads (channels) on dim {spec.heads_dim}, which do not split "
                 f"over {cp} CP ranks",
-                f"use a CP size that divides {h}, or keep this layer out of the CP model",
+                f"use a CP size that divides {h}; a causal conv or a chunked linear recurrence can pass state instead "
+                "(token_mixer(..., comm='state'), Hugging Face: cpcompile.hf_token_mixers(model, comm='state')), "
+                "which splits no heads; else keep this layer out of the CP model",
             )
         found.append((h, n))
     return found
