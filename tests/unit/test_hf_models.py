@@ -109,3 +109,44 @@ def test_a_hybrid_declares_its_mixers_when_built_with_cpcompile():
     assert modeling.torch_chunk_gated_delta_rule is state
     restore_hf_mixers(model)
     assert declared() == []
+
+
+def _nested(attn: str):
+    """A decorated model (capture_outputs) around another one (LlamaModel), as composite models are built."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from transformers.utils.output_capturing import capture_outputs
+
+    class Outer(transformers.LlamaPreTrainedModel):
+        _can_record_outputs = {"hidden_states": LlamaDecoderLayer}
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.inner = transformers.LlamaModel(config)
+            self.post_init()
+
+        @capture_outputs
+        def forward(self, input_ids, **kwargs):
+            return self.inner(input_ids=input_ids, **kwargs)
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1,
+    )  # fmt: skip
+    cfg._attn_implementation = attn
+    return Outer(cfg)
+
+
+def test_a_decorated_model_inside_another_has_its_hooks_once():
+    """The inner model is built (and prepared) first; the outer one's install installs the inner one's hooks again,
+    so cpcompile takes its own back first: every module ends with the hooks transformers' first call on the outer
+    model installs on an "sdpa" model, no more."""
+    from transformers.utils.output_capturing import maybe_install_capturing_hooks
+
+    ours = _nested("cpcompile")
+    theirs = _nested("sdpa")
+    maybe_install_capturing_hooks(theirs)
+
+    def hooks(model) -> dict[str, int]:
+        return {name: len(m._forward_hooks) for name, m in model.named_modules() if m._forward_hooks}
+
+    assert hooks(ours) == hooks(theirs) and hooks(theirs), (hooks(ours), hooks(theirs))
