@@ -197,17 +197,17 @@ def test_zoo_zigzag_ring_2_ranks(ranks2, name):
     _check(name, ranks2.run(_compare, name, "zigzag", "ring", timeout=600))
 
 
-def _aux_loss_compare(rank, world, name: str) -> dict:
+def _aux_loss_compare(rank, world, name: str, sizes: tuple[int, ...]) -> dict:
     """A MoE model with output_router_logits=True (the aux loss in its loss, coefficient 1 so that its gradient
-    counts) at batch 1 and 2: the ranks' summed loss and aux loss and every gradient against one process running
-    transformers' own load_balancing_loss_func."""
+    counts) at each batch size of `sizes`: the ranks' summed loss and aux loss and every gradient against one process
+    running transformers' own load_balancing_loss_func."""
     import sys
 
     from cpcompile.integrations.hf_moe import original
 
     config = dict(output_router_logits=True, router_aux_loss_coef=1.0)
     errors = {}
-    for size in (1, 2):
+    for size in sizes:
         full = batch(name, size, SEQ)
         model = build(name, "cpcompile", **config)  # built first: its modeling module's aux loss is cpcompile's now
         modeling = sys.modules[type(model).__module__]
@@ -236,12 +236,12 @@ def _aux_loss_compare(rank, world, name: str) -> dict:
     return errors
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
-def test_moe_aux_loss_matches_one_process(ranks2, name):
+@pytest.mark.parametrize("name,sizes", [("qwen3_moe", (1, 2)), ("mixtral", (2,))])  # (a batch size a compile)
+def test_moe_aux_loss_matches_one_process(ranks2, name, sizes):
     """output_router_logits=True under CP (was: Dynamo's "Unsupported context manager: lock" at transformers'
     output-capturing hooks, then a refusal at the aux loss's histc): the hooks are installed when the model is
     built, and the aux loss counts the experts' load over the CP group, each rank returning its share."""
-    for rank, errors in enumerate(ranks2.run(_aux_loss_compare, name, timeout=600)):
+    for rank, errors in enumerate(ranks2.run(_aux_loss_compare, name, sizes, timeout=600)):
         for size, found in errors.items():
             bad = {what: e for what, e in found.items() if not e <= FP32_TOL}
             assert not bad, f"rank {rank} {name} batch {size}: {bad}"
