@@ -56,11 +56,11 @@ def _on_meta(values) -> bool:
 
 
 def _block(t, spec: MixerSpec, cp: int, r: int):
-    """Block r of t's heads (a token tensor), as the a2a region hands rank r."""
+    """Block r of t's heads (a token tensor), contiguous as the a2a region hands it to rank r."""
     if not isinstance(t, torch.Tensor):
         return t
     part = t.shape[spec.heads_dim] // cp
-    return t.narrow(spec.heads_dim, r * part, part)
+    return t.narrow(spec.heads_dim, r * part, part).contiguous()
 
 
 def _error(whole: torch.Tensor, joined: torch.Tensor) -> float:
@@ -114,7 +114,7 @@ def _split_error(spec: MixerSpec, weights, weight_dims, args, kwargs, shared, cp
             blocks = []
             for r in range(cp):
                 part = [w if d is None else w.narrow(d, r * (w.shape[d] // cp), w.shape[d] // cp)
-                        for w, d in zip(weights, weight_dims)]  # fmt: skip
+                        for w, d in zip(weights, weight_dims)]  # fmt: skip  (narrowed as region.py does)
                 block_args, block_kwargs = pytree.tree_map(functools.partial(_block, spec=spec, cp=cp, r=r),
                                                            (args, kwargs))  # fmt: skip
                 blocks.append(spec.call(part, block_args, block_kwargs | shared))
