@@ -113,8 +113,9 @@ def _split_error(spec: MixerSpec, weights, weight_dims, args, kwargs, shared, cp
             whole = spec.call(weights, args, kwargs | shared)
             blocks = []
             for r in range(cp):
+                # the split weights narrowed as region.py narrows them
                 part = [w if d is None else w.narrow(d, r * (w.shape[d] // cp), w.shape[d] // cp)
-                        for w, d in zip(weights, weight_dims)]  # fmt: skip  (narrowed as region.py does)
+                        for w, d in zip(weights, weight_dims)]  # fmt: skip
                 block_args, block_kwargs = pytree.tree_map(functools.partial(_block, spec=spec, cp=cp, r=r),
                                                            (args, kwargs))  # fmt: skip
                 blocks.append(spec.call(part, block_args, block_kwargs | shared))
