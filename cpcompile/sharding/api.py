@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
@@ -10,6 +11,7 @@ from ..mesh import resolve_group
 from ..token_marks import mark_sharded
 from .dense import shard_chunks, unshard_chunks
 from .dims import checked_dim
+from .dtensor import dtensor_local, local_to_dtensor
 from .packed import shard_packed, unshard_packed
 
 
@@ -53,8 +55,6 @@ def shard(
         local = shard_packed(x, strategy=strategy, seq_dim=seq_dim, cu_seqlens=cu_seqlens, mesh=mesh, group=group)
         return mark_sharded(local, seq_dim, strategy, resolve_group(mesh, group).size)
     if as_dtensor:
-        from .dtensor import local_to_dtensor
-
         local = shard(x, strategy=strategy, seq_dim=seq_dim, mesh=mesh, group=group)
         return local_to_dtensor(local, seq_dim, mesh)
     cp = resolve_group(mesh, group)
@@ -76,11 +76,7 @@ def unshard(
     for "flat" the result equals x_local.full_tensor() (as a plain tensor; other mesh dims stay local).
     Packed documents (strategy "thd" / "thd_zigzag") also need cu_seqlens=, the global document offsets.
     """
-    from torch.distributed.tensor import DTensor
-
     if isinstance(x_local, DTensor):
-        from .dtensor import dtensor_local
-
         x_local, seq_dim, mesh = dtensor_local(x_local, seq_dim, mesh, group)
         group = None
     if seq_dim is None:
