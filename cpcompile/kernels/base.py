@@ -22,6 +22,10 @@ NO_WINDOW = (-1, -1)
 
 
 class AttentionKernel(Protocol):
+    """A dense provider. `traceable` (optional, default False): forward and backward are torch ops that a trace
+    can record (aten kernels on views, torch math), so the executor's calls become graph nodes that Inductor
+    launches itself; without it they run inside the opaque executor ops, in Python at run time."""
+
     name: str
     supports_window: bool
     supports_softcap: bool
