@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.fx
 
 from . import compat, eager_guard, passes
-from .comm.registry import COMMS, comms_that
+from .comms.registry import COMMS, comms_that
 from .errors import CPCompileError
 from .families.registry import get_family
 from .inductor_cache import cache_key_patches

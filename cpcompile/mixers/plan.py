@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 from ..errors import site_error
 from ..layouts import LAYOUTS
 from ..mesh import CPGroup
-from .declare import MIXERS, MixerSpec
+from .declare import MixerSpec, read_mixer_call
 
 _WHAT = "token mixer"
 
@@ -182,11 +182,11 @@ def _dry_run(node, spec: MixerSpec, weights, weight_dims, args, kwargs, shared, 
 
 def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
     """The plan of one mixer_call node, or the CPCompileError saying why it cannot run head-parallel."""
-    spec = MIXERS[node.args[0]]
-    n = len(spec.weight_names)
-    weights = [example(a) for a in node.args[1 : 1 + n]]
-    args = tuple(example(a) for a in node.args[1 + n :])
-    kwargs = {k: example(v) for k, v in node.kwargs.items()}
+    call = read_mixer_call(node)
+    spec = call.spec
+    weights = [example(a) for a in call.weights]
+    args = tuple(example(a) for a in call.args)
+    kwargs = {k: example(v) for k, v in call.kwargs.items()}
     shared = {k: kwargs.pop(k) for k in spec.shared_inputs if k in kwargs}
     if strategy not in LAYOUTS:
         raise refuse(

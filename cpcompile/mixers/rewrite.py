@@ -14,7 +14,7 @@ from ..errors import CPCompileError, node_origin
 from ..layouts import LAYOUTS
 from ..mesh import CPGroup
 from .cost import a2a_bytes, describe, state_bytes
-from .declare import MIXERS, is_mixer_call
+from .declare import is_mixer_call, read_mixer_call
 from .plan import MixerPlan, plan_mixer
 from .plan_state import StatePlan, plan_state
 from .region import mixer_region
@@ -42,7 +42,7 @@ def find_mixers(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 
 def _plan(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan | StatePlan:
-    spec = MIXERS[node.args[0]]
+    spec = read_mixer_call(node).spec
     if spec.comm != "auto":
         return plan_state(node, strategy, group) if spec.comm == "state" else plan_mixer(node, strategy, group)
     if spec.context is None and spec.state is None:
@@ -65,7 +65,8 @@ def _replace(plan: MixerPlan | StatePlan) -> None:
     graph = node.graph
     target = mixer_region if plan.comm == "a2a" else plan.region
     with graph.inserting_before(node):
-        region = graph.call_function(target, args=tuple(node.args[1:]), kwargs=plan.region_kwargs())
+        call = read_mixer_call(node)
+        region = graph.call_function(target, args=(*call.weights, *call.args), kwargs=plan.region_kwargs())
     region.meta = dict(node.meta)
     region.meta[TOKEN_REGION] = plan.spec.seq_dim
     node.replace_all_uses_with(region)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch.fx
 
+from ..comms.dtensor import dtensor_region
 from ..families.plans import CPPlan
 from ..families.registry import get_family
-from ..regions.dtensor import dtensor_region
 from ..regions.guards import agree_condition
 from .dtensor import region_example_value
 

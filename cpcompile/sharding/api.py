@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from ..mesh import resolve_group
 from .dense import shard_chunks, unshard_chunks
 from .dims import checked_dim
+from .dtensor import dtensor_local, local_to_dtensor
 from .packed import shard_packed, unshard_packed
 
 
@@ -49,8 +51,6 @@ def shard(
             )
         return shard_packed(x, strategy=strategy, seq_dim=seq_dim, cu_seqlens=cu_seqlens, mesh=mesh, group=group)
     if as_dtensor:
-        from .dtensor import local_to_dtensor
-
         local = shard(x, strategy=strategy, seq_dim=seq_dim, mesh=mesh, group=group)
         return local_to_dtensor(local, seq_dim, mesh)
     return shard_chunks(x, strategy, seq_dim, resolve_group(mesh, group))
@@ -71,11 +71,7 @@ def unshard(
     for "flat" the result equals x_local.full_tensor() (as a plain tensor; other mesh dims stay local).
     Packed documents (strategy "thd" / "thd_zigzag") also need cu_seqlens=, the global document offsets.
     """
-    from torch.distributed.tensor import DTensor
-
     if isinstance(x_local, DTensor):
-        from .dtensor import dtensor_local
-
         x_local, seq_dim, mesh = dtensor_local(x_local, seq_dim, mesh, group)
         group = None
     if seq_dim is None:
