@@ -12,8 +12,7 @@ from .blocks import BlockTuple, VarlenSpec, decode_dense, decode_varlen, encode_
 from .calls import Call, plan_calls
 from .dense import attend, attend_backward, planned_calls, traced
 from .dense_ops import attend_blocks, attend_blocks_backward
-from .dense_run import backward_thunks, call_work, forward_thunks, merged
-from .merge import merge_outputs, sum_into
+from .dense_run import backward_thunks, call_work, forward_thunks, merged, summed
 from .varlen import attend_varlen_blocks, attend_varlen_blocks_backward
 from .varlen_meta import prepare_blocks
 
@@ -34,12 +33,11 @@ __all__ = [
     "encode_dense",
     "encode_varlen",
     "forward_thunks",
-    "merge_outputs",
     "merged",
     "plan_calls",
     "planned_calls",
     "prepare_blocks",
     "streams",
-    "sum_into",
+    "summed",
     "traced",
 ]

@@ -66,7 +66,7 @@ def batched_rows(t: torch.Tensor, start: int, step: int, length: int, count: int
     strides and offset are relative to the storage: a compiler that materialises `t` into a buffer of its own
     (Inductor may) would read the wrong rows."""
     if count == 1:
-        return t.narrow(dim, start, length)
+        return t if start == 0 and length == t.shape[dim] else t.narrow(dim, start, length)
     dim = dim % t.dim()
     assert t.shape[0] == 1, "batched block calls need batch 1"
     span = (count - 1) * step + length

@@ -82,6 +82,11 @@ def backward_thunks(impl, dout, q, ks, vs, out, lse, calls: list[Call], scale: f
     ]
 
 
+def _rows(t: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
+    """t.narrow(dim, start, length), or t itself when that is all of it (a trace then records no slice)."""
+    return t if start == 0 and length == t.shape[dim] else t.narrow(dim, start, length)
+
+
 def _unbatch(t: torch.Tensor, c: Call) -> list[torch.Tensor]:
     """Per-block pieces of a call's result (the batch entries, or the whole result for a single block)."""
     return [t] if len(c.members) == 1 else [t[j : j + 1] for j in range(len(c.members))]
@@ -132,7 +137,7 @@ def _assemble(total: int, pieces: list[tuple[int, int, torch.Tensor]], dim: int,
             shape[dim] = b - a
             out.append(like.new_zeros(shape, dtype=dtype))
             continue
-        out.append(summed([pieces[i][2].narrow(dim, a - pieces[i][0], b - a) for i in cover], dtype))
+        out.append(summed([_rows(pieces[i][2], dim, a - pieces[i][0], b - a) for i in cover], dtype))
     return out[0] if len(out) == 1 else torch.cat(out, dim)
 
 
@@ -172,8 +177,8 @@ def run_forward(
             outs.append(q.new_zeros((*shape, vs[0].shape[-1]), dtype=out_t))
             lses.append(q.new_full(shape, float("-inf"), dtype=acc_t))
             continue
-        o_parts = [pieces[i][2].narrow(-2, a - pieces[i][0], b - a) for i in cover]
-        l_parts = [pieces[i][3].narrow(-1, a - pieces[i][0], b - a) for i in cover]
+        o_parts = [_rows(pieces[i][2], -2, a - pieces[i][0], b - a) for i in cover]
+        l_parts = [_rows(pieces[i][3], -1, a - pieces[i][0], b - a) for i in cover]
         o, lse = merged(o_parts, l_parts, out_t)
         outs.append(o)
         lses.append(lse)

@@ -88,7 +88,7 @@ CONFIG = {"rows_x_dim": 8192, "num_warps": 4}
 
 
 def merge(out: torch.Tensor, lse: torch.Tensor, outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> None:
-    """merge.merge_outputs on CUDA in one pass; 2 <= len(outs) <= 4, unit last stride everywhere."""
+    """dense_run.merged on CUDA in one pass, into out/lse; 2 <= len(outs) <= 4, unit last stride everywhere."""
     _launch(out, lse, outs, lses, weighted=True)
 
 
