@@ -13,7 +13,7 @@ from .calls import Call, plan_calls
 from .dense import attend, attend_backward, planned_calls, traced
 from .dense_ops import attend_blocks, attend_blocks_backward
 from .dense_run import backward_thunks, call_work, forward_thunks, merged, summed
-from .varlen import attend_varlen_blocks, attend_varlen_blocks_backward
+from .varlen import attend_varlen, attend_varlen_backward, attend_varlen_blocks, attend_varlen_blocks_backward
 from .varlen_meta import prepare_blocks
 
 __all__ = [
@@ -24,6 +24,8 @@ __all__ = [
     "attend_backward",
     "attend_blocks",
     "attend_blocks_backward",
+    "attend_varlen",
+    "attend_varlen_backward",
     "attend_varlen_blocks",
     "attend_varlen_blocks_backward",
     "backward_thunks",

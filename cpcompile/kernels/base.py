@@ -98,6 +98,9 @@ class VarlenAttentionKernel(Protocol):
 
     name: str
     supports_window: bool
+    traceable: bool
+    """Forward, backward and prepare are ops a trace can record (with fake kernels, no host reads of the
+    ranges): the executor's calls become graph nodes (executor/varlen.py); optional, default False."""
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """None when this provider can run on `device`/`dtype`, else the reason it cannot."""
