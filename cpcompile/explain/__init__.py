@@ -5,7 +5,7 @@
 
 The example inputs are the GLOBAL batch; explain() cuts rank 0's part itself (explain/inputs.py: the rules of
 shard_batch), traces the model once with Dynamo computing nothing (explain/trace.py), and runs the backend's
-steps (passes.PASSES: find, plan, agree_ranks, rewrite, mixers, guard) on the graphs, with a stand-in for the
+steps (passes.PASSES: find, plan, agree_ranks, rewrite, mixers, totals, guard) on the graphs, with a stand-in for the
 other ranks (explain/ranks.py: every rank of the stand-in world plans each site in this process, and their plans
 are compared as the store would) and no region run (so no collective). No process group is created, read or
 changed: the plans are made for a stand-in CP group of `world` ranks (CPConfig.cp_group), so explain() works
@@ -88,7 +88,7 @@ def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, dev
     """The pass's steps (passes.PASSES) over one graph, as rank 0 of the stand-in world whose other ranks plan
     every site too (explain/ranks.py): refusals recorded, stopping at the first step that refuses."""
     ranks = StandInRanks(configs)
-    state = PassState(configs[0], ranks=ranks, device=None if device is None else torch.device(device))
+    state = PassState(configs[0], ranks=ranks, device=None if device is None else torch.device(device), compute=False)
     refusal, refused_sites = None, False
     with _warnings() as said:
         for step in passes.PASSES:

@@ -17,12 +17,13 @@ from torch.utils import _pytree as pytree
 from ..compat.graph_break import disabled_callee, ends_at_graph_break
 from ..graph.bodies import BRANCHES, ONCE
 from ..mixers import TOKEN_REGION
+from ..rank_total import total_region
 from ..regions.guards import agree_condition, check_packed_metadata
 from ..token_local import is_token_local_function, is_token_local_node
 from . import rules
 from .flow import NodeTracker, Result, fresh, leaves, tensors, traced
 from .length import length_use
-from .stand_ins import region, token_region
+from .stand_ins import rank_total, region, token_region
 from .tags import Seq, Share, whole
 
 RUN_TIME_GUARDS = frozenset({agree_condition, check_packed_metadata})
@@ -73,6 +74,8 @@ class Runner(torch.fx.Interpreter):
             return region(self.tracker, plan, node, args)
         if (seq := node.meta.get(TOKEN_REGION)) is not None:
             return token_region(self.tracker, node, args, kwargs, seq)
+        if target is total_region:  # per-rank partial sums made whole over the CP group
+            return rank_total(self.tracker, node, args)
         if target in RUN_TIME_GUARDS:  # they communicate (a few ints) and hand back their checked input
             return args[0]
         if isinstance(target, torch._ops.HigherOrderOperator):
