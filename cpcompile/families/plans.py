@@ -27,6 +27,8 @@ class CPConfig:
     """all_gather: keep only the local K/V for backward and gather them again there (backend(regather=...))."""
     mixer_layout: str = "same"
     """Token mixers under zigzag: "same", "auto" or "flat" (mixers/relayout_plan.py; backend(mixer_layout=...))."""
+    check_batch: bool = True
+    """Check each step's batch against the layout on every rank (regions/batch_check.py; backend(check_batch=...))."""
 
 
 @dataclass(frozen=True)

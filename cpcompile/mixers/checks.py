@@ -16,14 +16,14 @@ from __future__ import annotations
 import torch.fx
 
 from ..regions.guards import check_packed_metadata
+from .declare import read_mixer_call
 from .plan_state import StatePlan
 
 
 def _offsets(plan: StatePlan) -> torch.fx.Node | None:
     """The node of the call's documents' offsets (by keyword, or a module's positional argument), or None."""
-    node, spec = plan.node, plan.spec
-    n = len(spec.weight_names)
-    cu = spec.named(tuple(node.args[1 + n :]), dict(node.kwargs))[1].get(plan.documents)
+    call = read_mixer_call(plan.node)
+    cu = plan.spec.named(call.args, call.kwargs)[1].get(plan.documents)
     return cu if isinstance(cu, torch.fx.Node) else None
 
 

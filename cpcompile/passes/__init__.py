@@ -71,7 +71,7 @@ def agree_ranks(gm: torch.fx.GraphModule, state: PassState) -> None:
 def rewrite(gm: torch.fx.GraphModule, state: PassState) -> None:
     """Each planned node replaced by its region call (passes/rewrite.py); logged per site."""
     if state.plans:
-        rewrite_graph(gm, state.plans)
+        rewrite_graph(gm, state.plans, check_batch=state.config.check_batch)
     log_plans(gm, state.plans)
 
 

@@ -10,7 +10,6 @@ from ..cost_shape import site_shape
 from ..family import Family
 from ..plans import CPPlan
 from .call import DenseCall
-from .checks import check_tokens
 from .costing import DENSE
 from .match import match_sdpa
 from .plan import SEQ_DIM, plan_dense_site
@@ -30,7 +29,6 @@ SDPA = Family(
     call=DenseCall,
     seq_dim=SEQ_DIM,
     out_seq_dims=(SEQ_DIM,),
-    insert_checks=check_tokens,
     cost_shape=cost_shape,
     recommend_layouts=lambda: tuple(LAYOUTS),
 )
