@@ -273,7 +273,7 @@ def test_packed_level_bytes_are_each_levels_collectives(heads, mesh_shape, rank,
 def test_inductor_forward_runs_each_node_step_while_the_next_chunk_travels():
     """Inductor's generated forward of a TinyLlama layer on a 2x2 mesh (zigzag, rank 1): the exchange inside the
     node (waited at once: the blocks need it), then the ring across the nodes in program order (the shift issued
-    before step 0's blocks, waited after them, then step 1's blocks and the merge), then the output's exchange."""
+    before step 0's kernel call, waited after it, then step 1's), then the output's exchange."""
     from torch._inductor.utils import run_and_get_code
 
     from cpcompile.testing.model import TinyConfig, TinyLlama
@@ -286,9 +286,11 @@ def test_inductor_forward_runs_each_node_step_while_the_next_chunk_travels():
         be = cpcompile.backend(strategy="zigzag", comm="hierarchical", mesh=_mesh())
         compiled = torch.compile(model, backend=be, fullgraph=True)
         _, codes = run_and_get_code(lambda: compiled(ids, pos).sum().backward())
-    events = re.findall(r"(all_to_all_single|wait_tensor|attend_blocks|merge_partial)\.default\(", codes[0])
+    kernel = "_scaled_dot_product_flash_attention_for_cpu"
+    events = re.findall(rf"(all_to_all_single|wait_tensor|{kernel})\.default\(", codes[0])
     exchange = ["all_to_all_single", "wait_tensor"]
-    ring = ["all_to_all_single", "attend_blocks", "wait_tensor", "attend_blocks", "merge_partial"]
+    # step 0: its causal squares (batched) and one rectangle; step 1: one call; the merge is pointwise (CPU)
+    ring = ["all_to_all_single", kernel, kernel, "wait_tensor", kernel]
     assert events == [*exchange, *ring, *exchange], events
 
 
