@@ -11,9 +11,14 @@ pytest -m "not multirank" runs the fast tests only (unit, graphs, errors); pytes
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Multi-rank tests share spawned ranks per (world, backend, threads) for the whole session instead of spawning
+# their own (cpcompile/testing/distributed.py: each run starts from a reset state; a failure respawns them).
+os.environ.setdefault("CPCOMPILE_TEST_SHARED_RANKS", "1")
 
 MARKERS = {
     "multirank": "spawns gloo ranks (run_ranks); every test in tests/parity/",
@@ -43,6 +48,12 @@ def no_comm(monkeypatch):
 
     for name in ("_all_gather", "_reduce_scatter"):
         monkeypatch.setattr(collectives, name, boom)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from cpcompile.testing.distributed import close_shared_pools
+
+    close_shared_pools()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,4 +1,11 @@
-"""Run a function on N local ranks (gloo on 127.0.0.1) with a hard timeout: a bug fails, it never hangs."""
+"""Run a function on N local ranks (gloo on 127.0.0.1) with a hard timeout: a bug fails, it never hangs.
+
+Spawning ranks costs seconds a rank on a small machine (a fresh interpreter imports torch, cpcompile and the test's
+modules, then joins the process group), more than most tests' own work. With CPCOMPILE_TEST_SHARED_RANKS=1 (the
+test suite sets it: tests/conftest.py) `run_ranks` hands its function to ranks spawned once per (world, backend,
+threads) for the whole process instead, each run starting from a reset state (`reset_rank_state`); a failure
+stops those ranks and the next run spawns fresh ones.
+"""
 
 from __future__ import annotations
 
@@ -64,6 +71,10 @@ def _worker(rank, world, port, backend, fn, args, results, threads):
         results.put((rank, "error", traceback.format_exc()))
 
 
+SHARED_RANKS_ENV = "CPCOMPILE_TEST_SHARED_RANKS"
+_SHARED: dict[tuple[int, str, int], RankPool] = {}
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world: int,
@@ -71,12 +82,20 @@ def run_ranks(
     timeout: float = 300.0,
     backend: str = "gloo",
     threads: int = 1,
+    fresh: bool = False,
 ) -> list[Any]:
     """Call fn(rank, world, *args) in `world` spawned processes after init_process_group; return their results.
 
     `fn` must be importable (module level). Raises RuntimeError with the rank's traceback if any rank fails,
-    and TimeoutError (after killing every rank) if they do not all finish within `timeout` seconds.
+    and TimeoutError (after killing every rank) if they do not all finish within `timeout` seconds. Under
+    CPCOMPILE_TEST_SHARED_RANKS=1 the ranks are shared with earlier calls of the same world, backend and threads
+    (module docstring) unless `fresh`.
     """
+    if not fresh and os.environ.get(SHARED_RANKS_ENV) == "1":
+        key = (world, backend, threads)
+        if key not in _SHARED:
+            _SHARED[key] = RankPool(world, backend, threads)
+        return _SHARED[key].run(fn, *args, timeout=timeout)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -123,16 +142,38 @@ def _stop(procs: list) -> None:
             p.join()
 
 
+def close_shared_pools() -> None:
+    """Stop every rank `run_ranks` shares (the suite calls it at the end of the session)."""
+    for pool in _SHARED.values():
+        pool.close()
+    _SHARED.clear()
+
+
+def reset_rank_state(environ: dict[str, str]) -> None:
+    """What a pooled rank resets before each run, so a run sees what a freshly spawned rank would: Dynamo's
+    caches, the default dtype, grad mode, a new random seed (a fresh process draws one), determinism, and the
+    environment as the rank started with it (`environ`)."""
+    torch._dynamo.reset()
+    torch.set_default_dtype(torch.float32)
+    torch.set_grad_enabled(True)
+    torch.seed()
+    torch.use_deterministic_algorithms(False)
+    for name in set(os.environ) - set(environ):
+        del os.environ[name]
+    os.environ.update(environ)
+
+
 def _pool_worker(rank, world, port, backend, tasks, results, threads):
     torch.set_num_threads(threads)
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    environ = dict(os.environ)
     try:
         dist.init_process_group(
             backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world,
-            timeout=datetime.timedelta(seconds=120),
+            timeout=datetime.timedelta(seconds=int(os.environ.get("CPCOMPILE_TEST_PG_TIMEOUT", "120"))),
         )
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
@@ -140,6 +181,7 @@ def _pool_worker(rank, world, port, backend, tasks, results, threads):
     while True:  # until RankPool.close kills the process
         fn, args = tasks.get()
         try:
+            reset_rank_state(environ)
             results.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
         except BaseException:
             results.put((rank, "error", traceback.format_exc()))

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cpcompile.testing.distributed import RankPool
+from cpcompile.testing.distributed import SHARED_RANKS_ENV, RankPool, close_shared_pools, run_ranks
 
 
 def _sum_of_ranks(rank, world):
@@ -34,3 +34,27 @@ def test_pool_reuses_ranks_and_restarts_after_a_failure():
         assert third[0][:2] == (1, 1) and third[0][2] != first[0][2]  # a fresh process
     finally:
         pool.close()
+
+
+def _leave_state_behind(rank, world):
+    """A run that changes what a later run on the same ranks would see, then reports what it started with."""
+    seen = (torch.get_default_dtype(), os.environ.get("CPCOMPILE_LEFT_BEHIND"), os.getpid())
+    torch.set_default_dtype(torch.float64)
+    os.environ["CPCOMPILE_LEFT_BEHIND"] = "1"
+    return seen
+
+
+def test_shared_ranks_are_reused_and_start_each_run_fresh(monkeypatch):
+    """run_ranks under the suite's shared ranks: the second run lands in the same processes, yet sees the default
+    dtype and environment a freshly spawned rank sees; fresh=True spawns its own."""
+    monkeypatch.setenv(SHARED_RANKS_ENV, "1")
+    close_shared_pools()
+    try:
+        first = run_ranks(_leave_state_behind, 2, timeout=120)
+        second = run_ranks(_leave_state_behind, 2, timeout=120)
+        assert [r[2] for r in first] == [r[2] for r in second]  # the same processes
+        assert first[0][:2] == second[0][:2] == (torch.float32, None)
+        spawned = run_ranks(_leave_state_behind, 2, timeout=120, fresh=True)
+        assert spawned[0][:2] == first[0][:2] and spawned[0][2] not in {r[2] for r in first}
+    finally:
+        close_shared_pools()
