@@ -83,11 +83,17 @@ def _windows_key(windows: list[int] | None) -> tuple[int, ...] | None:
     return None if windows is None else tuple(windows)
 
 
+def _batch_key(q: torch.Tensor) -> int:
+    """The batch as the plan needs it: 1, or 2 for any larger batch. The plan only asks whether it may take the
+    batch dim, and a symbolic batch (a dynamic batch dim under torch.compile) must not reach its cache."""
+    return 1 if q.shape[0] == 1 else 2
+
+
 def run_blocks(q, ks, vs, blocks, scale, kernel, packed_kv, acc_out, windows, softcap, sinks, streams: bool):
     """attend's body for either way of running (`streams`: spread the calls over two CUDA streams)."""
     impl = get_kernel(kernel)
     ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
-    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0], _windows_key(windows))
+    decoded, calls, lanes = planned_calls(tuple(blocks), _batch_key(q), _windows_key(windows))
     run = partial(run_calls, q.device) if streams else None
     extra = {"run": run, "lanes": lanes} if run is not None else {}
     return run_forward(impl, q, ks, vs, decoded, calls, scale, acc_out=acc_out, softcap=softcap, sinks=sinks, **extra)
@@ -100,7 +106,7 @@ def run_blocks_backward(
     impl = get_kernel(kernel)
     n_explicit = len(ks)
     ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
-    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0], _windows_key(windows))
+    decoded, calls, lanes = planned_calls(tuple(blocks), _batch_key(q), _windows_key(windows))
     # explicit sources get gradients in their dtype; packed ones in fp32, straight into the packed layout
     dtypes = [k.dtype for k in ks[:n_explicit]] + [acc_dtype(q.dtype)] * (len(ks) - n_explicit)
     extra = {"run": partial(run_calls, q.device), "lanes": lanes} if streams else {}
