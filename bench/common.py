@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -48,6 +49,44 @@ def time_many_ms(fns: list[Callable[[], object]], iters: int, warmup: int) -> li
             end.synchronize()
             ts.append(start.elapsed_time(end))
     return [statistics.median(ts) for ts in times]
+
+
+HOST_SLEEP_CYCLES = 200_000_000
+"""~100 ms of GPU sleep queued before a step whose host time is measured: longer than any step's host time here."""
+
+
+def host_and_gpu_ms(step: Callable[[], object], reps: int = 5) -> tuple[float, float]:
+    """(median host ms, median GPU ms) of `step`, each run behind a long GPU sleep: the host time is the CPU time
+    from the call to its return (backward included) with nothing on the host waiting for the GPU (a host sync in
+    the step would show as the sleep's length); the GPU time is the step's kernels back to back after that head
+    start, with no gap the host leaves: the GPU busy time."""
+    hosts, gpus = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(HOST_SLEEP_CYCLES)
+        start.record()
+        t0 = time.perf_counter()
+        step()
+        hosts.append((time.perf_counter() - t0) * 1e3)
+        end.record()
+        end.synchronize()
+        gpus.append(start.elapsed_time(end))
+    return statistics.median(hosts), statistics.median(gpus)
+
+
+def back_to_back_ms(step: Callable[[], object], steps: int = 20) -> float:
+    """ms a step over `steps` run back to back, nothing synchronising between them (a training loop's pace: the
+    host's when it is slower than the GPU)."""
+    step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
 
 
 def time_ms(fn: Callable[[], object], iters: int, warmup: int) -> float:

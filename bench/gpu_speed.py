@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import cpcompile
-from bench.common import time_many_ms
+from bench.common import back_to_back_ms, host_and_gpu_ms, time_many_ms
 from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents, layer_inputs
 
 SPEED_SEQ, SPEED_CP = 32768, 8
@@ -123,12 +123,20 @@ def layer_speeds(
                 waited = True
             for key, (step, kernel, kind) in steps.items():
                 ref_ms, rank_ms = time_many_ms([single[kind], step], iters=10, warmup=3)
-                eff = f"rank {rank}: {ref_ms / SPEED_CP / rank_ms:.3f} ({rank_ms:.2f} ms vs {ref_ms:.2f} / {SPEED_CP})"
+                host_ms, gpu_ms = host_and_gpu_ms(step)
+                piped_ms = back_to_back_ms(step)
+                ideal = ref_ms / SPEED_CP
+                eff = (
+                    f"rank {rank}: {ideal / rank_ms:.3f} ({rank_ms:.2f} ms vs {ref_ms:.2f} / {SPEED_CP}), back to back "
+                    f"{ideal / piped_ms:.3f}, host {host_ms:.2f} ms / GPU {gpu_ms:.2f} ms = {host_ms / gpu_ms:.2f}"
+                )
                 if records is not None:
                     records.append(
                         dict(layout=key[1], comm=key[0], S=SPEED_SEQ, cp=SPEED_CP, rank=rank, kernel=kernel,
-                             efficiency=round(ref_ms / SPEED_CP / rank_ms, 4), rank_ms=round(rank_ms, 3),
-                             single_gpu_ms=round(ref_ms, 3))
+                             efficiency=round(ideal / rank_ms, 4), rank_ms=round(rank_ms, 3),
+                             single_gpu_ms=round(ref_ms, 3), back_to_back_efficiency=round(ideal / piped_ms, 4),
+                             back_to_back_ms=round(piped_ms, 3), host_ms=round(host_ms, 3), gpu_ms=round(gpu_ms, 3),
+                             host_ratio=round(host_ms / gpu_ms, 3))
                     )  # fmt: skip
                 if key in rows:
                     rows[key][1] += f", {eff}"

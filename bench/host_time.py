@@ -21,52 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
-SLEEP_CYCLES = 400_000_000
-"""~200 ms of GPU sleep queued before a measured step: longer than any step's host time here."""
 DEFAULT = "all_gather:zigzag,a2a:zigzag,ring:zigzag,all_gather:thd_zigzag,a2a:thd,ring:thd_zigzag"
-
-
-def host_and_gpu_ms(step, reps: int = 7) -> tuple[float, float]:
-    """(median host ms, median GPU ms) of `step` with the GPU given a long head start (module docstring)."""
-    hosts, gpus = [], []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start.record()
-        t0 = time.perf_counter()
-        step()
-        hosts.append((time.perf_counter() - t0) * 1e3)
-        end.record()
-        end.synchronize()
-        gpus.append(start.elapsed_time(end))
-    return statistics.median(hosts), statistics.median(gpus)
-
-
-def pipelined_ms(step, steps: int = 20) -> float:
-    """ms a step over `steps` run back to back (the host may run ahead; nothing synchronises between them)."""
-    step()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / steps
 
 
 def measure(cases: list[tuple[str, str]]) -> list[dict]:
     """One record a (case, rank): the numbers of the module docstring."""
-    from bench.common import time_many_ms
+    from bench.common import back_to_back_ms, host_and_gpu_ms, time_many_ms
     from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents
     from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, _single, fake_group, rank_step, refused_by_design
 
@@ -79,7 +45,7 @@ def measure(cases: list[tuple[str, str]]) -> list[dict]:
     single = {"dense": _single(layer, dense_x, None, 0), "packed": _single(layer, dense_x[0], cu, longest)}
     ref = {}
     for kind, fn in single.items():
-        ref[kind] = (time_many_ms([fn], iters=7, warmup=2)[0], pipelined_ms(fn))
+        ref[kind] = (time_many_ms([fn], iters=7, warmup=2)[0], back_to_back_ms(fn))
     records = []
     for comm, layout in cases:
         if refused_by_design(comm, layout):
@@ -93,7 +59,7 @@ def measure(cases: list[tuple[str, str]]) -> list[dict]:
                     step()
                 host, gpu = host_and_gpu_ms(step)
                 one, ref_one = time_many_ms([step, single[kind]], iters=7, warmup=1)
-                piped = pipelined_ms(step)
+                piped = back_to_back_ms(step)
             ideal_one, ideal_piped = ref_one / SPEED_CP, ref[kind][1] / SPEED_CP
             records.append(
                 dict(comm=comm, layout=layout, rank=rank, kernel=kernel, S=SPEED_SEQ, cp=SPEED_CP,

@@ -4,7 +4,7 @@ and with mode="reduce-overhead" (Inductor's CUDA graphs: the step's launches rep
 the single-GPU layer compiled the same way / cp, side by side in one run. Prints a row per (comm, layout): the two
 efficiencies, and the CUDA-graph skips Inductor counted (a graph it did not capture runs as before).
 
-    python -m bench.probes.cudagraph_layer [--out results.json]
+    python -m bench.probes.cudagraph_layer [--rows ring:zigzag,...] [--modes default,reduce-overhead] [--out f.json]
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ def _skips() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--rows", default=",".join(f"{c}:{lay}" for c, lay in ROWS), help="comm:layout,...")
+    parser.add_argument("--modes", default=",".join(MODES), help="default and/or reduce-overhead")
     args = parser.parse_args()
+    rows = [tuple(r.split(":")) for r in args.rows.split(",")]
+    modes = args.modes.split(",")
     torch._logging.set_logs(perf_hints=True)  # Inductor's "skipping cudagraphs due to ..." lines
     torch._dynamo.config.cache_size_limit = 256
     torch._dynamo.config.accumulated_cache_size_limit = 1024
@@ -61,19 +65,19 @@ def main() -> None:
     cu = cu_of(documents(SPEED_SEQ, seed=3, unit=2 * SPEED_CP))
     longest = int((cu[1:] - cu[:-1]).max())
     single = {}
-    for mode in MODES:
+    for mode in modes:
         fn = torch.compile(layer, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)
         single[("dense", mode)] = _step(fn, dense_x, (), mode)
         single[("packed", mode)] = _step(fn, dense_x[0], (cu.cuda(), longest), mode)
     records = []
     with fake_group(0, SPEED_CP):
-        for comm, layout in ROWS:
+        for comm, layout in rows:
             kind = "packed" if layout in PACKED else "dense"
             x = dense_x[0] if kind == "packed" else dense_x
             local, model_cu, longest_local = layer_inputs(layout, x, cu)
             extra = () if model_cu is None else (model_cu, longest_local)
             steps, skips = {}, {}
-            for mode in MODES:
+            for mode in modes:
                 be = cpcompile.backend(strategy=layout, comm=comm, kernel="auto", inner="inductor")
                 try:
                     before = _skips()

@@ -8,14 +8,13 @@ Prints facts used by the providers (run on the GPU machine; every check compares
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
 from bench.common import time_ms
-from cpcompile.executor import merge_outputs
+from cpcompile.executor import merge_triton, merged, summed
 from cpcompile.kernels import get_kernel
 from cpcompile.kernels.cudnn import CuDNNKernel
 
@@ -53,10 +52,25 @@ def check(name, impl, q, k, v, dout, causal):
           + f" | out strides {tuple(out.stride())} lse {tuple(lse.shape)} dk strides {tuple(dk.stride())}")  # fmt: skip
 
 
+def merge_outputs(out, lse, outs, lses, fused: bool = True) -> None:
+    """The LSE merge into out/lse: merge_triton's kernel (fused), else the executor's pointwise ops."""
+    if fused:
+        merge_triton.merge(out, lse, outs, lses)
+        return
+    o, l = merged(outs, lses, out.dtype)
+    out.copy_(o)
+    lse.copy_(l)
+
+
+def sum_into(out, parts, fused: bool = True) -> None:
+    if fused:
+        merge_triton.add(out, parts)
+    else:
+        out.copy_(summed(parts, out.dtype))
+
+
 def merge_sweep():
     """Time the fused merge/add at a zigzag rank's size for a few tile configs (and the torch fallback)."""
-    from cpcompile.executor import merge_triton, sum_into
-
     g = torch.Generator(device="cuda").manual_seed(1)
     big = [torch.randn(1, 8192, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
            for _ in range(3)]  # fmt: skip
@@ -72,10 +86,10 @@ def merge_sweep():
             ms = time_ms(lambda: sum_into(o, big), 30, 3)
             res.append(f"add3 {ms:.3f} ms {4 * big[0].numel() * 2 / ms / 1e6:.0f} GB/s")
             print(f"tile {rows_x_dim} warps {warps}: " + ", ".join(res))
-    os.environ["CPCOMPILE_MERGE"] = "torch"
-    res = [f"merge{k} {time_ms(lambda k=k: merge_outputs(o, lo, big[:k], bl[:k]), 30, 3):.3f} ms" for k in (2, 3)]
-    print("torch fallback: " + ", ".join(res) + f", add3 {time_ms(lambda: sum_into(o, big), 30, 3):.3f} ms")
-    os.environ.pop("CPCOMPILE_MERGE")
+    res = [
+        f"merge{k} {time_ms(lambda k=k: merge_outputs(o, lo, big[:k], bl[:k], False), 30, 3):.3f} ms" for k in (2, 3)
+    ]
+    print("torch ops: " + ", ".join(res) + f", add3 {time_ms(lambda: sum_into(o, big, False), 30, 3):.3f} ms")
 
 
 def main():
@@ -130,9 +144,7 @@ def main():
         o1, l1 = torch.empty_like(parts[0]), torch.empty(1, 32, 1000, device="cuda")
         o2, l2 = torch.empty_like(parts[0]), torch.empty(1, 32, 1000, device="cuda")
         merge_outputs(o1, l1, parts[:k], lses[:k])
-        os.environ["CPCOMPILE_MERGE"] = "torch"
-        merge_outputs(o2, l2, parts[:k], lses[:k])
-        os.environ.pop("CPCOMPILE_MERGE")
+        merge_outputs(o2, l2, parts[:k], lses[:k], False)
         print(f"merge k={k}: triton vs torch out max diff {(o1.float() - o2.float()).abs().max().item():.2e}"
               f" lse {(l1 - l2).abs().max().item():.2e}")  # fmt: skip
     big = [t(1, 8192, 32) for _ in range(3)]
@@ -140,9 +152,7 @@ def main():
     o, lo = torch.empty_like(big[0]), torch.empty(1, 32, 8192, device="cuda")
     for k in (2, 3):
         ms = time_ms(lambda k=k: merge_outputs(o, lo, big[:k], bl[:k]), 20, 3)
-        os.environ["CPCOMPILE_MERGE"] = "torch"
-        ms_t = time_ms(lambda k=k: merge_outputs(o, lo, big[:k], bl[:k]), 20, 3)
-        os.environ.pop("CPCOMPILE_MERGE")
+        ms_t = time_ms(lambda k=k: merge_outputs(o, lo, big[:k], bl[:k], False), 20, 3)
         gb = (k + 1) * big[0].numel() * 2 / 1e9
         print(f"merge k={k} 8192x32x128: triton {ms:.3f} ms ({gb / ms:.0f} GB/s min traffic), torch {ms_t:.3f} ms")
 

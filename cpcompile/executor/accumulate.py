@@ -1,17 +1,22 @@
-"""Running sums over several executor calls (the ring's steps), as ops Inductor cannot fuse across calls.
+"""Running sums over several executor calls (the ring's steps): one more partial folded into the running result.
 
-Written as torch ops, the ring's per-step merges and dq sums are pointwise, and Inductor fuses the whole chain
-into one kernel after the last step: one pass, but every step's partial (a q-sized fp32 tensor) stays alive
-until then, cp of them. As opaque ops each step folds its partial into the running result, so at most two are
-alive, and the steps keep their program order (the next chunk's shift issued before the current step's
-blocks).
+Written as plain torch ops, the ring's per-step merges and dq sums are pointwise, and Inductor fuses the whole
+chain into one kernel after the last step: one pass, but every step's partial (a q-sized tensor) stays alive
+until then, cp of them. So each fold is an op of its own that Inductor does not fuse across: a
+`torch.library.triton_op`, whose Triton kernel (merge_triton.py) Inductor launches from its own code on CUDA, no
+Python of ours at run time; on other devices (or tensors the kernel does not take) its body is the same
+arithmetic as torch ops. At most two partials are then alive, and the steps keep their program order (the next
+chunk's shift issued before the current step's blocks).
 """
 
 from __future__ import annotations
 
 import torch
+from torch.library import triton_op
 
-from .merge import merge_outputs, sum_into
+from ..precision import acc_dtype
+from . import merge_triton
+from .dense_run import merged
 
 
 def _as_bhsd(out: torch.Tensor, lse: torch.Tensor, lse_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,7 +24,16 @@ def _as_bhsd(out: torch.Tensor, lse: torch.Tensor, lse_last: bool) -> tuple[torc
     return (out, lse) if lse_last else (out.transpose(0, 1).unsqueeze(0), lse.unsqueeze(0))
 
 
-@torch.library.custom_op("cpcompile::merge_partial", mutates_args=())
+def _fused(*tensors: torch.Tensor) -> bool:
+    """Whether merge_triton's kernel takes these (CUDA, Triton importable, unit last strides, not fp64)."""
+    return (
+        merge_triton.available()
+        and all(t.is_cuda and t.dtype != torch.float64 and t.stride(-1) == 1 for t in tensors)
+        and tensors[0].dim() == 4
+    )
+
+
+@triton_op("cpcompile::merge_partial", mutates_args=())
 def merge_partial(
     acc: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor, lse_last: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,24 +41,21 @@ def merge_partial(
     `lse_last`: lse is out's shape without its last dim (dense); else out is (T, H, D) and lse (H, T)."""
     new_acc, new_lse = torch.empty_like(acc), torch.empty_like(lse)
     dst, dst_lse = _as_bhsd(new_acc, new_lse, lse_last)
-    parts = [_as_bhsd(acc, lse, lse_last), _as_bhsd(out, out_lse, lse_last)]
-    merge_outputs(dst, dst_lse, [p[0] for p in parts], [p[1] for p in parts])
-    return new_acc, new_lse
+    (a, la), (o, lo) = _as_bhsd(acc, lse, lse_last), _as_bhsd(out, out_lse, lse_last)
+    if _fused(dst, a, o):
+        merge_triton.merge(dst, dst_lse, [a, o], [la, lo])
+        return new_acc, new_lse
+    merged_out, merged_lse = merged([a, o], [la, lo], acc.dtype)
+    if lse_last:
+        return merged_out, merged_lse
+    return merged_out.squeeze(0).transpose(0, 1), merged_lse.squeeze(0)  # back to (T, H, D) and (H, T)
 
 
-@merge_partial.register_fake
-def _merge_partial_fake(acc, lse, out, out_lse, lse_last):
-    return torch.empty_like(acc), torch.empty_like(lse)
-
-
-@torch.library.custom_op("cpcompile::add_partial", mutates_args=())
+@triton_op("cpcompile::add_partial", mutates_args=())
 def add_partial(total: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
     """total + part in total's dtype (the accumulation dtype), rounded once."""
-    out = torch.empty_like(total)
-    sum_into(out, [total, part])
-    return out
-
-
-@add_partial.register_fake
-def _add_partial_fake(total, part):
-    return torch.empty_like(total)
+    if _fused(total, part):
+        out = torch.empty_like(total)
+        merge_triton.add(out, [total, part])
+        return out
+    return (total.to(acc_dtype(total.dtype)) + part.to(acc_dtype(total.dtype))).to(total.dtype)

@@ -60,15 +60,18 @@ def plan_calls(
 
 def batched_rows(t: torch.Tensor, start: int, step: int, length: int, count: int, dim: int) -> torch.Tensor:
     """Rows [start + i*step, start + i*step + length) of `t` (batch 1) along `dim`, as a new leading batch dim
-    of size `count` (a strided view; with count 1, simply the narrowed rows)."""
-    rows = t.narrow(dim, start, length)
+    of size `count` (a strided view; with count 1, simply the narrowed rows).
+
+    Built from view ops defined on the tensor's values (narrow, unfold, movedim), never `as_strided`, whose
+    strides and offset are relative to the storage: a compiler that materialises `t` into a buffer of its own
+    (Inductor may) would read the wrong rows."""
     if count == 1:
-        return rows
+        return t if start == 0 and length == t.shape[dim] else t.narrow(dim, start, length)
     dim = dim % t.dim()
     assert t.shape[0] == 1, "batched block calls need batch 1"
-    size = (count, *rows.shape[1:])
-    stride = (step * t.stride(dim), *rows.stride()[1:])
-    return rows.as_strided(size, stride, rows.storage_offset())
+    span = (count - 1) * step + length
+    windows = t.narrow(dim, start, span).unfold(dim, length, step)  # the windows at `dim`, their rows last
+    return windows.movedim(-1, dim + 1).movedim(dim, 0).squeeze(1)
 
 
 def segments(total: int, pieces: Sequence[tuple[int, int]]) -> list[tuple[int, int, list[int]]]:

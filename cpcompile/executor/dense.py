@@ -1,31 +1,39 @@
-"""The block executor: one custom op that runs a rank's attention blocks and merges them by log-sum-exp.
+"""The block executor for dense attention: `attend` / `attend_backward`, what every dense region calls.
 
-`cpcompile::attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv=None, windows=None, softcap=0.0,
-sinks=None)` runs
-every block (layouts.Block, six ints each by blocks.encode_dense, its window in `windows` where any block has
-one; sources are ks/vs, then the slots of packed_kv; scores softcapped when softcap > 0; `sinks` (one logit a q
-head, sinks.py) folded in after the merge, for a caller whose blocks hold every key of a row) with the kernel
-provider, same-shaped blocks batched into one call (calls.py), the calls spread over two CUDA streams
-(streams), and merges partial outputs by LSE in fp32 registers (merge). Its registered backward calls each
-block's kernel backward with the FINAL output and LSE, which yields the exact partial gradients (the
-ring-attention identity), and sums them per row segment, rounding once; autograd never differentiates
-through the merge. `acc_out` / `acc_dq` return out / dq in the accumulation dtype (fp32 for bf16), for a
-caller that merges several calls (the ring's steps) and must round once, at the end.
+`attend(q, ks, vs, blocks, scale, kernel, packed_kv=None, acc_out=False, windows=None, softcap=0.0, sinks=None)`
+runs every block (layouts.Block, six ints each by blocks.encode_dense, its window in `windows` where any block
+has one; sources are ks/vs, then the slots of packed_kv; scores softcapped when softcap > 0; `sinks` (one logit a
+q head, sinks.py) folded in after the merge, for a caller whose blocks hold every key of a row) with the kernel
+provider, same-shaped blocks batched into one call (calls.py), and merges partial outputs by LSE in fp32.
+Backward calls each block's kernel backward with the FINAL output and LSE, which yields the exact partial
+gradients (the ring-attention identity), and sums them per row segment, rounding once; autograd never
+differentiates through the merge. `acc_out` / `acc_dq` return out / dq in the accumulation dtype (fp32 for
+bf16), for a caller that merges several calls (the ring's steps) and must round once, at the end.
+
+Two ways to run, one body (dense_run.py):
+- traced, for providers that say `traceable` (cudnn, flash, cpu_flash, cpu_ref: aten ops on views): the
+  calls, views and merges are recorded into the region's graph when aot_autograd traces it, inside an
+  autograd.Function whose backward is traced the same way. At run time Inductor launches the kernels from its
+  own code and runs the merges as fused Triton kernels: no cpcompile Python per call (docs/architecture.md,
+  "The run-time path").
+- opaque, for the others (flex_softcap, flash_attn, te): the custom ops `cpcompile::attend_blocks(_backward)`
+  run the body eagerly at run time, with the calls spread over two CUDA streams (streams.py).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
+from typing import NamedTuple
 
 import torch
 
 from ..kernels import get_kernel
 from ..precision import acc_dtype
 from .blocks import decode_dense, decode_windows
-from .calls import Call, batched_rows, plan_calls, segments
-from .merge import merge_outputs, sum_into
-from .packed_kv import unpack_kv
-from .sinks import fold_sinks, sinks_grad
+from .calls import Call, plan_calls
+from .dense_run import call_work, run_backward, run_forward
+from .packed_kv import pack_kv, unpack_kv
+from .sinks import sinks_grad
 from .streams import assign, run_calls
 
 
@@ -40,85 +48,124 @@ def planned_calls(
     return decoded, calls, assign(call_work(calls))
 
 
+def traced(kernel: str) -> bool:
+    """Whether blocks on provider `kernel` are recorded into the caller's graph (its `traceable` flag)."""
+    return bool(getattr(get_kernel(kernel), "traceable", False))
+
+
+def with_packed_sources(
+    ks: list[torch.Tensor], vs: list[torch.Tensor], packed_kv: torch.Tensor | None, qk_dim: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Append the sources held in a packed all-gather buffer (T, slots, 2, B, H, D) to ks/vs.
+
+    Slot i's K is packed_kv[:, i, 0] and V is packed_kv[:, i, 1] (MLA: (T, slots, B, H, D + Dv), K and V side
+    by side, executor.packed_kv), viewed as (B, H, T, D) with no copy. The executor takes the packed buffer
+    itself so its backward can write the gradient of every gathered source directly in the layout the
+    reduce-scatter sends, in fp32: no rounding before the sum.
+    """
+    if packed_kv is None:
+        return list(ks), list(vs)
+    pairs = [unpack_kv(packed_kv[:, i], 1, qk_dim) for i in range(packed_kv.shape[1])]
+    return (
+        [*ks, *(k.permute(1, 2, 0, 3) for k, _ in pairs)],
+        [*vs, *(v.permute(1, 2, 0, 3) for _, v in pairs)],
+    )
+
+
+def packed_sources_grad(dks: list[torch.Tensor], dvs: list[torch.Tensor]) -> torch.Tensor:
+    """The gradients of a packed buffer's slots, (B, H, T, D) each, in the buffer's own layout (T, slots, 2, B,
+    H, D) (MLA: (T, slots, B, H, D + Dv)): the inverse of with_packed_sources."""
+    slots = [pack_kv(dk.permute(2, 0, 1, 3), dv.permute(2, 0, 1, 3), 1) for dk, dv in zip(dks, dvs)]
+    return torch.stack(slots, 1)
+
+
 def _windows_key(windows: list[int] | None) -> tuple[int, ...] | None:
     return None if windows is None else tuple(windows)
 
 
-def _extra(c: Call, softcap: float) -> dict:
-    """The provider's keyword arguments beyond the plain block: `window` and `softcap` only where used, so
-    providers without them keep their plain signature (the planner refused them for sites that need them)."""
-    extra = {} if c.window is None else {"window": c.window}
-    if softcap:
-        extra["softcap"] = softcap
-    return extra
+def _batch_key(q: torch.Tensor) -> int:
+    """The batch as the plan needs it: 1, or 2 for any larger batch. The plan only asks whether it may take the
+    batch dim, and a symbolic batch (a dynamic batch dim under torch.compile) must not reach its cache."""
+    return 1 if q.shape[0] == 1 else 2
 
 
-def _empty_like_layout(ref: torch.Tensor, last: int, dtype: torch.dtype) -> torch.Tensor:
-    """An empty tensor shaped like `ref` with last dim `last`, laid out in ref's dim order (keeps BSHD cheap)."""
-    order = sorted(range(ref.dim()), key=lambda d: (-ref.stride(d), d))
-    order.remove(ref.dim() - 1)
-    order.append(ref.dim() - 1)
-    shape = list(ref.shape[:-1]) + [last]
-    t = ref.new_empty([shape[d] for d in order], dtype=dtype)
-    inverse = [order.index(d) for d in range(ref.dim())]
-    return t.permute(inverse)
+def run_blocks(q, ks, vs, blocks, scale, kernel, packed_kv, acc_out, windows, softcap, sinks, streams: bool):
+    """attend's body for either way of running (`streams`: spread the calls over two CUDA streams)."""
+    impl = get_kernel(kernel)
+    ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
+    decoded, calls, lanes = planned_calls(tuple(blocks), _batch_key(q), _windows_key(windows))
+    run = partial(run_calls, q.device) if streams else None
+    extra = {"run": run, "lanes": lanes} if run is not None else {}
+    return run_forward(impl, q, ks, vs, decoded, calls, scale, acc_out=acc_out, softcap=softcap, sinks=sinks, **extra)
 
 
-def call_work(calls: list[Call]) -> list[float]:
-    """Relative cost of each call (score entries it computes), for balancing calls over streams."""
-    return [c.q_len * c.kv_len * len(c.members) * (0.5 if c.causal else 1.0) for c in calls]
+def run_blocks_backward(
+    dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv, acc_dq, windows, softcap, streams: bool
+):
+    """attend_backward's body for either way of running."""
+    impl = get_kernel(kernel)
+    n_explicit = len(ks)
+    ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
+    decoded, calls, lanes = planned_calls(tuple(blocks), _batch_key(q), _windows_key(windows))
+    # explicit sources get gradients in their dtype; packed ones in fp32, straight into the packed layout
+    dtypes = [k.dtype for k in ks[:n_explicit]] + [acc_dtype(q.dtype)] * (len(ks) - n_explicit)
+    extra = {"run": partial(run_calls, q.device), "lanes": lanes} if streams else {}
+    dq, dks, dvs = run_backward(
+        impl, dout, q, ks, vs, out, lse, decoded, calls, scale, acc_dq=acc_dq, softcap=softcap,
+        source_dtypes=dtypes, **extra,
+    )  # fmt: skip
+    dpacked = (
+        packed_sources_grad(dks[n_explicit:], dvs[n_explicit:])
+        if packed_kv is not None
+        else q.new_empty((0,), dtype=acc_dtype(q.dtype))
+    )
+    return dq, dks[:n_explicit], dvs[:n_explicit], dpacked
 
 
-def forward_thunks(impl, q, ks, vs, calls: list[Call], scale: float, softcap: float = 0.0) -> list:
-    """One zero-argument kernel forward per call (for streams.run_calls); returns (out, lse)."""
-    return [
-        lambda c=c: impl.forward(
-            _q_view(q, c), _kv_view(ks[c.source], c), _kv_view(vs[c.source], c), c.causal, scale, **_extra(c, softcap)
-        )
-        for c in calls
-    ]
+class _Plan(NamedTuple):
+    """What a traced executor call runs, besides its tensors."""
+
+    blocks: tuple[int, ...]
+    scale: float
+    kernel: str
+    acc_out: bool
+    windows: tuple[int, ...] | None
+    softcap: float
+    n_sources: int
 
 
-def backward_thunks(impl, dout, q, ks, vs, out, lse, calls: list[Call], scale: float, softcap: float = 0.0) -> list:
-    """One zero-argument kernel backward per call, given the final out and lse; returns (dq, dk, dv)."""
-    return [
-        lambda c=c: impl.backward(
-            _q_view(dout, c),
-            _q_view(q, c),
-            _kv_view(ks[c.source], c),
-            _kv_view(vs[c.source], c),
-            _q_view(out, c),
-            _q_view(lse, c, dim=-1),
-            c.causal,
-            scale,
-            **_extra(c, softcap),
-        )
-        for c in calls
-    ]
+class _TracedBlocks(torch.autograd.Function):
+    """attend for a traceable provider: forward and backward are the executor's body, recorded into the graph."""
+
+    @staticmethod
+    def forward(ctx, plan: _Plan, q, packed_kv, sinks, *kvs):
+        ks, vs = list(kvs[: plan.n_sources]), list(kvs[plan.n_sources :])
+        windows = list(plan.windows) if plan.windows is not None else None
+        out, lse = run_blocks(
+            q, ks, vs, plan.blocks, plan.scale, plan.kernel, packed_kv, plan.acc_out, windows, plan.softcap, sinks,
+            streams=False,
+        )  # fmt: skip
+        ctx.save_for_backward(q, out, lse, packed_kv, sinks, *kvs)
+        ctx.plan = plan
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, out, lse, packed_kv, sinks, *kvs = ctx.saved_tensors
+        plan = ctx.plan
+        ks, vs = kvs[: plan.n_sources], kvs[plan.n_sources :]
+        windows = list(plan.windows) if plan.windows is not None else None
+        dq, dks, dvs, dpacked = run_blocks_backward(
+            dout.to(q.dtype), q, list(ks), list(vs), out.to(q.dtype), lse, plan.blocks, plan.scale, plan.kernel,
+            packed_kv, False, windows, plan.softcap, streams=False,
+        )  # fmt: skip
+        dpacked = dpacked.to(packed_kv.dtype) if packed_kv is not None else None
+        dsinks = sinks_grad(dout, out, lse, sinks) if sinks is not None else None
+        return None, dq, dpacked, dsinks, *dks, *dvs
 
 
-def _q_view(t: torch.Tensor, c: Call, dim: int = -2) -> torch.Tensor:
-    return batched_rows(t, c.q_start, c.q_step, c.q_len, len(c.members), dim)
-
-
-def _kv_view(t: torch.Tensor, c: Call) -> torch.Tensor:
-    return batched_rows(t, c.kv_start, c.kv_step, c.kv_len, len(c.members), -2)
-
-
-def _unbatch(t: torch.Tensor, c: Call) -> list[torch.Tensor]:
-    """Per-block pieces of a call's result (the batch entries, or the whole result for a single block)."""
-    return [t] if len(c.members) == 1 else [t[j : j + 1] for j in range(len(c.members))]
-
-
-def _assemble(dst: torch.Tensor, pieces: list[tuple[int, int, torch.Tensor]], dim: int, reduce) -> None:
-    """Fill dst along `dim` from (start, length, partial) pieces: each segment gets reduce(dst_seg, parts)."""
-    for a, b, cover in segments(dst.shape[dim], [(s, n) for s, n, _ in pieces]):
-        parts = [pieces[i][2].narrow(dim, a - pieces[i][0], b - a) for i in cover]
-        reduce(dst.narrow(dim, a, b - a), parts)
-
-
-@torch.library.custom_op("cpcompile::attend_blocks", mutates_args=())
-def attend_blocks(
+def attend(
     q: torch.Tensor,
     ks: list[torch.Tensor],
     vs: list[torch.Tensor],
@@ -131,45 +178,20 @@ def attend_blocks(
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    impl = get_kernel(kernel)
-    ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
-    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0], _windows_key(windows))
-    outs: list[tuple[int, int, torch.Tensor]] = []
-    lses: list[tuple[int, int, torch.Tensor]] = []
-    thunks = forward_thunks(impl, q, ks, vs, calls, scale, softcap)
-    for c, (o, lse) in zip(calls, run_calls(q.device, lanes, thunks)):
-        for i, o_i, l_i in zip(c.members, _unbatch(o, c), _unbatch(lse, c)):
-            outs.append((decoded[i][0], decoded[i][1], o_i))
-            lses.append((decoded[i][0], decoded[i][1], l_i))
-    out = _empty_like_layout(q, vs[0].shape[-1], acc_dtype(q.dtype) if acc_out else q.dtype)
-    lse_all = q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
-    pieces = list(zip(outs, lses))
-    for a, b, cover in segments(q.shape[-2], [(s, n) for s, n, _ in outs]):
-        o_parts = [pieces[i][0][2].narrow(-2, a - pieces[i][0][0], b - a) for i in cover]
-        l_parts = [pieces[i][1][2].narrow(-1, a - pieces[i][1][0], b - a) for i in cover]
-        if not cover:
-            out.narrow(-2, a, b - a).zero_()
-            lse_all.narrow(-1, a, b - a).fill_(float("-inf"))
-            continue
-        merge_outputs(out.narrow(-2, a, b - a), lse_all.narrow(-1, a, b - a), o_parts, l_parts)
-    if sinks is not None:  # every key of every row is in these blocks: the sink is the merge's last term
-        sunk, sunk_lse = fold_sinks(out, lse_all, sinks)
-        out.copy_(sunk)
-        lse_all.copy_(sunk_lse)
-    return out, lse_all
+    """(out, lse) of q over the blocks (see the module docstring), differentiable in q, ks, vs, packed_kv and
+    sinks; recorded into the caller's graph for a traceable provider, else one opaque custom op."""
+    if not traced(kernel):
+        extra = {"windows": windows} if windows is not None else {}
+        if softcap:
+            extra["softcap"] = softcap
+        if sinks is not None:
+            extra["sinks"] = sinks
+        return torch.ops.cpcompile.attend_blocks(q, ks, vs, blocks, scale, kernel, packed_kv, acc_out, **extra)
+    plan = _Plan(tuple(blocks), scale, kernel, acc_out, _windows_key(windows), softcap, len(ks))
+    return _TracedBlocks.apply(plan, q, packed_kv, sinks, *ks, *vs)
 
 
-@attend_blocks.register_fake
-def _attend_blocks_fake(
-    q, ks, vs, blocks, scale, kernel, packed_kv=None, acc_out=False, windows=None, softcap=0.0, sinks=None
-):
-    vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])[1]
-    out = _empty_like_layout(q, vs[0].shape[-1], acc_dtype(q.dtype) if acc_out else q.dtype)
-    return out, q.new_empty(q.shape[:-1], dtype=acc_dtype(q.dtype))
-
-
-@torch.library.custom_op("cpcompile::attend_blocks_backward", mutates_args=())
-def attend_blocks_backward(
+def attend_backward(
     dout: torch.Tensor,
     q: torch.Tensor,
     ks: list[torch.Tensor],
@@ -184,101 +206,13 @@ def attend_blocks_backward(
     windows: list[int] | None = None,
     softcap: float = 0.0,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    impl = get_kernel(kernel)
-    n_explicit = len(ks)
-    ks, vs = with_packed_sources(ks, vs, packed_kv, q.shape[-1])
-    decoded, calls, lanes = planned_calls(tuple(blocks), q.shape[0], _windows_key(windows))
-    kernel_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    lse_k = lse.to(kernel_lse_dtype)
-    dq_pieces: list[tuple[int, int, torch.Tensor]] = []
-    dk_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in ks]
-    dv_pieces: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in vs]
-    thunks = backward_thunks(impl, dout, q, ks, vs, out, lse_k, calls, scale, softcap)
-    for c, (dq_c, dk_c, dv_c) in zip(calls, run_calls(q.device, lanes, thunks)):
-        for i, dq_i, dk_i, dv_i in zip(c.members, _unbatch(dq_c, c), _unbatch(dk_c, c), _unbatch(dv_c, c)):
-            q0, qn, src, k0, kn, _ = decoded[i]
-            dq_pieces.append((q0, qn, dq_i))
-            dk_pieces[src].append((k0, kn, dk_i))
-            dv_pieces[src].append((k0, kn, dv_i))
-    dq = torch.empty_like(q, dtype=acc_dtype(q.dtype) if acc_dq else q.dtype)
-    _assemble(dq, dq_pieces, -2, sum_into)
-    # explicit sources get gradients in their dtype; packed sources straight into the packed layout, in fp32
-    dpacked = _packed_grad_like(packed_kv, q)
-    packed_dks, packed_dvs = with_packed_sources([], [], dpacked if packed_kv is not None else None, q.shape[-1])
-    dks = [torch.empty_like(k) for k in ks[:n_explicit]] + packed_dks
-    dvs = [torch.empty_like(v) for v in vs[:n_explicit]] + packed_dvs
-    for src in range(len(ks)):
-        _assemble(dks[src], dk_pieces[src], -2, sum_into)
-        _assemble(dvs[src], dv_pieces[src], -2, sum_into)
-    return dq, dks[:n_explicit], dvs[:n_explicit], dpacked
-
-
-@attend_blocks_backward.register_fake
-def _attend_blocks_backward_fake(
-    dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv=None, acc_dq=False, windows=None, softcap=0.0
-):
-    return (
-        torch.empty_like(q, dtype=acc_dtype(q.dtype) if acc_dq else q.dtype),
-        [torch.empty_like(k) for k in ks],
-        [torch.empty_like(v) for v in vs],
-        _packed_grad_like(packed_kv, q),
-    )
-
-
-def _packed_grad_like(packed_kv: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
-    """An uninitialised buffer shaped like the packed K/V in the accumulation dtype (empty when there is none)."""
-    shape = packed_kv.shape if packed_kv is not None else (0,)
-    return q.new_empty(shape, dtype=acc_dtype(q.dtype))
-
-
-def with_packed_sources(
-    ks: list[torch.Tensor], vs: list[torch.Tensor], packed_kv: torch.Tensor | None, qk_dim: int
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Append the sources held in a packed all-gather buffer (T, slots, 2, B, H, D) to ks/vs.
-
-    Slot i's K is packed_kv[:, i, 0] and V is packed_kv[:, i, 1] (MLA: (T, slots, B, H, D + Dv), K and V side
-    by side, executor.packed_kv), viewed as (B, H, T, D) with no copy. The executor takes the packed buffer
-    itself so its backward can write the gradient of every gathered source directly in the layout the
-    reduce-scatter sends, in fp32: no pack kernel, no rounding before the sum.
-    """
-    if packed_kv is None:
-        return list(ks), list(vs)
-    pairs = [unpack_kv(packed_kv[:, i], 1, qk_dim) for i in range(packed_kv.shape[1])]
-    return (
-        [*ks, *(k.permute(1, 2, 0, 3) for k, _ in pairs)],
-        [*vs, *(v.permute(1, 2, 0, 3) for _, v in pairs)],
-    )
-
-
-def _setup_context(ctx, inputs, output):
-    q, ks, vs, blocks, scale, kernel, packed_kv, acc_out, windows, softcap, sinks = inputs
-    out, lse = output
-    ctx.has_packed, ctx.has_sinks = packed_kv is not None, sinks is not None
-    extra = [*([packed_kv] if ctx.has_packed else []), *([sinks] if ctx.has_sinks else [])]
-    ctx.save_for_backward(q, out, lse, *extra, *ks, *vs)
-    ctx.n_sources = len(ks)
-    ctx.blocks, ctx.scale, ctx.kernel = blocks, scale, kernel
-    ctx.extra = {"windows": windows} if windows is not None else {}
-    if softcap:
-        ctx.extra["softcap"] = softcap
-    # autograd wants one gradient per argument PASSED, and the dispatcher drops trailing defaults: count up to
-    # the last optional argument that is not its default
-    given = [packed_kv is not None, bool(acc_out), windows is not None, bool(softcap), sinks is not None]
-    ctx.n_args = 6 + max((i + 1 for i, g in enumerate(given) if g), default=0)
-
-
-def _backward(ctx, dout, _dlse):
-    q, out, lse, *rest = ctx.saved_tensors
-    packed_kv = rest.pop(0) if ctx.has_packed else None
-    sinks = rest.pop(0) if ctx.has_sinks else None
-    ks, vs = rest[: ctx.n_sources], rest[ctx.n_sources :]
-    dq, dks, dvs, dpacked = torch.ops.cpcompile.attend_blocks_backward(
-        dout.to(q.dtype), q, ks, vs, out.to(q.dtype), lse, ctx.blocks, ctx.scale, ctx.kernel, packed_kv, **ctx.extra
-    )
-    dpacked = dpacked.to(packed_kv.dtype) if ctx.has_packed else None
-    dsinks = sinks_grad(dout, out, lse, sinks) if ctx.has_sinks else None
-    grads = (dq, dks, dvs, None, None, None, dpacked, None, None, None, dsinks)
-    return grads[: ctx.n_args]
-
-
-attend_blocks.register_autograd(_backward, setup_context=_setup_context)
+    """(dq, dks, dvs, dpacked) of the blocks given the FINAL out and lse, for a region's own backward: dks/dvs
+    of the explicit sources in their dtypes, dpacked the packed buffer's gradient in fp32 (empty without one)."""
+    if not traced(kernel):
+        extra = {"windows": windows} if windows is not None else {}
+        if softcap:
+            extra["softcap"] = softcap
+        args = (dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv, acc_dq)
+        return torch.ops.cpcompile.attend_blocks_backward(*args, **extra)
+    args = (dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv, acc_dq, windows, softcap)
+    return run_blocks_backward(*args, streams=False)

@@ -1,10 +1,14 @@
-"""Fused Triton LSE merge of up to four partial attention outputs (CUDA only; imported lazily)."""
+"""Fused Triton LSE merge of up to four partial attention outputs (CUDA only).
+
+Launched through `wrap_triton`, so a trace records the launch (accumulate.py's ops) and Inductor runs it from its
+own code; called eagerly it simply launches."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
+from torch.library import wrap_triton
 
 try:
     import triton
@@ -84,7 +88,7 @@ CONFIG = {"rows_x_dim": 8192, "num_warps": 4}
 
 
 def merge(out: torch.Tensor, lse: torch.Tensor, outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> None:
-    """merge.merge_outputs on CUDA in one pass; 2 <= len(outs) <= 4, unit last stride everywhere."""
+    """dense_run.merged on CUDA in one pass, into out/lse; 2 <= len(outs) <= 4, unit last stride everywhere."""
     _launch(out, lse, outs, lses, weighted=True)
 
 
@@ -104,7 +108,7 @@ def _launch(out, lse, outs, lses, weighted: bool) -> None:
     block_d = triton.next_power_of_2(d)
     block_m = max(16, CONFIG["rows_x_dim"] // block_d)
     grid = (bsz * heads, triton.cdiv(n, block_m))
-    _merge_kernel[grid](
+    wrap_triton(_merge_kernel)[grid](  # wrap_triton: traceable, so Inductor launches it
         *os_, *ls_, out, lse, heads, n, d, *o_strides, *l_strides, *out.stride()[:3], *lse.stride(),
         K=k, WEIGHTED=weighted, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=CONFIG["num_warps"],
     )  # fmt: skip

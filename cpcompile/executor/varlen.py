@@ -1,6 +1,10 @@
-"""The varlen block executor: one custom op that runs a rank's varlen blocks and merges them by log-sum-exp.
+"""The varlen block executor: run a rank's varlen blocks and merge them by log-sum-exp.
 
-`cpcompile::attend_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel, meta)`: q (Tq, Hq, D) packed
+`attend_varlen(q, ks, vs, ranges, blocks, scale, kernel, meta)` / `attend_varlen_backward`, what the regions call,
+run one body two ways, as executor/dense.py does: recorded into the region's graph for a provider that says
+`traceable` (all three today: aten's FA2 varlen, cudnn-frontend's ops, which have fake kernels and stay one node
+each, and the CPU reference), else inside the opaque custom op `cpcompile::attend_varlen_blocks(_backward)`.
+Arguments: q (Tq, Hq, D) packed
 tokens, sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base), nine ints
 per block (blocks.encode_varlen: source, causal, max_q, max_k, window, covers rows, covers keys, square) and
 the blocks' metadata (`varlen_meta.prepare_blocks`: masks, cu_seqlens, index maps), which the caller builds
@@ -55,17 +59,8 @@ def _as_returned(part: torch.Tensor, dtype: torch.dtype, mask: torch.Tensor | No
     return buf.copy_(part).masked_fill_(~mask, 0)
 
 
-@torch.library.custom_op("cpcompile::attend_varlen_blocks", mutates_args=())
-def attend_varlen_blocks(
-    q: torch.Tensor,
-    ks: list[torch.Tensor],
-    vs: list[torch.Tensor],
-    ranges: list[torch.Tensor],
-    blocks: list[int],
-    scale: float,
-    kernel: str,
-    meta: list[torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
+def run_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel, meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """attend_varlen's body, for either way of running (module docstring)."""
     impl = get_varlen_kernel(kernel)
     acc_t = acc_dtype(q.dtype)
     specs = decode_varlen(blocks)
@@ -97,6 +92,20 @@ def attend_varlen_blocks(
     return _as_returned(acc, q.dtype, None), _as_returned(lse, acc_t, None)
 
 
+@torch.library.custom_op("cpcompile::attend_varlen_blocks", mutates_args=())
+def attend_varlen_blocks(
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    ranges: list[torch.Tensor],
+    blocks: list[int],
+    scale: float,
+    kernel: str,
+    meta: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel, meta)
+
+
 def _forward(impl, q, ks, vs, r, b, scale, prepared):
     """One block's kernel forward on its source, with its prepared metadata."""
     kw = b.kernel_kwargs()
@@ -109,20 +118,8 @@ def _attend_varlen_blocks_fake(q, ks, vs, ranges, blocks, scale, kernel, meta):
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=acc_dtype(q.dtype))
 
 
-@torch.library.custom_op("cpcompile::attend_varlen_blocks_backward", mutates_args=())
-def attend_varlen_blocks_backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    ks: list[torch.Tensor],
-    vs: list[torch.Tensor],
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    ranges: list[torch.Tensor],
-    blocks: list[int],
-    scale: float,
-    kernel: str,
-    meta: list[torch.Tensor],
-) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+def run_varlen_blocks_backward(dout, q, ks, vs, out, lse, ranges, blocks, scale, kernel, meta):
+    """attend_varlen_backward's body, for either way of running: (dq, dks, dvs)."""
     impl = get_varlen_kernel(kernel)
     acc_t = acc_dtype(q.dtype)
     n_dq, n_src = _contributions(blocks, len(ks))
@@ -151,6 +148,23 @@ def attend_varlen_blocks_backward(
     dks = [k.new_zeros(k.shape, dtype=acc_t) if g is None else g for g, k in zip(dks, ks)]
     dvs = [v.new_zeros(v.shape, dtype=acc_t) if g is None else g for g, v in zip(dvs, vs)]
     return dq, dks, dvs
+
+
+@torch.library.custom_op("cpcompile::attend_varlen_blocks_backward", mutates_args=())
+def attend_varlen_blocks_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    ranges: list[torch.Tensor],
+    blocks: list[int],
+    scale: float,
+    kernel: str,
+    meta: list[torch.Tensor],
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    return run_varlen_blocks_backward(dout, q, ks, vs, out, lse, ranges, blocks, scale, kernel, meta)
 
 
 @attend_varlen_blocks_backward.register_fake
@@ -183,3 +197,73 @@ def _backward(ctx, dout, _dlse):
 
 
 attend_varlen_blocks.register_autograd(_backward, setup_context=_setup_context)
+
+
+def traced_varlen(kernel: str) -> bool:
+    """Whether varlen blocks on provider `kernel` are recorded into the caller's graph (its `traceable` flag)."""
+    return bool(getattr(get_varlen_kernel(kernel), "traceable", False))
+
+
+class _TracedVarlen(torch.autograd.Function):
+    """attend_varlen for a traceable provider: the op's body and its backward, recorded into the graph."""
+
+    @staticmethod
+    def forward(ctx, plan, q, *tensors):
+        n, nb, blocks, scale, kernel = plan
+        ks, vs, ranges, meta = tensors[:n], tensors[n : 2 * n], tensors[2 * n : 2 * n + nb], tensors[2 * n + nb :]
+        out, lse = run_varlen_blocks(q, list(ks), list(vs), list(ranges), blocks, scale, kernel, list(meta))
+        ctx.save_for_backward(q, out, lse, *tensors)
+        ctx.plan = plan
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        n, nb, blocks, scale, kernel = ctx.plan
+        q, out, lse, *rest = ctx.saved_tensors
+        ks, vs, ranges, meta = rest[:n], rest[n : 2 * n], rest[2 * n : 2 * n + nb], rest[2 * n + nb :]
+        dq, dks, dvs = run_varlen_blocks_backward(
+            dout.contiguous(), q, list(ks), list(vs), out, lse, list(ranges), blocks, scale, kernel, list(meta)
+        )
+        dks = [g.to(k.dtype) for g, k in zip(dks, ks)]
+        dvs = [g.to(v.dtype) for g, v in zip(dvs, vs)]
+        return None, dq.to(q.dtype), *dks, *dvs, *([None] * (nb + len(meta)))
+
+
+def attend_varlen(
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    ranges: list[torch.Tensor],
+    blocks: list[int],
+    scale: float,
+    kernel: str,
+    meta: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of packed q over the varlen blocks, differentiable in q, ks and vs: recorded into the caller's
+    graph for a traceable provider, else the opaque op `cpcompile::attend_varlen_blocks`."""
+    if not traced_varlen(kernel):
+        return torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, ranges, blocks, scale, kernel, meta)
+    plan = (len(ks), len(ranges), tuple(blocks), scale, kernel)
+    return _TracedVarlen.apply(plan, q, *ks, *vs, *ranges, *meta)
+
+
+def attend_varlen_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    ranges: list[torch.Tensor],
+    blocks: list[int],
+    scale: float,
+    kernel: str,
+    meta: list[torch.Tensor],
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """(dq, dks, dvs) of the varlen blocks given the FINAL out and lse, for a region's own backward (module
+    docstring: gradients several blocks sum come back in the accumulation dtype)."""
+    args = (dout, q, ks, vs, out, lse, ranges, blocks, scale, kernel, meta)
+    if not traced_varlen(kernel):
+        return torch.ops.cpcompile.attend_varlen_blocks_backward(*args)
+    return run_varlen_blocks_backward(*args)

@@ -19,6 +19,10 @@ import torch
 
 
 class AttentionKernel(Protocol):
+    """A dense provider. `traceable` (optional, default False): forward and backward are torch ops that a trace
+    can record (aten kernels on views, torch math), so the executor's calls become graph nodes that Inductor
+    launches itself; without it they run inside the opaque executor ops, in Python at run time."""
+
     name: str
     supports_window: bool
     supports_softcap: bool
@@ -94,6 +98,9 @@ class VarlenAttentionKernel(Protocol):
 
     name: str
     supports_window: bool
+    traceable: bool
+    """Forward, backward and prepare are ops a trace can record (with fake kernels, no host reads of the
+    ranges): the executor's calls become graph nodes (executor/varlen.py); optional, default False."""
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """None when this provider can run on `device`/`dtype`, else the reason it cannot."""

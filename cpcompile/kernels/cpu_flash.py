@@ -44,6 +44,8 @@ class CPUFlashKernel:
     name = "cpu_flash"
     supports_window = True
     supports_softcap = False
+    traceable = True
+    """Aten ops on views: the executor records its calls into the region's graph (executor/dense.py)."""
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return cpu_support_problem(device, dtype)

@@ -29,6 +29,8 @@ class CPUReferenceKernel:
     supports_softcap = True
     last_resort = True
     """kernel="auto" offers it only where no other provider runs the site (it materialises the scores)."""
+    traceable = True
+    """Torch math: the executor records its calls into the region's graph (executor/dense.py)."""
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return cpu_support_problem(device, dtype)

@@ -46,6 +46,9 @@ def _heads_first(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tens
 
 class CPUVarlenReference:
     name = "cpu_varlen_ref"
+    traceable = False
+    """The reference stays one opaque executor op: its materialised scores would fill the graph, and CPU speed is
+    not the point (tests/unit/test_varlen_traced.py runs the traced path on it)."""
     supports_window = True
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:

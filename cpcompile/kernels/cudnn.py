@@ -30,6 +30,8 @@ class CuDNNKernel:
     name = "cudnn"
     supports_window = False
     supports_softcap = False
+    traceable = True
+    """Aten ops on views: the executor records its calls into the region's graph (executor/dense.py)."""
 
     def __init__(self, expand_kv: bool = False):
         self.expand_kv = expand_kv

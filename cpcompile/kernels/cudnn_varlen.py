@@ -117,6 +117,8 @@ def unseen_keys(ranges: torch.Tensor, tk: int, left: int) -> torch.Tensor:
 
 class CuDNNVarlenKernel:
     name = "cudnn_varlen"
+    traceable = True
+    """The executor records its calls into the region's graph (executor/varlen.py)."""
     supports_window = True
     """Any (left, right) window on the bottom-right diagonal: cuDNN's diagonal band (see `band`)."""
 

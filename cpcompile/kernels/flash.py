@@ -31,6 +31,8 @@ class FlashKernel:
     name = "flash"
     supports_window = True
     supports_softcap = False
+    traceable = True
+    """Aten ops on views: the executor records its calls into the region's graph (executor/dense.py)."""
 
     def supports(self, device: torch.device, dtype: torch.dtype) -> str | None:
         return cuda_half_reason(device, dtype, "FlashAttention-2")

@@ -36,6 +36,8 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 class FlashVarlenKernel:
     name = "flash_varlen"
+    traceable = True
+    """The executor records its calls into the region's graph (executor/varlen.py)."""
     supports_window = True
     """FA2's window_size_left/right on the bottom-right diagonal, the interface's window semantics."""
 

@@ -24,5 +24,6 @@ def add_part(total: torch.Tensor | None, part: torch.Tensor | None) -> torch.Ten
     """total + part in the accumulation dtype (either may be None: nothing yet / nothing to add)."""
     if part is None:
         return total
-    part = part.to(acc_dtype(part.dtype))
-    return part if total is None else torch.ops.cpcompile.add_partial(total, part)
+    if total is None:
+        return part.to(acc_dtype(part.dtype))
+    return torch.ops.cpcompile.add_partial(total, part)  # part in any dtype: summed in total's, rounded once

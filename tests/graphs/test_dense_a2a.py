@@ -11,7 +11,7 @@ from expecttest import assert_expected_inline
 
 import cpcompile
 from tests.support.fake_pg import capture_graphs, fake_group, normalize_gm
-from tests.support.graphs import VIEW_OPS, _collectives, _kernel_calls, on_snapshot_torch
+from tests.support.graphs import _collectives, _kernel_calls, attention_kernels, on_snapshot_torch, view_source
 
 WORLD, RANK = 4, 1
 _c10d = torch.ops._c10d_functional
@@ -99,11 +99,10 @@ class GraphModule(torch.nn.Module):
         permute_4: "f32[1, 1, 32, 8]" = torch.ops.aten.permute.default(view_10, [1, 2, 0, 3])
         view_11: "f32[32, 1, 1, 8]" = torch.ops.aten.view.default(getitem_2, [32, 1, 1, 8])
         permute_5: "f32[1, 1, 32, 8]" = torch.ops.aten.permute.default(view_11, [1, 2, 0, 3])
-        attend_blocks = torch.ops.cpcompile.attend_blocks.default(permute_3, [permute_4], [permute_5], [0, 32, 0, 0, 32, 1], 0.35355339059327373, 'cpu_flash')
-        getitem_3: "f32[1, 1, 32, 8]" = attend_blocks[0]
-        getitem_4: "f32[1, 1, 32]" = attend_blocks[1]
+        _scaled_dot_product_flash_attention_for_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(permute_3, permute_4, permute_5, 0.0, True, scale = 0.35355339059327373)
+        getitem_3: "f32[1, 1, 32, 8]" = _scaled_dot_product_flash_attention_for_cpu[0]
+        getitem_4: "f32[1, 1, 32]" = _scaled_dot_product_flash_attention_for_cpu[1]
         detach: "f32[1, 1, 32, 8]" = torch.ops.aten.detach.default(getitem_3)
-        detach_1: "f32[1, 1, 32]" = torch.ops.aten.detach.default(getitem_4)
         permute_6: "f32[32, 1, 1, 8]" = torch.ops.aten.permute.default(getitem_3, [2, 0, 1, 3])
         view_12: "f32[4, 8, 1, 8]" = torch.ops.aten.view.default(permute_6, [4, 8, 1, 8])
         all_to_all_single_1: "f32[4, 8, 1, 8]" = torch.ops._c10d_functional.all_to_all_single.default(view_12, [1, 1, 1, 1], [1, 1, 1, 1], '0')
@@ -111,9 +110,8 @@ class GraphModule(torch.nn.Module):
         permute_7: "f32[1, 8, 4, 8]" = torch.ops.aten.permute.default(wait_tensor_1, [2, 1, 0, 3])
         view_13: "f32[1, 8, 4, 8]" = torch.ops.aten.view.default(permute_7, [1, 8, 4, 8])
         transpose: "f32[1, 4, 8, 8]" = torch.ops.aten.transpose.int(view_13, 1, 2)
-        detach_2: "f32[1, 1, 32, 8]" = torch.ops.aten.detach.default(detach)
-        detach_3: "f32[1, 1, 32]" = torch.ops.aten.detach.default(detach_1)
-        return (transpose, permute_3, permute_4, permute_5, detach_2, detach_3)
+        detach_1: "f32[1, 1, 32, 8]" = torch.ops.aten.detach.default(detach)
+        return (transpose, permute_3, permute_4, permute_5, getitem_4, detach_1)
 """,
     )
 
@@ -140,31 +138,30 @@ def test_collectives_per_step(fake_pg, strategy, causal, exchanges):
     assert moved == b * seq * d * (hq + 2 * WORLD * kv_per_rank) + b * seq * hq * d
 
 
-def _view_source(node):
-    """Follow view-only ops back from `node`; the first node that is not a view op."""
-    while node.op == "call_function" and (node.target in VIEW_OPS or node.target.__name__ == "getitem"):
-        node = node.args[0]
-    return node
-
-
 @pytest.mark.parametrize("strategy", ["flat", "zigzag"])
 def test_executor_reads_exchanged_buffers_in_place(fake_pg, strategy):
-    """Every q/k/v the block executor reads is a view of an all-to-all result: no reorder copy in between."""
+    """Every q/k/v an attention kernel reads is a view of an all-to-all result, except zigzag's second buffer,
+    whose chunks arrive in descending order: reversed once (one copy of q/k/v), its causal attention is one
+    square and one rectangle, so zigzag runs 3 kernel calls, flat 1."""
     graphs = _capture(strategy, True, _inputs())
-    calls = _calls(graphs["fw"], torch.ops.cpcompile.attend_blocks.default)
-    assert len(calls) == (2 if strategy == "zigzag" else 1)
+    calls = attention_kernels(graphs["fw"])
+    assert len(calls) == (3 if strategy == "zigzag" else 1)
     for call in calls:
-        q, ks, vs = call.args[:3]
-        for t in [q, *ks, *vs]:
-            assert _view_source(t).target == _c10d.all_to_all_single.default, (call, t)
+        for t in call.args[:3]:
+            source = view_source(t)
+            if source.target == _c10d.all_to_all_single.default:
+                continue
+            assert strategy == "zigzag" and source.target == torch.ops.aten.flip.default, (call, t, source)
+            assert view_source(source.args[0]).target == _c10d.all_to_all_single.default, (call, source)
 
 
 @on_snapshot_torch  # the kernel count is torch 2.13 Inductor's (2.14 calls its output cat kernel once a chunk)
 def test_inductor_fuses_every_copy(fake_pg):
-    """Zigzag causal under Inductor: the only kernels are one pack per all-to-all input (the copy the
-    collective needs anyway, q/k/v in one buffer, GQA replication fused in) and one kernel that writes the
-    user's output; the executor reads the collective's buffers directly. A standalone reorder kernel would
-    add to these counts."""
+    """Zigzag causal under Inductor: the only kernels are one pack per all-to-all input (the copy the collective
+    needs anyway, q/k/v in one buffer, GQA replication fused in), the one reversal of the descending buffer (its
+    q/k/v; its output's reversal is fused into the merge), the LSE merge of that buffer's two partials written
+    straight into the output's send buffer, and one kernel that writes the user's output. The kernels read the
+    collective's buffers directly otherwise: a standalone reorder kernel would add to these counts."""
     from torch._inductor.utils import run_and_get_code
 
     be = cpcompile.backend(strategy="zigzag", comm="a2a", inner="inductor")
@@ -175,13 +172,17 @@ def test_inductor_fuses_every_copy(fake_pg):
         compiled(*inputs).sum().backward()
 
     _, (fw, bw) = run_and_get_code(step)
-    # forward: pack slot 0, pack slot 1, unpack both outputs into (B, S, H, D)
-    assert len(_kernel_calls(fw)) == 3, _kernel_calls(fw)
-    # backward: pack dout per slot, pack dq/dk/dv per slot, unpack (+ GQA replica sum) into the q/k/v grads
-    assert len(_kernel_calls(bw)) == 5, _kernel_calls(bw)
+    # forward: pack slot 0, pack slot 1, reverse slot 1's q/k/v, merge slot 1 (into the send buffer), unpack
+    assert len(_kernel_calls(fw)) == 5, _kernel_calls(fw)
+    assert [name for name in _kernel_calls(fw) if "flip" in name and "exp" not in name] == [_kernel_calls(fw)[2]]
+    # backward: pack dout per slot, reverse slot 1's dout, each gradient's partial sums written in the send layout
+    # (dq, dk, dv), unpack (+ GQA replica sum) into the q/k/v grads
+    assert len(_kernel_calls(bw)) == 7, _kernel_calls(bw)
     for line in fw.splitlines():
-        if "cpcompile.attend_blocks.default(" in line:
-            args = line.split("attend_blocks.default(", 1)[1]
-            tensors = re.findall(r"reinterpret_tensor\((buf\d+)", args)
+        if "_scaled_dot_product_flash_attention_for_cpu.default(" in line:
+            args = line.split("_scaled_dot_product_flash_attention_for_cpu.default(", 1)[1]
+            tensors = set(re.findall(r"reinterpret_tensor\((buf\d+)", args))
             sources = {m for m in re.findall(r"(buf\d+) = torch\.ops\._c10d_functional\.all_to_all_single", fw)}
-            assert tensors and set(tensors) <= sources, line
+            reversal = re.search(r"^\s*cpp_fused_flip\w*\((.*)\)$", fw, re.M).group(1)  # its inputs and outputs
+            flipped = set(re.findall(r"\bbuf\d+\b", reversal))
+            assert tensors and tensors <= sources | flipped, line

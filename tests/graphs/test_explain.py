@@ -64,7 +64,7 @@ estimated at NVIDIA H200 rates: no CPU rates are measured, so read the ms as rel
 
 #  node  source              layout  comm        kernel     blocks/rank  FLOPs/rank  max/mean  est. ms
 0  out   test_explain.py:35  zigzag  all_gather  cpu_flash  4/5/5/4      1.92T       1.00      7.37
-  site 0: auto chose all_gather + cpu_flash 7.37 ms (runner-up a2a + cpu_flash 8.34 ms) (the planner's estimates); rates
+  site 0: auto chose all_gather + cpu_flash 7.37 ms (runner-up a2a + cpu_flash 7.43 ms) (the planner's estimates); rates
     of flash (proxy: cpu_flash has no measured rate)
   estimates: kernel rates measured on NVIDIA H200 (bench/results/single_gpu.json, 2026-11-29..2026-12-01); link 300 GB/s
     per rank assumed; forward + backward (FLOPs too), slowest rank + time on the wire

@@ -96,17 +96,22 @@ class GraphModule(torch.nn.Module):
         stack: "f32[24, 1, 2, 1, 1, 16]" = torch.ops.aten.stack.default([permute_6, permute_7], 2)
         view_11: "f32[768]" = torch.ops.aten.view.default(stack, [-1])
         all_to_all_single_1: "f32[768]" = torch.ops._c10d_functional.all_to_all_single.default(view_11, [0, 768], [0, 768], '2')
-        attend_blocks = torch.ops.cpcompile.attend_blocks.default(permute_3, [], [], [0, 24, 0, 0, 24, 1], 0.25, 'cpu_flash', stack, True)
-        getitem_3: "f32[1, 2, 24, 16]" = attend_blocks[0]
-        getitem_4: "f32[1, 2, 24]" = attend_blocks[1]
+        select: "f32[24, 2, 1, 1, 16]" = torch.ops.aten.select.int(stack, 1, 0)
+        select_1: "f32[24, 1, 1, 16]" = torch.ops.aten.select.int(select, 1, 0)
+        select_2: "f32[24, 1, 1, 16]" = torch.ops.aten.select.int(select, 1, 1)
+        permute_8: "f32[1, 1, 24, 16]" = torch.ops.aten.permute.default(select_1, [1, 2, 0, 3])
+        permute_9: "f32[1, 1, 24, 16]" = torch.ops.aten.permute.default(select_2, [1, 2, 0, 3])
+        _scaled_dot_product_flash_attention_for_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(permute_3, permute_8, permute_9, 0.0, True, scale = 0.25)
+        getitem_3: "f32[1, 2, 24, 16]" = _scaled_dot_product_flash_attention_for_cpu[0]
+        getitem_4: "f32[1, 2, 24]" = _scaled_dot_product_flash_attention_for_cpu[1]
         wait_tensor_1: "f32[768]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_1)
         detach: "f32[1, 2, 24, 16]" = torch.ops.aten.detach.default(getitem_3)
-        permute_8: "f32[24, 1, 2, 16]" = torch.ops.aten.permute.default(getitem_3, [2, 0, 1, 3])
-        view_13: "f32[2, 12, 1, 32]" = torch.ops.aten.view.default(permute_8, [2, 12, 1, 32])
+        permute_10: "f32[24, 1, 2, 16]" = torch.ops.aten.permute.default(getitem_3, [2, 0, 1, 3])
+        view_13: "f32[2, 12, 1, 32]" = torch.ops.aten.view.default(permute_10, [2, 12, 1, 32])
         all_to_all_single_2: "f32[2, 12, 1, 32]" = torch.ops._c10d_functional.all_to_all_single.default(view_13, [1, 1], [1, 1], '3')
         wait_tensor_2: "f32[2, 12, 1, 32]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_2)
-        permute_9: "f32[1, 12, 2, 32]" = torch.ops.aten.permute.default(wait_tensor_2, [2, 1, 0, 3])
-        clone_1: "f32[1, 12, 2, 32]" = torch.ops.aten.clone.default(permute_9, memory_format = torch.contiguous_format)
+        permute_11: "f32[1, 12, 2, 32]" = torch.ops.aten.permute.default(wait_tensor_2, [2, 1, 0, 3])
+        clone_1: "f32[1, 12, 2, 32]" = torch.ops.aten.clone.default(permute_11, memory_format = torch.contiguous_format)
         _unsafe_view_1: "f32[1, 12, 4, 16]" = torch.ops.aten._unsafe_view.default(clone_1, [1, 12, 4, 16])
         transpose: "f32[1, 4, 12, 16]" = torch.ops.aten.transpose.int(_unsafe_view_1, 1, 2)
         detach_1: "f32[1, 2, 24, 16]" = torch.ops.aten.detach.default(detach)
@@ -120,20 +125,30 @@ class GraphModule(torch.nn.Module):
     def forward(self, permute_3: "f32[1, 2, 24, 16]", stack: "f32[24, 1, 2, 1, 1, 16]", getitem_4: "f32[1, 2, 24]", detach_1: "f32[1, 2, 24, 16]", tangents_1: "f32[1, 4, 12, 16]"):
         transpose_1: "f32[1, 12, 4, 16]" = torch.ops.aten.transpose.int(tangents_1, 1, 2)
         view_14: "f32[1, 12, 2, 32]" = torch.ops.aten.view.default(transpose_1, [1, 12, 2, 32])
-        permute_10: "f32[2, 12, 1, 32]" = torch.ops.aten.permute.default(view_14, [2, 1, 0, 3])
-        clone_2: "f32[2, 12, 1, 32]" = torch.ops.aten.clone.default(permute_10, memory_format = torch.contiguous_format)
+        permute_12: "f32[2, 12, 1, 32]" = torch.ops.aten.permute.default(view_14, [2, 1, 0, 3])
+        clone_2: "f32[2, 12, 1, 32]" = torch.ops.aten.clone.default(permute_12, memory_format = torch.contiguous_format)
         all_to_all_single_3: "f32[2, 12, 1, 32]" = torch.ops._c10d_functional.all_to_all_single.default(clone_2, [1, 1], [1, 1], '3')
         wait_tensor_3: "f32[2, 12, 1, 32]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_3)
         view_15: "f32[24, 1, 2, 16]" = torch.ops.aten.view.default(wait_tensor_3, [24, 1, 2, 16])
-        permute_11: "f32[1, 2, 24, 16]" = torch.ops.aten.permute.default(view_15, [1, 2, 0, 3])
-        clone_3: "f32[1, 2, 24, 16]" = torch.ops.aten.clone.default(permute_11, memory_format = torch.contiguous_format)
+        permute_13: "f32[1, 2, 24, 16]" = torch.ops.aten.permute.default(view_15, [1, 2, 0, 3])
+        clone_3: "f32[1, 2, 24, 16]" = torch.ops.aten.clone.default(permute_13, memory_format = torch.contiguous_format)
         in_backward: "f32[24, 1, 2, 1, 1, 16]" = torch.ops.cpcompile.in_backward.default(stack, clone_3)
         view_16: "f32[768]" = torch.ops.aten.view.default(in_backward, [-1])
         all_to_all_single_4: "f32[768]" = torch.ops._c10d_functional.all_to_all_single.default(view_16, [0, 768], [0, 768], '2')
-        attend_blocks_backward = torch.ops.cpcompile.attend_blocks_backward.default(clone_3, permute_3, [], [], detach_1, getitem_4, [0, 24, 0, 0, 24, 1], 0.25, 'cpu_flash', stack, True)
-        getitem_5: "f32[1, 2, 24, 16]" = attend_blocks_backward[0]
-        getitem_8: "f32[24, 1, 2, 1, 1, 16]" = attend_blocks_backward[3]
-        view_17: "f32[768]" = torch.ops.aten.view.default(getitem_8, [-1])
+        select: "f32[24, 2, 1, 1, 16]" = torch.ops.aten.select.int(stack, 1, 0)
+        select_1: "f32[24, 1, 1, 16]" = torch.ops.aten.select.int(select, 1, 0)
+        select_2: "f32[24, 1, 1, 16]" = torch.ops.aten.select.int(select, 1, 1)
+        permute_8: "f32[1, 1, 24, 16]" = torch.ops.aten.permute.default(select_1, [1, 2, 0, 3])
+        permute_9: "f32[1, 1, 24, 16]" = torch.ops.aten.permute.default(select_2, [1, 2, 0, 3])
+        _scaled_dot_product_flash_attention_for_cpu_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(clone_3, permute_3, permute_8, permute_9, detach_1, getitem_4, 0.0, True, scale = 0.25)
+        getitem_5: "f32[1, 2, 24, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward[0]
+        getitem_6: "f32[1, 1, 24, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward[1]
+        getitem_7: "f32[1, 1, 24, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward[2]
+        permute_16: "f32[24, 1, 1, 16]" = torch.ops.aten.permute.default(getitem_6, [2, 0, 1, 3])
+        permute_17: "f32[24, 1, 1, 16]" = torch.ops.aten.permute.default(getitem_7, [2, 0, 1, 3])
+        stack_1: "f32[24, 2, 1, 1, 16]" = torch.ops.aten.stack.default([permute_16, permute_17], 1)
+        stack_2: "f32[24, 1, 2, 1, 1, 16]" = torch.ops.aten.stack.default([stack_1], 1)
+        view_17: "f32[768]" = torch.ops.aten.view.default(stack_2, [-1])
         all_to_all_single_5: "f32[768]" = torch.ops._c10d_functional.all_to_all_single.default(view_17, [0, 768], [0, 768], '2')
         wait_tensor_4: "f32[768]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_4)
         wait_tensor_5: "f32[768]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_5)
@@ -142,16 +157,16 @@ class GraphModule(torch.nn.Module):
         all_to_all_single_6: "f32[768]" = torch.ops._c10d_functional.all_to_all_single.default(view_20, [0, 768], [0, 768], '2')
         wait_tensor_6: "f32[768]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_6)
         view_21: "f32[24, 1, 2, 1, 1, 16]" = torch.ops.aten.view.default(wait_tensor_6, [24, 1, 2, 1, 1, 16])
-        permute_12: "f32[2, 1, 1, 1, 24, 16]" = torch.ops.aten.permute.default(view_21, [2, 3, 4, 1, 0, 5])
-        view_22: "f32[2, 1, 1, 24, 16]" = torch.ops.aten.view.default(permute_12, [2, 1, 1, 24, 16])
-        select: "f32[1, 1, 24, 16]" = torch.ops.aten.select.int(view_22, 0, 0)
-        select_1: "f32[1, 1, 24, 16]" = torch.ops.aten.select.int(view_22, 0, 1)
-        permute_13: "f32[24, 1, 1, 16]" = torch.ops.aten.permute.default(select_1, [2, 0, 1, 3])
-        view_23: "f32[24, 1, 16]" = torch.ops.aten.view.default(permute_13, [24, 1, 16])
-        permute_14: "f32[24, 1, 1, 16]" = torch.ops.aten.permute.default(select, [2, 0, 1, 3])
-        view_24: "f32[24, 1, 16]" = torch.ops.aten.view.default(permute_14, [24, 1, 16])
-        permute_15: "f32[24, 1, 2, 16]" = torch.ops.aten.permute.default(getitem_5, [2, 0, 1, 3])
-        view_25: "f32[24, 1, 32]" = torch.ops.aten.view.default(permute_15, [24, 1, 32])
+        permute_18: "f32[2, 1, 1, 1, 24, 16]" = torch.ops.aten.permute.default(view_21, [2, 3, 4, 1, 0, 5])
+        view_22: "f32[2, 1, 1, 24, 16]" = torch.ops.aten.view.default(permute_18, [2, 1, 1, 24, 16])
+        select_6: "f32[1, 1, 24, 16]" = torch.ops.aten.select.int(view_22, 0, 0)
+        select_7: "f32[1, 1, 24, 16]" = torch.ops.aten.select.int(view_22, 0, 1)
+        permute_19: "f32[24, 1, 1, 16]" = torch.ops.aten.permute.default(select_7, [2, 0, 1, 3])
+        view_23: "f32[24, 1, 16]" = torch.ops.aten.view.default(permute_19, [24, 1, 16])
+        permute_20: "f32[24, 1, 1, 16]" = torch.ops.aten.permute.default(select_6, [2, 0, 1, 3])
+        view_24: "f32[24, 1, 16]" = torch.ops.aten.view.default(permute_20, [24, 1, 16])
+        permute_21: "f32[24, 1, 2, 16]" = torch.ops.aten.permute.default(getitem_5, [2, 0, 1, 3])
+        view_25: "f32[24, 1, 32]" = torch.ops.aten.view.default(permute_21, [24, 1, 32])
         cat_1: "f32[24, 1, 64]" = torch.ops.aten.cat.default([view_25, view_24, view_23], 2)
         view_26: "f32[2, 12, 1, 64]" = torch.ops.aten.view.default(cat_1, [2, 12, 1, 64])
         all_to_all_single_7: "f32[2, 12, 1, 64]" = torch.ops._c10d_functional.all_to_all_single.default(view_26, [1, 1], [1, 1], '3')
@@ -160,14 +175,14 @@ class GraphModule(torch.nn.Module):
         slice_2: "f32[2, 12, 1, 16]" = torch.ops.aten.slice.Tensor(wait_tensor_7, 3, 32, 48)
         slice_3: "f32[2, 12, 1, 16]" = torch.ops.aten.slice.Tensor(wait_tensor_7, 3, 48, 64)
         view_27: "f32[2, 12, 1, 1, 16]" = torch.ops.aten.view.default(slice_3, [2, 12, 1, 1, 16])
-        permute_16: "f32[1, 2, 1, 12, 16]" = torch.ops.aten.permute.default(view_27, [2, 0, 3, 1, 4])
-        view_28: "f32[1, 2, 12, 16]" = torch.ops.aten.view.default(permute_16, [1, 2, 12, 16])
+        permute_22: "f32[1, 2, 1, 12, 16]" = torch.ops.aten.permute.default(view_27, [2, 0, 3, 1, 4])
+        view_28: "f32[1, 2, 12, 16]" = torch.ops.aten.view.default(permute_22, [1, 2, 12, 16])
         view_29: "f32[2, 12, 1, 1, 16]" = torch.ops.aten.view.default(slice_2, [2, 12, 1, 1, 16])
-        permute_17: "f32[1, 2, 1, 12, 16]" = torch.ops.aten.permute.default(view_29, [2, 0, 3, 1, 4])
-        view_30: "f32[1, 2, 12, 16]" = torch.ops.aten.view.default(permute_17, [1, 2, 12, 16])
+        permute_23: "f32[1, 2, 1, 12, 16]" = torch.ops.aten.permute.default(view_29, [2, 0, 3, 1, 4])
+        view_30: "f32[1, 2, 12, 16]" = torch.ops.aten.view.default(permute_23, [1, 2, 12, 16])
         view_31: "f32[2, 12, 1, 2, 16]" = torch.ops.aten.view.default(slice_1, [2, 12, 1, 2, 16])
-        permute_18: "f32[1, 2, 2, 12, 16]" = torch.ops.aten.permute.default(view_31, [2, 0, 3, 1, 4])
-        clone_4: "f32[1, 2, 2, 12, 16]" = torch.ops.aten.clone.default(permute_18, memory_format = torch.contiguous_format)
+        permute_24: "f32[1, 2, 2, 12, 16]" = torch.ops.aten.permute.default(view_31, [2, 0, 3, 1, 4])
+        clone_4: "f32[1, 2, 2, 12, 16]" = torch.ops.aten.clone.default(permute_24, memory_format = torch.contiguous_format)
         _unsafe_view_2: "f32[1, 4, 12, 16]" = torch.ops.aten._unsafe_view.default(clone_4, [1, 4, 12, 16])
         return (_unsafe_view_2, view_30, view_28)
 """,
@@ -258,7 +273,7 @@ def test_packed_level_bytes_are_each_levels_collectives(heads, mesh_shape, rank,
 def test_inductor_forward_runs_each_node_step_while_the_next_chunk_travels():
     """Inductor's generated forward of a TinyLlama layer on a 2x2 mesh (zigzag, rank 1): the exchange inside the
     node (waited at once: the blocks need it), then the ring across the nodes in program order (the shift issued
-    before step 0's blocks, waited after them, then step 1's blocks and the merge), then the output's exchange."""
+    before step 0's kernel call, waited after it, then step 1's), then the output's exchange."""
     from torch._inductor.utils import run_and_get_code
 
     from cpcompile.testing.model import TinyConfig, TinyLlama
@@ -271,9 +286,11 @@ def test_inductor_forward_runs_each_node_step_while_the_next_chunk_travels():
         be = cpcompile.backend(strategy="zigzag", comm="hierarchical", mesh=_mesh())
         compiled = torch.compile(model, backend=be, fullgraph=True)
         _, codes = run_and_get_code(lambda: compiled(ids, pos).sum().backward())
-    events = re.findall(r"(all_to_all_single|wait_tensor|attend_blocks|merge_partial)\.default\(", codes[0])
+    kernel = "_scaled_dot_product_flash_attention_for_cpu"
+    events = re.findall(rf"(all_to_all_single|wait_tensor|{kernel})\.default\(", codes[0])
     exchange = ["all_to_all_single", "wait_tensor"]
-    ring = ["all_to_all_single", "attend_blocks", "wait_tensor", "attend_blocks", "merge_partial"]
+    # step 0: its causal squares (batched) and one rectangle; step 1: one call; the merge is pointwise (CPU)
+    ring = ["all_to_all_single", kernel, kernel, "wait_tensor", kernel]
     assert events == [*exchange, *ring, *exchange], events
 
 

@@ -51,54 +51,220 @@ class GraphModule(torch.nn.Module):
         stack: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.stack.default([permute, permute_1], 2)
         view_2: "f32[512]" = torch.ops.aten.view.default(stack, [-1])
         all_to_all_single: "f32[512]" = torch.ops._c10d_functional.all_to_all_single.default(view_2, [512, 0], [512, 0], '0')
-        attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [], [], [0, 4, 0, 0, 4, 1, 4, 4, 0, 0, 4, 0, 4, 4, 0, 4, 4, 1], 0.25, 'cpu_flash', stack, True)
-        getitem: "f32[1, 4, 8, 16]" = attend_blocks[0]
-        getitem_1: "f32[1, 4, 8]" = attend_blocks[1]
+        select: "f32[8, 2, 1, 2, 16]" = torch.ops.aten.select.int(stack, 1, 0)
+        select_1: "f32[8, 1, 2, 16]" = torch.ops.aten.select.int(select, 1, 0)
+        select_2: "f32[8, 1, 2, 16]" = torch.ops.aten.select.int(select, 1, 1)
+        permute_2: "f32[1, 2, 8, 16]" = torch.ops.aten.permute.default(select_1, [1, 2, 0, 3])
+        permute_3: "f32[1, 2, 8, 16]" = torch.ops.aten.permute.default(select_2, [1, 2, 0, 3])
+        slice_1: "f32[1, 4, 8, 16]" = torch.ops.aten.slice.Tensor(primals_1, 2, 0, 8)
+        unfold: "f32[1, 4, 2, 16, 4]" = torch.ops.aten.unfold.default(slice_1, 2, 4, 4)
+        permute_4: "f32[1, 4, 2, 4, 16]" = torch.ops.aten.permute.default(unfold, [0, 1, 2, 4, 3])
+        permute_5: "f32[2, 1, 4, 4, 16]" = torch.ops.aten.permute.default(permute_4, [2, 0, 1, 3, 4])
+        squeeze: "f32[2, 4, 4, 16]" = torch.ops.aten.squeeze.dim(permute_5, 1)
+        slice_2: "f32[1, 2, 8, 16]" = torch.ops.aten.slice.Tensor(permute_2, 2, 0, 8)
+        unfold_1: "f32[1, 2, 2, 16, 4]" = torch.ops.aten.unfold.default(slice_2, 2, 4, 4)
+        permute_6: "f32[1, 2, 2, 4, 16]" = torch.ops.aten.permute.default(unfold_1, [0, 1, 2, 4, 3])
+        permute_7: "f32[2, 1, 2, 4, 16]" = torch.ops.aten.permute.default(permute_6, [2, 0, 1, 3, 4])
+        squeeze_1: "f32[2, 2, 4, 16]" = torch.ops.aten.squeeze.dim(permute_7, 1)
+        slice_3: "f32[1, 2, 8, 16]" = torch.ops.aten.slice.Tensor(permute_3, 2, 0, 8)
+        unfold_2: "f32[1, 2, 2, 16, 4]" = torch.ops.aten.unfold.default(slice_3, 2, 4, 4)
+        permute_8: "f32[1, 2, 2, 4, 16]" = torch.ops.aten.permute.default(unfold_2, [0, 1, 2, 4, 3])
+        permute_9: "f32[2, 1, 2, 4, 16]" = torch.ops.aten.permute.default(permute_8, [2, 0, 1, 3, 4])
+        squeeze_2: "f32[2, 2, 4, 16]" = torch.ops.aten.squeeze.dim(permute_9, 1)
+        _scaled_dot_product_flash_attention_for_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(squeeze, squeeze_1, squeeze_2, 0.0, True, scale = 0.25)
+        getitem: "f32[2, 4, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu[0]
+        getitem_1: "f32[2, 4, 4]" = _scaled_dot_product_flash_attention_for_cpu[1]
+        slice_4: "f32[1, 4, 4, 16]" = torch.ops.aten.slice.Tensor(primals_1, -2, 4, 8)
+        slice_5: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(permute_2, -2, 0, 4)
+        slice_6: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(permute_3, -2, 0, 4)
+        _scaled_dot_product_flash_attention_for_cpu_1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(slice_4, slice_5, slice_6, scale = 0.25)
+        getitem_2: "f32[1, 4, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu_1[0]
+        getitem_3: "f32[1, 4, 4]" = _scaled_dot_product_flash_attention_for_cpu_1[1]
+        slice_7: "f32[1, 4, 4, 16]" = torch.ops.aten.slice.Tensor(getitem, 0, 0, 1)
+        slice_8: "f32[1, 4, 4, 16]" = torch.ops.aten.slice.Tensor(getitem, 0, 1, 2)
+        slice_9: "f32[1, 4, 4]" = torch.ops.aten.slice.Tensor(getitem_1, 0, 0, 1)
+        slice_10: "f32[1, 4, 4]" = torch.ops.aten.slice.Tensor(getitem_1, 0, 1, 2)
+        maximum: "f32[1, 4, 4]" = torch.ops.aten.maximum.default(slice_10, getitem_3)
+        eq: "b8[1, 4, 4]" = torch.ops.aten.eq.Scalar(maximum, -inf)
+        scalar_tensor: "f32[]" = torch.ops.aten.scalar_tensor.default(0.0, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
+        where: "f32[1, 4, 4]" = torch.ops.aten.where.self(eq, scalar_tensor, maximum)
+        sub: "f32[1, 4, 4]" = torch.ops.aten.sub.Tensor(slice_10, where)
+        exp: "f32[1, 4, 4]" = torch.ops.aten.exp.default(sub)
+        sub_1: "f32[1, 4, 4]" = torch.ops.aten.sub.Tensor(getitem_3, where)
+        exp_1: "f32[1, 4, 4]" = torch.ops.aten.exp.default(sub_1)
+        add: "f32[1, 4, 4]" = torch.ops.aten.add.Tensor(exp, exp_1)
+        gt: "b8[1, 4, 4]" = torch.ops.aten.gt.Scalar(add, 0)
+        reciprocal: "f32[1, 4, 4]" = torch.ops.aten.reciprocal.default(add)
+        mul: "f32[1, 4, 4]" = torch.ops.aten.mul.Tensor(reciprocal, 1.0)
+        scalar_tensor_1: "f32[]" = torch.ops.aten.scalar_tensor.default(0.0, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
+        where_1: "f32[1, 4, 4]" = torch.ops.aten.where.self(gt, mul, scalar_tensor_1)
+        mul_1: "f32[1, 4, 4]" = torch.ops.aten.mul.Tensor(exp, where_1)
+        unsqueeze: "f32[1, 4, 4, 1]" = torch.ops.aten.unsqueeze.default(mul_1, -1)
+        mul_2: "f32[1, 4, 4, 16]" = torch.ops.aten.mul.Tensor(slice_8, unsqueeze)
+        mul_3: "f32[1, 4, 4]" = torch.ops.aten.mul.Tensor(exp_1, where_1)
+        unsqueeze_1: "f32[1, 4, 4, 1]" = torch.ops.aten.unsqueeze.default(mul_3, -1)
+        mul_4: "f32[1, 4, 4, 16]" = torch.ops.aten.mul.Tensor(getitem_2, unsqueeze_1)
+        add_1: "f32[1, 4, 4, 16]" = torch.ops.aten.add.Tensor(mul_2, mul_4)
+        gt_1: "b8[1, 4, 4]" = torch.ops.aten.gt.Scalar(add, 0)
+        log: "f32[1, 4, 4]" = torch.ops.aten.log.default(add)
+        add_2: "f32[1, 4, 4]" = torch.ops.aten.add.Tensor(where, log)
+        scalar_tensor_2: "f32[]" = torch.ops.aten.scalar_tensor.default(-inf, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
+        where_2: "f32[1, 4, 4]" = torch.ops.aten.where.self(gt_1, add_2, scalar_tensor_2)
+        cat: "f32[1, 4, 8, 16]" = torch.ops.aten.cat.default([slice_7, add_1], -2)
+        cat_1: "f32[1, 4, 8]" = torch.ops.aten.cat.default([slice_9, where_2], -1)
         wait_tensor: "f32[512]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single)
         view_3: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.view.default(wait_tensor, [8, 1, 2, 1, 2, 16])
-        attend_blocks_1 = torch.ops.cpcompile.attend_blocks.default(primals_1, [], [], [0, 8, 0, 0, 4, 0], 0.25, 'cpu_flash', view_3, True)
-        getitem_2: "f32[1, 4, 8, 16]" = attend_blocks_1[0]
-        getitem_3: "f32[1, 4, 8]" = attend_blocks_1[1]
-        merge_partial = torch.ops.cpcompile.merge_partial.default(getitem, getitem_1, getitem_2, getitem_3, True)
-        getitem_4: "f32[1, 4, 8, 16]" = merge_partial[0]
-        getitem_5: "f32[1, 4, 8]" = merge_partial[1]
-        detach: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(getitem_4)
-        return (getitem_4, primals_1, stack, getitem_5, detach)
+        select_3: "f32[8, 2, 1, 2, 16]" = torch.ops.aten.select.int(view_3, 1, 0)
+        select_4: "f32[8, 1, 2, 16]" = torch.ops.aten.select.int(select_3, 1, 0)
+        select_5: "f32[8, 1, 2, 16]" = torch.ops.aten.select.int(select_3, 1, 1)
+        permute_10: "f32[1, 2, 8, 16]" = torch.ops.aten.permute.default(select_4, [1, 2, 0, 3])
+        permute_11: "f32[1, 2, 8, 16]" = torch.ops.aten.permute.default(select_5, [1, 2, 0, 3])
+        slice_11: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(permute_10, -2, 0, 4)
+        slice_12: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(permute_11, -2, 0, 4)
+        _scaled_dot_product_flash_attention_for_cpu_2 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(primals_1, slice_11, slice_12, scale = 0.25)
+        getitem_4: "f32[1, 4, 8, 16]" = _scaled_dot_product_flash_attention_for_cpu_2[0]
+        getitem_5: "f32[1, 4, 8]" = _scaled_dot_product_flash_attention_for_cpu_2[1]
+        maximum_1: "f32[1, 4, 8]" = torch.ops.aten.maximum.default(cat_1, getitem_5)
+        eq_1: "b8[1, 4, 8]" = torch.ops.aten.eq.Scalar(maximum_1, -inf)
+        scalar_tensor_3: "f32[]" = torch.ops.aten.scalar_tensor.default(0.0, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
+        where_3: "f32[1, 4, 8]" = torch.ops.aten.where.self(eq_1, scalar_tensor_3, maximum_1)
+        sub_2: "f32[1, 4, 8]" = torch.ops.aten.sub.Tensor(cat_1, where_3)
+        exp_2: "f32[1, 4, 8]" = torch.ops.aten.exp.default(sub_2)
+        sub_3: "f32[1, 4, 8]" = torch.ops.aten.sub.Tensor(getitem_5, where_3)
+        exp_3: "f32[1, 4, 8]" = torch.ops.aten.exp.default(sub_3)
+        add_3: "f32[1, 4, 8]" = torch.ops.aten.add.Tensor(exp_2, exp_3)
+        gt_2: "b8[1, 4, 8]" = torch.ops.aten.gt.Scalar(add_3, 0)
+        reciprocal_1: "f32[1, 4, 8]" = torch.ops.aten.reciprocal.default(add_3)
+        mul_5: "f32[1, 4, 8]" = torch.ops.aten.mul.Tensor(reciprocal_1, 1.0)
+        scalar_tensor_4: "f32[]" = torch.ops.aten.scalar_tensor.default(0.0, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
+        where_4: "f32[1, 4, 8]" = torch.ops.aten.where.self(gt_2, mul_5, scalar_tensor_4)
+        mul_6: "f32[1, 4, 8]" = torch.ops.aten.mul.Tensor(exp_2, where_4)
+        unsqueeze_2: "f32[1, 4, 8, 1]" = torch.ops.aten.unsqueeze.default(mul_6, -1)
+        mul_7: "f32[1, 4, 8, 16]" = torch.ops.aten.mul.Tensor(cat, unsqueeze_2)
+        mul_8: "f32[1, 4, 8]" = torch.ops.aten.mul.Tensor(exp_3, where_4)
+        unsqueeze_3: "f32[1, 4, 8, 1]" = torch.ops.aten.unsqueeze.default(mul_8, -1)
+        mul_9: "f32[1, 4, 8, 16]" = torch.ops.aten.mul.Tensor(getitem_4, unsqueeze_3)
+        add_4: "f32[1, 4, 8, 16]" = torch.ops.aten.add.Tensor(mul_7, mul_9)
+        gt_3: "b8[1, 4, 8]" = torch.ops.aten.gt.Scalar(add_3, 0)
+        log_1: "f32[1, 4, 8]" = torch.ops.aten.log.default(add_3)
+        add_5: "f32[1, 4, 8]" = torch.ops.aten.add.Tensor(where_3, log_1)
+        scalar_tensor_5: "f32[]" = torch.ops.aten.scalar_tensor.default(-inf, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
+        where_5: "f32[1, 4, 8]" = torch.ops.aten.where.self(gt_3, add_5, scalar_tensor_5)
+        detach: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(add_4)
+        return (add_4, primals_1, stack, where_5, detach)
 """,
         )
         self.assertExpectedInline(
             bwd,
             """\
 class GraphModule(torch.nn.Module):
-    def forward(self, primals_1: "f32[1, 4, 8, 16]", stack: "f32[8, 1, 2, 1, 2, 16]", getitem_5: "f32[1, 4, 8]", detach: "f32[1, 4, 8, 16]", tangents_1: "f32[1, 4, 8, 16]"):
+    def forward(self, primals_1: "f32[1, 4, 8, 16]", stack: "f32[8, 1, 2, 1, 2, 16]", where_5: "f32[1, 4, 8]", detach: "f32[1, 4, 8, 16]", tangents_1: "f32[1, 4, 8, 16]"):
         view_2: "f32[512]" = torch.ops.aten.view.default(stack, [-1])
         detach_1: "f32[1, 4, 8, 16]" = torch.ops.aten.detach.default(detach)
         in_backward: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.cpcompile.in_backward.default(stack, tangents_1)
         view_4: "f32[512]" = torch.ops.aten.view.default(in_backward, [-1])
         all_to_all_single_1: "f32[512]" = torch.ops._c10d_functional.all_to_all_single.default(view_4, [512, 0], [512, 0], '0')
-        attend_blocks_backward = torch.ops.cpcompile.attend_blocks_backward.default(tangents_1, primals_1, [], [], detach_1, getitem_5, [0, 4, 0, 0, 4, 1, 4, 4, 0, 0, 4, 0, 4, 4, 0, 4, 4, 1], 0.25, 'cpu_flash', stack, True)
-        getitem_6: "f32[1, 4, 8, 16]" = attend_blocks_backward[0]
-        getitem_9: "f32[8, 1, 2, 1, 2, 16]" = attend_blocks_backward[3]
-        view_5: "f32[512]" = torch.ops.aten.view.default(getitem_9, [-1])
+        select_6: "f32[8, 2, 1, 2, 16]" = torch.ops.aten.select.int(stack, 1, 0)
+        select_7: "f32[8, 1, 2, 16]" = torch.ops.aten.select.int(select_6, 1, 0)
+        select_8: "f32[8, 1, 2, 16]" = torch.ops.aten.select.int(select_6, 1, 1)
+        permute_12: "f32[1, 2, 8, 16]" = torch.ops.aten.permute.default(select_7, [1, 2, 0, 3])
+        permute_13: "f32[1, 2, 8, 16]" = torch.ops.aten.permute.default(select_8, [1, 2, 0, 3])
+        slice_13: "f32[1, 4, 8, 16]" = torch.ops.aten.slice.Tensor(tangents_1, 2, 0, 8)
+        unfold_3: "f32[1, 4, 2, 16, 4]" = torch.ops.aten.unfold.default(slice_13, 2, 4, 4)
+        permute_14: "f32[1, 4, 2, 4, 16]" = torch.ops.aten.permute.default(unfold_3, [0, 1, 2, 4, 3])
+        permute_15: "f32[2, 1, 4, 4, 16]" = torch.ops.aten.permute.default(permute_14, [2, 0, 1, 3, 4])
+        squeeze_3: "f32[2, 4, 4, 16]" = torch.ops.aten.squeeze.dim(permute_15, 1)
+        slice_14: "f32[1, 4, 8, 16]" = torch.ops.aten.slice.Tensor(primals_1, 2, 0, 8)
+        unfold_4: "f32[1, 4, 2, 16, 4]" = torch.ops.aten.unfold.default(slice_14, 2, 4, 4)
+        permute_16: "f32[1, 4, 2, 4, 16]" = torch.ops.aten.permute.default(unfold_4, [0, 1, 2, 4, 3])
+        permute_17: "f32[2, 1, 4, 4, 16]" = torch.ops.aten.permute.default(permute_16, [2, 0, 1, 3, 4])
+        squeeze_4: "f32[2, 4, 4, 16]" = torch.ops.aten.squeeze.dim(permute_17, 1)
+        slice_15: "f32[1, 2, 8, 16]" = torch.ops.aten.slice.Tensor(permute_12, 2, 0, 8)
+        unfold_5: "f32[1, 2, 2, 16, 4]" = torch.ops.aten.unfold.default(slice_15, 2, 4, 4)
+        permute_18: "f32[1, 2, 2, 4, 16]" = torch.ops.aten.permute.default(unfold_5, [0, 1, 2, 4, 3])
+        permute_19: "f32[2, 1, 2, 4, 16]" = torch.ops.aten.permute.default(permute_18, [2, 0, 1, 3, 4])
+        squeeze_5: "f32[2, 2, 4, 16]" = torch.ops.aten.squeeze.dim(permute_19, 1)
+        slice_16: "f32[1, 2, 8, 16]" = torch.ops.aten.slice.Tensor(permute_13, 2, 0, 8)
+        unfold_6: "f32[1, 2, 2, 16, 4]" = torch.ops.aten.unfold.default(slice_16, 2, 4, 4)
+        permute_20: "f32[1, 2, 2, 4, 16]" = torch.ops.aten.permute.default(unfold_6, [0, 1, 2, 4, 3])
+        permute_21: "f32[2, 1, 2, 4, 16]" = torch.ops.aten.permute.default(permute_20, [2, 0, 1, 3, 4])
+        squeeze_6: "f32[2, 2, 4, 16]" = torch.ops.aten.squeeze.dim(permute_21, 1)
+        slice_17: "f32[1, 4, 8, 16]" = torch.ops.aten.slice.Tensor(detach_1, 2, 0, 8)
+        unfold_7: "f32[1, 4, 2, 16, 4]" = torch.ops.aten.unfold.default(slice_17, 2, 4, 4)
+        permute_22: "f32[1, 4, 2, 4, 16]" = torch.ops.aten.permute.default(unfold_7, [0, 1, 2, 4, 3])
+        permute_23: "f32[2, 1, 4, 4, 16]" = torch.ops.aten.permute.default(permute_22, [2, 0, 1, 3, 4])
+        squeeze_7: "f32[2, 4, 4, 16]" = torch.ops.aten.squeeze.dim(permute_23, 1)
+        slice_18: "f32[1, 4, 8]" = torch.ops.aten.slice.Tensor(where_5, 2, 0, 8)
+        unfold_8: "f32[1, 4, 2, 4]" = torch.ops.aten.unfold.default(slice_18, 2, 4, 4)
+        permute_24: "f32[1, 4, 2, 4]" = torch.ops.aten.permute.default(unfold_8, [0, 1, 2, 3])
+        permute_25: "f32[2, 1, 4, 4]" = torch.ops.aten.permute.default(permute_24, [2, 0, 1, 3])
+        squeeze_8: "f32[2, 4, 4]" = torch.ops.aten.squeeze.dim(permute_25, 1)
+        _scaled_dot_product_flash_attention_for_cpu_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(squeeze_3, squeeze_4, squeeze_5, squeeze_6, squeeze_7, squeeze_8, 0.0, True, scale = 0.25)
+        getitem_6: "f32[2, 4, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward[0]
+        getitem_7: "f32[2, 2, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward[1]
+        getitem_8: "f32[2, 2, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward[2]
+        slice_19: "f32[1, 4, 4, 16]" = torch.ops.aten.slice.Tensor(tangents_1, -2, 4, 8)
+        slice_20: "f32[1, 4, 4, 16]" = torch.ops.aten.slice.Tensor(primals_1, -2, 4, 8)
+        slice_21: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(permute_12, -2, 0, 4)
+        slice_22: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(permute_13, -2, 0, 4)
+        slice_23: "f32[1, 4, 4, 16]" = torch.ops.aten.slice.Tensor(detach_1, -2, 4, 8)
+        slice_24: "f32[1, 4, 4]" = torch.ops.aten.slice.Tensor(where_5, -1, 4, 8)
+        _scaled_dot_product_flash_attention_for_cpu_backward_1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(slice_19, slice_20, slice_21, slice_22, slice_23, slice_24, 0.0, False, scale = 0.25)
+        getitem_9: "f32[1, 4, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward_1[0]
+        getitem_10: "f32[1, 2, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward_1[1]
+        getitem_11: "f32[1, 2, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward_1[2]
+        slice_25: "f32[1, 4, 4, 16]" = torch.ops.aten.slice.Tensor(getitem_6, 0, 0, 1)
+        slice_26: "f32[1, 4, 4, 16]" = torch.ops.aten.slice.Tensor(getitem_6, 0, 1, 2)
+        slice_27: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(getitem_7, 0, 0, 1)
+        slice_28: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(getitem_7, 0, 1, 2)
+        slice_29: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(getitem_8, 0, 0, 1)
+        slice_30: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(getitem_8, 0, 1, 2)
+        add_6: "f32[1, 4, 4, 16]" = torch.ops.aten.add.Tensor(slice_26, getitem_9)
+        cat_2: "f32[1, 4, 8, 16]" = torch.ops.aten.cat.default([slice_25, add_6], -2)
+        add_7: "f32[1, 2, 4, 16]" = torch.ops.aten.add.Tensor(slice_27, getitem_10)
+        cat_3: "f32[1, 2, 8, 16]" = torch.ops.aten.cat.default([add_7, slice_28], -2)
+        add_8: "f32[1, 2, 4, 16]" = torch.ops.aten.add.Tensor(slice_29, getitem_11)
+        cat_4: "f32[1, 2, 8, 16]" = torch.ops.aten.cat.default([add_8, slice_30], -2)
+        permute_26: "f32[8, 1, 2, 16]" = torch.ops.aten.permute.default(cat_3, [2, 0, 1, 3])
+        permute_27: "f32[8, 1, 2, 16]" = torch.ops.aten.permute.default(cat_4, [2, 0, 1, 3])
+        stack_1: "f32[8, 2, 1, 2, 16]" = torch.ops.aten.stack.default([permute_26, permute_27], 1)
+        stack_2: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.stack.default([stack_1], 1)
+        view_5: "f32[512]" = torch.ops.aten.view.default(stack_2, [-1])
         all_to_all_single_2: "f32[512]" = torch.ops._c10d_functional.all_to_all_single.default(view_5, [512, 0], [512, 0], '0')
         wait_tensor_1: "f32[512]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_1)
         view_6: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.view.default(wait_tensor_1, [8, 1, 2, 1, 2, 16])
-        attend_blocks_backward_1 = torch.ops.cpcompile.attend_blocks_backward.default(tangents_1, primals_1, [], [], detach_1, getitem_5, [0, 8, 0, 0, 4, 0], 0.25, 'cpu_flash', view_6, True)
-        getitem_10: "f32[1, 4, 8, 16]" = attend_blocks_backward_1[0]
-        getitem_13: "f32[8, 1, 2, 1, 2, 16]" = attend_blocks_backward_1[3]
-        add_partial: "f32[1, 4, 8, 16]" = torch.ops.cpcompile.add_partial.default(getitem_6, getitem_10)
+        select_9: "f32[8, 2, 1, 2, 16]" = torch.ops.aten.select.int(view_6, 1, 0)
+        select_10: "f32[8, 1, 2, 16]" = torch.ops.aten.select.int(select_9, 1, 0)
+        select_11: "f32[8, 1, 2, 16]" = torch.ops.aten.select.int(select_9, 1, 1)
+        permute_28: "f32[1, 2, 8, 16]" = torch.ops.aten.permute.default(select_10, [1, 2, 0, 3])
+        permute_29: "f32[1, 2, 8, 16]" = torch.ops.aten.permute.default(select_11, [1, 2, 0, 3])
+        slice_31: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(permute_28, -2, 0, 4)
+        slice_32: "f32[1, 2, 4, 16]" = torch.ops.aten.slice.Tensor(permute_29, -2, 0, 4)
+        _scaled_dot_product_flash_attention_for_cpu_backward_2 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(tangents_1, primals_1, slice_31, slice_32, detach_1, where_5, 0.0, False, scale = 0.25)
+        getitem_12: "f32[1, 4, 8, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward_2[0]
+        getitem_13: "f32[1, 2, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward_2[1]
+        getitem_14: "f32[1, 2, 4, 16]" = _scaled_dot_product_flash_attention_for_cpu_backward_2[2]
+        new_zeros: "f32[1, 2, 4, 16]" = torch.ops.aten.new_zeros.default(permute_28, [1, 2, 4, 16], dtype = torch.float32, pin_memory = False)
+        cat_5: "f32[1, 2, 8, 16]" = torch.ops.aten.cat.default([getitem_13, new_zeros], -2)
+        new_zeros_1: "f32[1, 2, 4, 16]" = torch.ops.aten.new_zeros.default(permute_29, [1, 2, 4, 16], dtype = torch.float32, pin_memory = False)
+        cat_6: "f32[1, 2, 8, 16]" = torch.ops.aten.cat.default([getitem_14, new_zeros_1], -2)
+        permute_30: "f32[8, 1, 2, 16]" = torch.ops.aten.permute.default(cat_5, [2, 0, 1, 3])
+        permute_31: "f32[8, 1, 2, 16]" = torch.ops.aten.permute.default(cat_6, [2, 0, 1, 3])
+        stack_3: "f32[8, 2, 1, 2, 16]" = torch.ops.aten.stack.default([permute_30, permute_31], 1)
+        stack_4: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.stack.default([stack_3], 1)
+        add_9: "f32[1, 4, 8, 16]" = torch.ops.aten.add.Tensor(cat_2, getitem_12)
         wait_tensor_2: "f32[512]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_2)
         view_7: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.view.default(wait_tensor_2, [8, 1, 2, 1, 2, 16])
-        add_partial_1: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.cpcompile.add_partial.default(view_7, getitem_13)
-        view_8: "f32[512]" = torch.ops.aten.view.default(add_partial_1, [-1])
+        add_10: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.add.Tensor(view_7, stack_4)
+        view_8: "f32[512]" = torch.ops.aten.view.default(add_10, [-1])
         all_to_all_single_3: "f32[512]" = torch.ops._c10d_functional.all_to_all_single.default(view_8, [512, 0], [512, 0], '0')
         wait_tensor_3: "f32[512]" = torch.ops._c10d_functional.wait_tensor.default(all_to_all_single_3)
         view_9: "f32[8, 1, 2, 1, 2, 16]" = torch.ops.aten.view.default(wait_tensor_3, [8, 1, 2, 1, 2, 16])
-        permute_2: "f32[2, 1, 2, 1, 8, 16]" = torch.ops.aten.permute.default(view_9, [2, 3, 4, 1, 0, 5])
-        view_10: "f32[2, 1, 2, 8, 16]" = torch.ops.aten.view.default(permute_2, [2, 1, 2, 8, 16])
-        select: "f32[1, 2, 8, 16]" = torch.ops.aten.select.int(view_10, 0, 0)
-        select_1: "f32[1, 2, 8, 16]" = torch.ops.aten.select.int(view_10, 0, 1)
-        return (add_partial, select, select_1)
+        permute_32: "f32[2, 1, 2, 1, 8, 16]" = torch.ops.aten.permute.default(view_9, [2, 3, 4, 1, 0, 5])
+        view_10: "f32[2, 1, 2, 8, 16]" = torch.ops.aten.view.default(permute_32, [2, 1, 2, 8, 16])
+        select_12: "f32[1, 2, 8, 16]" = torch.ops.aten.select.int(view_10, 0, 0)
+        select_13: "f32[1, 2, 8, 16]" = torch.ops.aten.select.int(view_10, 0, 1)
+        return (add_9, select_12, select_13)
 """,
         )
 
@@ -128,9 +294,10 @@ def test_inductor_forward_issues_each_shift_before_the_step():
         compiled = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", comm="ring"), fullgraph=True)
         _, codes = run_and_get_code(lambda: compiled(ids, pos).sum().backward())
     fwd = codes[0]
-    events = re.findall(r"(all_to_all_single|wait_tensor|attend_blocks|merge_partial)\.default\(", fwd)
-    step = ["all_to_all_single", "attend_blocks", "merge_partial", "wait_tensor"]  # step 0 has nothing to merge into
-    assert events == [*step[:2], step[3], *step, *step, "attend_blocks", "merge_partial"], events
+    events = re.findall(r"(all_to_all_single|wait_tensor|_scaled_dot_product_flash_attention_for_cpu)\.default\(", fwd)
+    step = ["all_to_all_single", "_scaled_dot_product_flash_attention_for_cpu", "wait_tensor"]
+    # step 0 runs its blocks in two calls (the causal squares batched, one rectangle), then one call a step
+    assert events == [step[0], step[1], *step[1:], *step, *step, step[1]], events
 
 
 def _checkpointed_block(x, wq, wk, wv):
@@ -153,6 +320,9 @@ def test_checkpointed_block_saves_only_its_inputs(comm, regather):
         graphs = capture_graphs(_checkpointed_block, be, *inputs)
     shapes = {tuple(t.shape) for t in inputs}
     saved = [n for n in graphs["bw"].graph.nodes if n.op == "placeholder" and "tangents" not in n.name]
+    # aten's attention kernels are seeded ops (dropout), so the recompute replays each one's RNG state: a few bytes
+    # each, not activations
+    saved = [n for n in saved if not n.name.startswith("rng_state_output")]
     assert {tuple(n.meta["val"].shape) for n in saved} <= shapes, [tuple(n.meta["val"].shape) for n in saved]
     backward = {("all_gather", False): 2, ("all_gather", True): 3, ("ring", False): 3 + 3 + 4}[(comm, regather)]
     assert len(_collectives(graphs["bw"])) == backward

@@ -73,23 +73,27 @@ class GraphModule(torch.nn.Module):
         )
 
     def test_windowed_aot_forward(self):
-        """Each executor call carries its blocks' windows (two ints a block: (-1, -1) none) after the six ints a block; the
-        batch check (positions only, here) is one all-gather and one assert."""
+        """Each windowed block is one kernel call with its window as the CPU kernel's additive mask (local blocks while
+        the gather is in flight, then the gathered ones); the batch check (positions only, here) is one all-gather and
+        one assert."""
         with fake_group(rank=1, world=2), with_peers():
             pos = cpcompile.shard(torch.arange(16)[None], strategy="zigzag", seq_dim=1)
             fwd, bwd = aot_graphs(windowed, *_qkv(requires_grad=True), pos, strategy="zigzag")
         self.assertEqual(count_ops(fwd, r"all_gather_into_tensor\.default\("), 2)  # K/V, and the token check
         self.assertEqual(count_ops(fwd, r"assert_on_ranks\.default\("), 1)
         self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
-        # two executor calls (main's all_gather region): the local blocks while the gather is in flight, then the
-        # gathered ones; each carries its own blocks' windows
-        calls = [line.strip() for line in fwd.splitlines() if "attend_blocks.default(" in line]
+        # two kernel calls: the local block (window (3, 0) over 8 rows), then the gathered one (3 rows against keys
+        # 1..3 of the gathered slot 0, window (0, -1)), each with its mask
+        calls = [
+            line.strip() for line in fwd.splitlines() if "_scaled_dot_product_flash_attention_for_cpu.default(" in line
+        ]
         self.assertEqual(len(calls), 2)
+        self.assertTrue(all("attn_mask = " in call for call in calls), calls)
         self.assertExpectedInline(
             "\n".join(calls),
             """\
-attend_blocks = torch.ops.cpcompile.attend_blocks.default(primals_1, [primals_2], [primals_3], [0, 8, 0, 0, 8, 0], 0.25, 'cpu_flash', None, True, [3, 0])
-attend_blocks_1 = torch.ops.cpcompile.attend_blocks.default(primals_1, [], [], [0, 3, 0, 1, 3, 0], 0.25, 'cpu_flash', wait_tensor_1, True, [0, -1])""",
+_scaled_dot_product_flash_attention_for_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(primals_1, primals_2, primals_3, attn_mask = masked_fill, scale = 0.25)
+_scaled_dot_product_flash_attention_for_cpu_1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(slice_1, slice_2, slice_3, attn_mask = masked_fill_1, scale = 0.25)""",
         )
 
 

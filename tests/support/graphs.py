@@ -9,14 +9,38 @@ import pytest
 import torch
 
 _c10d = torch.ops._c10d_functional
-# Ops that only reinterpret memory: what may sit between an all-to-all and the block executor.
+_aten = torch.ops.aten
+# Ops that only reinterpret memory: what may sit between a collective and an attention kernel.
 VIEW_OPS = {
-    torch.ops.aten.view.default,
-    torch.ops.aten.permute.default,
-    torch.ops.aten.split_with_sizes.default,
-    torch.ops.aten.slice.Tensor,
+    _aten.view.default,
+    _aten.permute.default,
+    _aten.split_with_sizes.default,
+    _aten.slice.Tensor,
+    _aten.select.int,
+    _aten.unfold.default,
+    _aten.squeeze.dim,
+    _aten.unsqueeze.default,
+    _aten.transpose.int,
     _c10d.wait_tensor.default,
 }
+# The aten attention kernels the traced executor calls (executor/dense.py): (forward ops, backward ops).
+ATTENTION_KERNELS = (
+    {_aten._scaled_dot_product_flash_attention_for_cpu.default},
+    {_aten._scaled_dot_product_flash_attention_for_cpu_backward.default},
+)
+
+
+def attention_kernels(gm, backward: bool = False):
+    """The attention kernel calls of a traced region's graph, in graph order."""
+    targets = ATTENTION_KERNELS[1 if backward else 0]
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
+
+
+def view_source(node):
+    """Follow view-only ops (and getitem) back from `node`: the first node that is not one."""
+    while node.op == "call_function" and (node.target in VIEW_OPS or node.target.__name__ == "getitem"):
+        node = node.args[0]
+    return node
 
 
 def _collectives(gm):

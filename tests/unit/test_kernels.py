@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from cpcompile import CPCompileError
+from cpcompile.executor import merged, summed
 from cpcompile.executor.blocks import decode_dense, encode_dense
 from cpcompile.executor.calls import batched_rows, plan_calls, segments
-from cpcompile.executor.merge import merge_outputs, sum_into
 from cpcompile.kernels import PROVIDERS, resolve_kernel
 from cpcompile.layouts import get_layout
 from cpcompile.testing.rank_inputs import rank_inputs
@@ -78,31 +78,37 @@ def test_merge_matches_attention_over_the_union_of_keys():
     full = F.scaled_dot_product_attention(q, k, v)
     parts = [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k[:, :, s], v[:, :, s], 0.0, False)
              for s in (slice(0, 2), slice(2, 3), slice(3, 5))]  # fmt: skip
-    out, lse = torch.empty_like(full), torch.empty(1, 2, 5, dtype=torch.float64)
-    merge_outputs(out, lse, [p[0] for p in parts], [p[1] for p in parts])
+    out, lse = merged([p[0] for p in parts], [p[1] for p in parts], torch.float64)
     torch.testing.assert_close(out, full)
     torch.testing.assert_close(lse, torch.logsumexp((q @ k.transpose(-1, -2)) / 8**0.5, dim=-1))
 
 
-def test_sum_into_rounds_once():
+def test_merge_of_rows_no_partial_saw():
+    """A row every partial missed (-inf lse) merges to out 0, lse -inf: no NaN from 0/0 or -inf - -inf."""
+    outs = [torch.randn(1, 1, 3, 4, dtype=torch.float64) for _ in range(2)]
+    lses = [torch.tensor([[[0.5, float("-inf"), 1.0]]], dtype=torch.float64), torch.full((1, 1, 3), float("-inf"))]
+    out, lse = merged(outs, lses, torch.float64)
+    assert out[0, 0, 1].eq(0).all() and lse[0, 0, 1] == float("-inf")
+    torch.testing.assert_close(out[0, 0, 0], outs[0][0, 0, 0])
+    torch.testing.assert_close(lse[0, 0, 2], lses[0][0, 0, 2])
+
+
+def test_summed_rounds_once():
     a = torch.full((4,), 1.0, dtype=torch.bfloat16)
     tiny = torch.full((4,), 3 * 2.0**-10, dtype=torch.bfloat16)  # under half an ulp of 1.0; two are over
-    for parts, expect in (([a, tiny], 1.0), ([a, tiny, tiny], 1.0 + 2.0**-7), ([], 0.0), ([a], 1.0)):
-        dst = torch.empty(4, dtype=torch.bfloat16)
-        sum_into(dst, parts)
-        assert dst.float().tolist() == [expect] * 4
+    for parts, expect in (([a, tiny], 1.0), ([a, tiny, tiny], 1.0 + 2.0**-7), ([a], 1.0)):
+        assert summed(parts, torch.bfloat16).float().tolist() == [expect] * 4
 
 
-def test_sum_into_a_wider_destination_sums_in_its_dtype():
-    """The fp32 packed K/V gradient from bf16 partials: no rounding to bf16 on the way (2 and 3 terms)."""
-    a = torch.full((1, 1, 2, 4), 1.0, dtype=torch.bfloat16)
+def test_add_partial_sums_in_the_wider_dtype():
+    """The ring's running fp32 gradient plus a bf16 part: no rounding to bf16 on the way (CPU; and CUDA's Triton
+    kernel where there is a GPU)."""
     tiny = torch.full((1, 1, 2, 4), 2.0**-9, dtype=torch.bfloat16)  # lost when 1 + tiny rounds to bf16
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
-        for parts in ([a, tiny], [a, tiny, tiny]):
-            dst = torch.empty(1, 1, 2, 4, device=device)
-            sum_into(dst, [p.to(device) for p in parts])
-            assert dst.cpu().flatten().tolist() == [1.0 + (len(parts) - 1) * 2.0**-9] * 8
+        total = torch.ones(1, 1, 2, 4, device=device)
+        got = torch.ops.cpcompile.add_partial(total, tiny.to(device))
+        assert got.dtype == torch.float32 and got.cpu().flatten().tolist() == [1.0 + 2.0**-9] * 8
 
 
 @pytest.mark.parametrize("batch", [1, 2])

@@ -5,7 +5,9 @@ Before attention one all-to-all per exchange (see schedule.exchange_slots) sends
 it owns plus the k/v heads those read, for this rank's tokens; q, k and v travel in ONE collective, packed
 side by side per token. Afterwards every rank holds every token of its heads, rank-major, which for flat
 (and any non-causal attention) is one buffer the block executor reads in place; zigzag's causal attention
-exchanges each local slot separately, so each buffer is a monotone run of chunks and no reorder copy exists.
+exchanges each local slot separately, so each buffer is a monotone run of chunks; a descending one (zigzag's
+second slot) is reversed after the exchange (one copy of its q/k/v, and of its output before the way back), so
+its causal attention is two kernel calls, not two a chunk.
 The output goes back the same way and lands in (batch, seq, heads, dim) memory, the layout models reshape.
 """
 
@@ -15,7 +17,7 @@ import dataclasses
 
 import torch
 
-from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ... import executor
 from ...comm.wire import WireShape
 from ...executor.blocks import encode_dense
 from ...layouts import Block, get_layout
@@ -23,7 +25,7 @@ from ...layouts.heads import HeadSplit
 from ..all_gather.dense import executor_extra
 from .head_parallel import head_parallel
 from .heads import DenseHeads, replicate_kv
-from .schedule import buffer_chunks, exchange_blocks, exchange_slots
+from .schedule import ascending, buffer_chunks, descending, exchange_blocks, exchange_slots
 
 
 def _used_sources(blocks: list[Block]) -> tuple[list[int], list[int]]:
@@ -33,13 +35,24 @@ def _used_sources(blocks: list[Block]) -> tuple[list[int], list[int]]:
     return used, encode_dense(renumbered)
 
 
+def exchanged_buffers(layout: str, causal: bool, world: int, windowed: bool) -> list[list[int]]:
+    """Global chunk ids of each exchanged buffer, in received (rank-major) order."""
+    lay = get_layout(layout)
+    return [buffer_chunks(lay, world, slots) for slots in exchange_slots(lay, causal, windowed)]
+
+
 def buffer_blocks(
     layout: str, causal: bool, world: int, local_len: int, window: tuple[int, int] | None = None
 ) -> list[list[Block]]:
-    """Per exchanged q buffer, its blocks over all exchanged buffers (the same on every rank)."""
-    lay = get_layout(layout)
-    buffers = [buffer_chunks(lay, world, slots) for slots in exchange_slots(lay, causal, window is not None)]
-    return exchange_blocks(buffers, local_len // lay.chunks_per_rank, causal, window)
+    """Per exchanged q buffer, its blocks over all exchanged buffers, each buffer in ascending chunk order
+    (schedule.ascending; the same on every rank)."""
+    buffers = ascending(exchanged_buffers(layout, causal, world, window is not None))
+    return exchange_blocks(buffers, local_len // get_layout(layout).chunks_per_rank, causal, window)
+
+
+def _reverse_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """x (B, H, n*chunk, D) with its n chunks of `chunk` tokens in reverse order (one copy; its own inverse)."""
+    return x.unflatten(-2, (-1, chunk)).flip(-3).flatten(-3, -2)
 
 
 def rank_blocks(
@@ -97,14 +110,19 @@ def a2a_attention(
     slots = exchange_slots(lay, causal, window is not None)
     exchange = DenseHeads(split, group_name, q.shape[1], slots, q.shape[-2] // lay.chunks_per_rank)
 
+    chunk = q.shape[-2] // lay.chunks_per_rank
+    flipped = [descending(c) for c in exchanged_buffers(layout, causal, world, window is not None)]
+
     def attend(*received: torch.Tensor):
-        """Each q buffer's blocks over the exchanged buffers, one output at a time (each goes back as it comes)."""
-        qs, ks, vs = received[0::3], received[1::3], received[2::3]
-        for q_b, blocks in zip(qs, buffer_blocks(layout, causal, world, q.shape[-2], window)):
+        """Each q buffer's blocks over the exchanged buffers, one output at a time (each goes back as it comes);
+        descending buffers reversed into ascending order first, and their outputs back."""
+        order = lambda ts: [_reverse_chunks(t, chunk) if f else t for t, f in zip(ts, flipped)]  # noqa: E731
+        qs, ks, vs = order(received[0::3]), order(received[1::3]), order(received[2::3])
+        for q_b, blocks, flip in zip(qs, buffer_blocks(layout, causal, world, q.shape[-2], window), flipped):
             used, ints = _used_sources(blocks)
             k_src, v_src = [ks[i] for i in used], [vs[i] for i in used]
             extra = executor_extra(blocks, softcap) | ({} if sinks is None else {"sinks": sinks})
-            out, _lse = torch.ops.cpcompile.attend_blocks(q_b, k_src, v_src, ints, scale, kernel, **extra)
-            yield out
+            out, _lse = executor.attend(q_b, k_src, v_src, ints, scale, kernel, **extra)
+            yield _reverse_chunks(out, chunk) if flip else out
 
     return head_parallel(attend, (q, k, v), exchange)

@@ -30,6 +30,19 @@ def buffer_chunks(layout: ChunkLayout, cp: int, slots: tuple[int, ...]) -> list[
     return [layout.rank_chunks(p, cp)[s] for p in range(cp) for s in slots]
 
 
+def descending(chunks: list[int]) -> bool:
+    """Whether a buffer's chunks run down by one (zigzag's second slot: 2cp-1, ..., cp): the region reverses such a
+    buffer's chunks after the exchange (and its output's before the exchange back), so each buffer is one
+    ascending run, whose causal attention is one square plus one rectangle over the earlier buffer instead of a
+    square and a rectangle a chunk."""
+    return len(chunks) > 1 and all(a == b + 1 for a, b in zip(chunks, chunks[1:]))
+
+
+def ascending(buffers: list[list[int]]) -> list[list[int]]:
+    """The buffers as the region attends over them: `descending` ones reversed."""
+    return [chunks[::-1] if descending(chunks) else chunks for chunks in buffers]
+
+
 def _ascending_segments(chunks: list[int]) -> list[tuple[int, int]]:
     """Maximal runs of positions whose chunk ids go up by one: [(first position, count), ...]."""
     segments: list[tuple[int, int]] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ... import executor
 from ...executor.blocks import encode_varlen
 from ...executor.varlen_meta import prepare_blocks
 from ...layouts.block import NO_WINDOW
@@ -81,7 +81,7 @@ def a2a_varlen_attention(
             cu = lay.offsets(cu, world)
         blocks = whole_sequence_blocks(cu, total, causal, tuple(window), max_doc)
         spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
-        out, lse = torch.ops.cpcompile.attend_varlen_blocks(
+        out, lse = executor.attend_varlen(
             tokens_as_thd(q_b, split.q_per_rank),
             [tokens_as_thd(k_b, split.kv_per_rank)],
             [tokens_as_thd(v_b, split.kv_per_rank)],

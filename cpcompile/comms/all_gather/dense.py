@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ... import executor
 from ...comm.collectives import slots_tokens_first
 from ...comm.pending import in_backward, start_all_gather, start_reduce_scatter, wait
 from ...comm.wire import WireShape
@@ -75,10 +75,10 @@ class _PackedAllGatherAttention(torch.autograd.Function):
         pending = start_all_gather(pack_slots(k, v, slots), group_name, world)
         acc = lse = None
         if local:
-            acc, lse = torch.ops.cpcompile.attend_blocks(q, [k], [v], local, scale, kernel, None, True, **x_local)
+            acc, lse = executor.attend(q, [k], [v], local, scale, kernel, None, True, **x_local)
         gathered = wait(pending)
         if remote:
-            o, l = torch.ops.cpcompile.attend_blocks(q, [], [], remote, scale, kernel, gathered, True, **x_remote)
+            o, l = executor.attend(q, [], [], remote, scale, kernel, gathered, True, **x_remote)
             acc, lse = merge_step(acc, lse, o, l)
         if sinks is not None:
             acc, lse = fold_sinks(acc, lse, sinks)
@@ -96,7 +96,7 @@ class _PackedAllGatherAttention(torch.autograd.Function):
         def local_part():
             if not local:
                 return None, None, None
-            dq_l, (dk_l,), (dv_l,), _ = torch.ops.cpcompile.attend_blocks_backward(
+            dq_l, (dk_l,), (dv_l,), _ = executor.attend_backward(
                 dout, q, [k], [v], out, lse, local, scale, kernel, None, True, **x_local
             )
             return dq_l, dk_l, dv_l
@@ -110,7 +110,7 @@ class _PackedAllGatherAttention(torch.autograd.Function):
             (gathered,) = kept
         dq_g = None
         if remote:
-            dq_g, _, _, dgathered = torch.ops.cpcompile.attend_blocks_backward(
+            dq_g, _, _, dgathered = executor.attend_backward(
                 dout, q, [], [], out, lse, remote, scale, kernel, gathered, True, **x_remote
             )
         else:  # this rank reads no gathered K/V, but the other ranks' gradients still come home through it; tied

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ... import executor
 from ...comm.collectives import all_gather_dim0 as _gather
 from ...comm.collectives import reduce_scatter_dim0 as _reduce
 from ...comm.pending import in_backward
@@ -60,7 +60,7 @@ def attend_gathered(q, gathered, key_index, tensors, spec, scale, kernel):
     keys = read_keys(gathered, key_index)
     k, v = unpack_kv(keys, 1, q.shape[-1])
     ranges, meta = _cut(spec, tensors)
-    out, lse = torch.ops.cpcompile.attend_varlen_blocks(q, [k], [v], ranges, spec, scale, kernel, meta)
+    out, lse = executor.attend_varlen(q, [k], [v], ranges, spec, scale, kernel, meta)
     return out, lse, keys
 
 
@@ -68,7 +68,7 @@ def attend_gathered_backward(dout, q, keys, out, lse, key_fold, tensors, spec, s
     """(dq, the gathered buffer's gradient in the reduce dtype), no communication."""
     k, v = unpack_kv(keys, 1, q.shape[-1])
     ranges, meta = _cut(spec, tensors)
-    dq, (dk,), (dv,) = torch.ops.cpcompile.attend_varlen_blocks_backward(
+    dq, (dk,), (dv,) = executor.attend_varlen_backward(
         dout.contiguous(), q, [k], [v], out, lse, ranges, spec, scale, kernel, meta
     )
     return dq, fold_key_grads(dk, dv, key_fold)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ... import executor
 from ...comm.pending import in_backward, start_shift, wait
 from ...comm.wire import WireShape
 from ...executor.blocks import encode_dense
@@ -38,7 +38,7 @@ class _RingAttention(torch.autograd.Function):
             gap = step_gap(visited, i, world)
             pending = start_shift(held, group_name, rank, world, gap) if i + 1 < len(visited) else None
             if blocks:
-                o, l = torch.ops.cpcompile.attend_blocks(q, [], [], blocks, scale, kernel, held, True, **extra)
+                o, l = executor.attend(q, [], [], blocks, scale, kernel, held, True, **extra)
                 acc, lse = merge_step(acc, lse, o, l)
             if pending is not None:
                 held = wait(pending).view(held.shape)
@@ -63,7 +63,7 @@ class _RingAttention(torch.autograd.Function):
             pending = start_shift(sent, group_name, rank, world, gap) if i + 1 < len(visited) else None
             part = None
             if blocks:
-                dq_s, _, _, part = torch.ops.cpcompile.attend_blocks_backward(
+                dq_s, _, _, part = executor.attend_backward(
                     dout, q, [], [], out, lse, blocks, scale, kernel, held, True, **extra
                 )
                 dq = add_part(dq, dq_s)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
+from ... import executor
 from ...comm.pending import in_backward, start_shift, wait
 from ...executor.blocks import encode_varlen
 from ...executor.packed_kv import pack_kv, unpack_kv
@@ -48,7 +48,7 @@ class _RingVarlenAttention(torch.autograd.Function):
             pending = start_shift(held, group_name, rank, world, gap) if i + 1 < len(visited) else None
             if rs:
                 ks, vs, rl, spec = _step_inputs(spec, rs, held, d)
-                o, l = torch.ops.cpcompile.attend_varlen_blocks(q, ks, vs, rl, spec, scale, kernel, list(meta))
+                o, l = executor.attend_varlen(q, ks, vs, rl, spec, scale, kernel, list(meta))
                 acc, lse = merge_step(acc, lse, o, l, lse_last=False)
             if pending is not None:
                 held = wait(pending).view(held.shape)
@@ -71,7 +71,7 @@ class _RingVarlenAttention(torch.autograd.Function):
             part = None
             if rs:
                 ks, vs, rl, spec = _step_inputs(spec, rs, held, d)
-                dq_s, (dk,), (dv,) = torch.ops.cpcompile.attend_varlen_blocks_backward(
+                dq_s, (dk,), (dv,) = executor.attend_varlen_backward(
                     dout, q, ks, vs, out, lse, rl, spec, scale, kernel, list(meta)
                 )
                 dq, part = add_part(dq, dq_s), add_part(None, pack_kv(dk, dv, KV_DIM))
