@@ -1,5 +1,5 @@
 """What explain() returns: per attention site its plan and costs per rank, every refusal with its fix, the
-recommended layout; str() renders it as the table the README shows."""
+recommended layout; str() renders it as the table docs/guide.md shows ("explain() and auto")."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import sys
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--strategy", default="zigzag", choices=["flat", "zigzag"], help="the token layout (zigzag: balanced)")
 p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto", "hierarchical"],
-               help="how the ranks exchange K/V (README, 'Which comm')")  # fmt: skip
+               help="how the ranks exchange K/V (README, 'Use it in your training loop')")  # fmt: skip
 p.add_argument("--nodes", type=int, default=None, help="hierarchical: the cp_inter size (default: torchrun's nodes)")
 p.add_argument("--steps", type=int, default=10, help="training steps")
 p.add_argument("--batch", type=int, default=2, help="rows a batch")

@@ -17,7 +17,7 @@ p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDes
 p.add_argument("--cp", type=int, default=2, help="CP ranks a group; dp = ranks / cp")
 p.add_argument("--strategy", default="zigzag", choices=["flat", "zigzag"], help="the token layout (zigzag: balanced)")
 p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto"],
-               help="how the ranks exchange K/V (README, 'Which comm')")  # fmt: skip
+               help="how the ranks exchange K/V (README, 'Use it in your training loop')")  # fmt: skip
 p.add_argument("--steps", type=int, default=10, help="training steps")
 p.add_argument("--batch", type=int, default=2, help="rows a dp group")
 p.add_argument("--seq", type=int, default=1024, help="GLOBAL tokens per row (a multiple of 2 x cp for zigzag)")

@@ -22,7 +22,7 @@ p.add_argument("--strategy", default=None, choices=["flat", "zigzag", "thd_balan
                help="the token layout (default: zigzag; thd_balanced with --packing)")  # fmt: skip
 p.add_argument("--packing", action="store_true", help="rows of packed documents (position_ids restart per document)")
 p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto"],
-               help="how the ranks exchange K/V (README, 'Which comm')")  # fmt: skip
+               help="how the ranks exchange K/V (README, 'Use it in your training loop')")  # fmt: skip
 p.add_argument("--steps", type=int, default=10, help="training steps")
 p.add_argument("--batch", type=int, default=1, help="rows a batch")
 p.add_argument("--seq", type=int, default=1024, help="GLOBAL tokens per row (a multiple of 2 x ranks for zigzag)")

@@ -4,7 +4,7 @@
 
 CPTrainer is the Trainer with the same GLOBAL batches on every rank, each rank keeping its tokens (CPCollator:
 cpcompile.shard_batch with hf_loss="causal_lm") and the model compiled with the cpcompile backend. Every process
-is one CP rank. Rows must have one length (no padding); HF "padding-free" packing is refused (see the README).
+is one CP rank. Rows must have one length (no padding); HF packed batches: hf.py --packing (docs/guide.md).
 """
 
 import argparse

@@ -14,9 +14,9 @@ import sys
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--strategy", default="thd", choices=["thd", "thd_zigzag", "thd_balanced"],
-               help="the packed layout (README, 'Packed documents')")  # fmt: skip
+               help="the packed layout (docs/guide.md, 'Packed documents')")  # fmt: skip
 p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring"],
-               help="how the ranks exchange K/V (README, 'Which comm')")  # fmt: skip
+               help="how the ranks exchange K/V (README, 'Use it in your training loop')")  # fmt: skip
 p.add_argument("--steps", type=int, default=10, help="training steps")
 p.add_argument("--tokens", type=int, default=2048, help="GLOBAL packed tokens a batch (a multiple of the ranks)")
 p.add_argument("--max-documents", type=int, default=32, help="the most documents a batch holds")
