@@ -20,6 +20,7 @@ from .sharding import (
     shard_block_mask,
     unshard,
 )
+from .shutdown import destroy_process_group
 from .token_local import mark_token_local
 from .verify import verify
 
@@ -32,6 +33,7 @@ __all__ = [
     "CPCompileError",
     "attention",
     "backend",
+    "destroy_process_group",
     "explain",
     "hf_token_mixers",
     "mark_token_local",

@@ -107,5 +107,11 @@ if dist.get_rank() == 0:
     print(f"{args.steps} more steps: loss {after[-1]:.4f} (kept model), {after_resumed[-1]:.4f} (loaded model)")
     verdict = "checkpoint round trip OK" if ok else "checkpoint MISMATCH"
     print(f"done: loss {before[0]:.4f} -> {after_resumed[-1]:.4f}, {verdict}")
-dist.destroy_process_group()
+
+# Shut down in order: destroy_process_group destroys the process group (joining gloo's worker threads) only once nothing
+# holds it; a group that outlives it is torn down while Python exits, where a gloo thread freeing a tensor aborts the
+# process. Drop what this script holds (the mesh and the backend, which train() reads: rebound, not deleted);
+# cpcompile.destroy_process_group releases what Dynamo and DTensor keep, then destroys the group.
+mesh = backend = None
+cpcompile.destroy_process_group()
 sys.exit(0 if ok else 1)

@@ -88,4 +88,10 @@ for step in range(args.steps):
 
 if dist.get_rank() == 0:
     print(f"done: dp={dp} x cp={args.cp}, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-dist.destroy_process_group()
+
+# Shut down in order: destroy_process_group destroys the process group (joining gloo's worker threads) only once nothing
+# holds it; a group that outlives it is torn down while Python exits, where a gloo thread freeing a tensor aborts the
+# process. Drop what this script holds (the mesh, the backend, the FSDP model, its optimizer and outputs);
+# cpcompile.destroy_process_group releases what Dynamo and DTensor keep, then destroys the group.
+del mesh, backend, model, opt, logits, block, module
+cpcompile.destroy_process_group()

@@ -59,3 +59,10 @@ if not args.output_dir:
     shutil.rmtree(output_dir, ignore_errors=True)
 if trainer.is_world_process_zero():
     print(f"done: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+# Shut down in order: destroy_process_group destroys the process group (joining gloo's worker threads) only once nothing
+# holds it; a group that outlives it is torn down while Python exits, where a gloo thread freeing a tensor aborts the
+# process. Drop what this script holds (the Trainer and the model compiled in place; the Trainer started the group and
+# leaves it running); cpcompile.destroy_process_group releases what Dynamo and DTensor keep, then destroys the group.
+del trainer, model
+cpcompile.destroy_process_group()

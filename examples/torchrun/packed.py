@@ -94,4 +94,10 @@ for step in range(args.steps):
 if dist.get_rank() == 0:  # a recompile is one more graph, whose attention calls are rewritten again
     rewritten = f"{len(backend.plans)} attention calls rewritten in {backend.graphs} compiled graph(s)"
     print(f"done: loss {losses[0]:.4f} -> {losses[-1]:.4f}, {rewritten}")
-dist.destroy_process_group()
+
+# Shut down in order: destroy_process_group destroys the process group (joining gloo's worker threads) only once nothing
+# holds it; a group that outlives it is torn down while Python exits, where a gloo thread freeing a tensor aborts the
+# process. Drop what this script holds (the mesh, the backend and the compiled model); cpcompile.destroy_process_group
+# releases what Dynamo and DTensor keep, then destroys the group.
+del mesh, backend, compiled
+cpcompile.destroy_process_group()
