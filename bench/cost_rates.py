@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from bench.thd_cases import doc_lengths
-from cpcompile.comm.registry import get_comm
 from cpcompile.comm.wire import WireShape
-from cpcompile.cost.model import _rank_work
+from cpcompile.comms.registry import get_comm
+from cpcompile.cost import rank_work
 from cpcompile.cost.work import CallWork
 from cpcompile.layouts import THD_LAYOUTS
 from tests.support.measured import FILE as CASES
@@ -72,7 +72,7 @@ def rank_terms(case: dict) -> list[dict]:
     d = 2 * shape.head_dim / 256
     out = []
     for rank in range(1 if comm.capabilities.splits_heads else shape.world):  # a2a: every rank the same (one timed)
-        _, w = _rank_work(shape, case["layout"], comm, rank, cu)
+        _, w = rank_work(shape, case["layout"], comm, rank, cu)
         out.append(_terms(w, heads, d))
     return out
 

@@ -32,7 +32,7 @@ def fake_group(rank: int, world: int):
 
 def refused_by_design(comm: str, layout: str) -> bool:
     """The combinations the comm registry refuses by design (one CPCompileError each): its capabilities."""
-    from cpcompile.comm.registry import refuses_layout
+    from cpcompile.comms.registry import refuses_layout
 
     return refuses_layout(comm, layout)
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 import cpcompile
 from bench.common import HKV, HQ, sdpa_full_fwd_bwd, time_ms
-from cpcompile.comm.registry import COMMS
+from cpcompile.comms.registry import COMMS
 from cpcompile.layouts import LAYOUTS
 
 DEVICE = "cuda"  # --device cpu runs a gloo smoke test of the script on a CPU machine (cpu_flash kernel)

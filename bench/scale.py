@@ -177,13 +177,14 @@ SCALES = ((2**20, 8, None), (2**22, 32, (4, 8)))
 def auto_choices() -> list[str]:
     """What comm="auto" picks for a Llama3-8B attention site (zigzag, cuDNN) at each scale, from cpcompile's own
     cost model (its assumed links: cost/rates.json), with every option's estimate."""
-    from cpcompile.comm.registry import COMMS
+    from cpcompile.comms.registry import COMMS
     from cpcompile.cost import SiteShape
     from cpcompile.families.auto import resolve
+    from cpcompile.families.sdpa.costing import DENSE
 
     lines = ["| setting | auto picks | options: estimated ms a layer (wire ms) |", "| --- | --- | --- |"]
     for seq, cp, levels in SCALES:
-        shape = SiteShape("sdpa", 1, seq // cp, HQ, HKV, D, D, 2, 4, True, cp, levels=levels)
+        shape = SiteShape(DENSE, 1, seq // cp, HQ, HKV, D, D, 2, 4, True, cp, levels=levels)
         comms = [c for c in COMMS if c != "selective" and (levels or c != "hierarchical")]
         comm, _, choice = resolve(shape, "zigzag", comms, ["cudnn"])
         options = ", ".join(f"{e.comm} {e.total_ms:,.0f} ({e.wire_ms:,.0f})" for e in choice.options)

@@ -22,9 +22,10 @@ from bench.common import DTYPE, HKV, HQ, D
 from cpcompile.comms.all_gather.varlen import attend_gathered, fold_key_grads
 from cpcompile.executor import decode_varlen, encode_varlen, prepare_blocks  # (registers torch.ops.cpcompile.*)
 from cpcompile.kernels import get_varlen_kernel
-from cpcompile.kernels.base import NO_WINDOW, range_ids
+from cpcompile.kernels.base import range_ids
 from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens
 from cpcompile.layouts import get_packed_layout
+from cpcompile.layouts.block import NO_WINDOW
 
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
 SCALE = 1 / math.sqrt(D)

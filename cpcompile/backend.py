@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.fx
 
 from . import compat, eager_guard, passes
-from .comm.registry import COMMS, comms_that
+from .comms.registry import COMMS, comms_that
 from .errors import CPCompileError
 from .families.registry import get_family
 from .inductor_cache import cache_key_patches
@@ -20,6 +20,7 @@ from .layouts import STRATEGIES
 from .mesh import check_mesh_or_group
 from .mixers.relayout_plan import check_mixer_layout
 from .passes import CPConfig, CPPlan
+from .token_marks import OUTPUTS_META, marking_outputs
 
 INDUCTOR_OVERLAP_PATCHES = {"reorder_for_peak_memory": False}
 """Inductor's peak-memory reordering (on by default) sinks a collective down to its wait when that delays
@@ -82,7 +83,10 @@ class CPBackend:
             options = {k: v for k, v in (options or {}).items() if k != "post_grad_custom_post_pass"} or None
             if any(COMMS[p.comm].capabilities.overlaps and get_family(p.site.kind).overlaps for p in new):
                 patches.update(INDUCTOR_OVERLAP_PATCHES)
-        return inner_compiler(self.inner, mode, options, patches)(gm, example_inputs)
+        compiled = inner_compiler(self.inner, mode, options, patches)(gm, example_inputs)
+        # the outputs that hold tokens (the guard's finding) are marked when it runs: the graph fed them next (after a
+        # graph break, or another compiled function) knows where their tokens are (token_marks.py)
+        return marking_outputs(compiled, gm.meta.get(OUTPUTS_META, ()))
 
 
 def check_choices(strategy: str, comm: str, kernel: str) -> None:
@@ -106,6 +110,7 @@ def backend(
     inner: str | Callable = "inductor",
     regather: bool = False,
     mixer_layout: str = "same",
+    check_batch: bool = True,
 ) -> CPBackend:
     """A torch.compile backend that runs every attention node context-parallel.
 
@@ -123,7 +128,9 @@ def backend(
     aot_autograd graphs); regather: with comm="all_gather", save only the local K/V for backward and gather
     them again there (one layer's gathered K/V alive at a time, one more gather); mixer_layout: under zigzag,
     where runs of token mixers run on flat chunks between two relayouts (all-to-alls of the tokens): "same" (never),
-    "auto" (where that receives fewer bytes), "flat" (always; a run that cannot is refused).
+    "auto" (where that receives fewer bytes), "flat" (always; a run that cannot is refused); check_batch: check
+    each step's batch against the layout on every rank (position ids, padding, an unsharded batch:
+    regions/batch_check.py; one all-gather of four int64 a graph and step, no host sync), False: off.
     """
     check_choices(strategy, comm, kernel)
     if not callable(inner) and inner not in INNER:
@@ -137,7 +144,7 @@ def backend(
     check_mixer_layout(mixer_layout, strategy)
     config = CPConfig(
         strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group, regather=bool(regather),
-        mixer_layout=mixer_layout,
+        mixer_layout=mixer_layout, check_batch=bool(check_batch),
     )  # fmt: skip
     return CPBackend(config, inner=inner)
 

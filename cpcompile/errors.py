@@ -25,6 +25,11 @@ class CPCompileError(ValueError):
     """
 
 
+class BatchLayoutError(CPCompileError, RuntimeError):
+    """A step's batch does not fit the layout the backend compiled for (regions/batch_check.py), found at run time
+    on every CP rank. Also a RuntimeError, like the device assert that says the same on CUDA."""
+
+
 def _user_frame(node: torch.fx.Node) -> tuple[str, str, str, str] | None:
     """(path, line, function, code) of the user's innermost frame Dynamo recorded for `node`, or None."""
     trace = node.meta.get("stack_trace") or ""
@@ -32,6 +37,12 @@ def _user_frame(node: torch.fx.Node) -> tuple[str, str, str, str] | None:
     # torch's frames (varlen_attn's own) and cpcompile's own attention plumbing are not the user's
     user = [f for f in frames if not f[0].startswith((_TORCH_DIR, *_NOT_USER))]
     return (user or frames)[-1] if frames else None
+
+
+def node_frame(node: torch.fx.Node) -> tuple[str, int] | None:
+    """(path, line) of the user's innermost frame Dynamo recorded for `node`, or None."""
+    frame = _user_frame(node)
+    return (frame[0], int(frame[1])) if frame is not None else None
 
 
 def node_origin(node: torch.fx.Node, what: str = "attention node") -> str:

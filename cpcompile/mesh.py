@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from .compat.mesh_flatten import flatten_dims
 from .errors import CPCompileError
 
 CP_DIM_NAME = "cp"
@@ -157,8 +158,6 @@ def _level(mesh, name: str) -> CPLevel:
 def _levels_group(mesh) -> CPGroup:
     """The CP group of a 2-D CP mesh: its two dims flattened (DeviceMesh caches the flattened group, so every
     call on every rank returns the same one), with the two dims' groups as `levels`."""
-    from .compat.mesh_flatten import flatten_dims
-
     flat = group_of(flatten_dims(mesh, CP_LEVEL_NAMES))
     inter, intra = _level(mesh, CP_LEVEL_NAMES[0]), _level(mesh, CP_LEVEL_NAMES[1])
     if flat.rank != inter.rank * intra.size + intra.rank:  # the order the layouts and regions assume

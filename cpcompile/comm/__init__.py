@@ -1,6 +1,5 @@
-"""Communication: collectives that trace (collectives.py), the a2a heads<->tokens exchange (heads.py), and the
-registry of comms (registry.py: each comm's dense and varlen region and the layouts it takes).
-
-The registry imports the regions, which import collectives and heads; this package's __init__ imports nothing,
-so `cpcompile.comm.collectives` can be imported from anywhere without a loop.
+"""What every comm shares: collectives that trace (collectives.py), collectives issued now and waited later
+(pending.py), their route (route.py), what a comm's entry holds (entry.py: Comm, Region), what a comm takes
+(capabilities.py) and the shape its wire bytes read (wire.py). Nothing here imports a comm package: the comm
+packages (comms/) build on these, and comms/registry.py lists them.
 """

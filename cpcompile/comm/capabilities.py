@@ -2,7 +2,7 @@
 the block features, the overlap, the regather, each with the refusal the planner raises when a site needs what
 the comm lacks.
 
-Every comm's registry entry (comm/registry.py) holds one Capabilities. The planners (families/*/plan.py), the cost
+Every comm's registry entry (comms/registry.py) holds one Capabilities. The planners (families/*/plan.py), the cost
 model (cost/model.py), the backend (its Inductor patch, its regather check), explain() (through the planners) and
 the bench (bench/gpu_speed.refused_by_design) read it there; nothing else lists which comm takes what.
 """
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..kernels.base import NO_WINDOW
 from ..layouts import THD_LAYOUTS
+from ..layouts.block import NO_WINDOW
 from ..layouts.heads import head_split_problem
 
 PackedWindows = Literal["causal_or_full", "sliding_causal", "any"]
@@ -29,7 +29,7 @@ class Capabilities:
     """The packed layouts (strategy=) its varlen region takes."""
     packed_refusals: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """(rule broken, fix) for a packed layout it does not take, where it says why (the others get the registry's
-    generic refusal: comm/registry.packed_layout_problem)."""
+    generic refusal: comms/registry.packed_layout_problem)."""
     packed_windows: PackedWindows = "sliding_causal"
     """The varlen_attn windows its varlen region takes besides causal (-1, 0) and full (-1, -1): "causal_or_full"
     none (hierarchical: its ring's node pieces have no window blocks yet), "sliding_causal" (w, 0) (all_gather:

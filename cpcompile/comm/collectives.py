@@ -61,8 +61,13 @@ def exchange_first(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return _ExchangeFirst.apply(x.contiguous(), group_name)
 
 
+def exchange_uneven(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group_name: str) -> torch.Tensor:
+    """Plain all-to-all along dim 0 with static splits: rows [sum(in_splits[:j]), sum(in_splits[:j+1])) go to rank
+    j, and the result holds out_splits[j] rows from rank j there. The regions own their autograd."""
+    return _run(lambda t: _waited(funcol.all_to_all_single(t, out_splits, in_splits, group_name)), x.contiguous())
+
+
 def exchange_slots(x: torch.Tensor, splits: list[int], group_name: str) -> torch.Tensor:
-    """Plain all-to-all along dim 0 with the same static `splits` sent and received: rows
-    [sum(splits[:j]), sum(splits[:j+1])) go to rank j, and the result holds rank j's rows there. Symmetric, so
-    the way back (the gradient's) is the same call; the regions own their autograd."""
-    return _run(lambda t: _waited(funcol.all_to_all_single(t, splits, splits, group_name)), x.contiguous())
+    """`exchange_uneven` with the same `splits` sent and received. Symmetric, so the way back (the gradient's) is
+    the same call."""
+    return exchange_uneven(x, splits, splits, group_name)

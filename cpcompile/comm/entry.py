@@ -1,10 +1,12 @@
-"""What a comm's registry entry holds (comm/registry.COMMS): its region for each attention family it serves, its
+"""What a comm's registry entry holds (comms/registry.COMMS): its region for each attention family it serves, its
 wire bytes and its capabilities. A comm package (comms/<name>/) builds its own entry from these."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+import torch
 
 from .capabilities import Capabilities
 from .wire import LevelBytes, WireShape
@@ -44,6 +46,10 @@ class Comm:
     level_bytes: Callable[[WireShape], tuple[LevelBytes, ...]] | None = None
     """A comm on a 2-D CP mesh (capabilities.levels): what a rank sends on each level (`wire_bytes` is their sum);
     the cost model and explain() state them."""
+    batch_note: Callable[[WireShape, torch.Tensor], str] | None = None
+    """explain()'s note on what this comm moves for the example batch at a packed site of this WireShape, given the
+    batch's documents as the model receives them (GLOBAL cu_seqlens, or the layout's per-batch plan); None: no
+    note (what it sends depends on the shapes alone: the estimate's bytes say it)."""
 
     def serves(self, family: str) -> bool:
         """Whether it has a region for the attention family `family` (families/registry.py)."""

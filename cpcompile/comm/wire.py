@@ -1,7 +1,8 @@
 """WireShape: what a comm's `wire_bytes` reads of a site, declared once and read by name.
 
 Every comm's registry entry has `wire_bytes(shape: WireShape) -> (bytes one rank sends per forward, per
-backward)` (its region module writes it); the cost model (cost/model.py) builds the shape of a planned site.
+backward)` (its region module writes it); the cost model builds the shape of a planned site (its family's
+costing: cost/shape.py). `format_bytes` writes a byte count as explain() and the comms' notes print it.
 """
 
 from __future__ import annotations
@@ -47,3 +48,11 @@ class LevelBytes:
     comm: str
     fwd: int
     bwd: int
+
+
+def format_bytes(n: float) -> str:
+    """`n` bytes in the largest unit under it, three significant digits (e.g. "4.1 KB")."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"

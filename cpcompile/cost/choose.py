@@ -3,8 +3,8 @@
 The options come in today's order (the comm registry's order, then kernels.AUTO_ORDER / VARLEN_AUTO_ORDER), and
 the first option within TIE of the fastest estimate wins: the model's errors on the benchmark's ranks are a few
 percent (rates.json), so a smaller difference is no evidence, and the old choice stands. Estimates depend only
-on shapes and configuration (packed sites: the assumed documents of cost/model.py), never on the rank or the
-data, so every rank makes the same choice (rank agreement compares it).
+on shapes and configuration (packed sites: the assumed documents of families/varlen/costing.py), never on the
+rank or the data, so every rank makes the same choice (rank agreement compares it).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .model import Estimate, SiteShape, estimate
+from .model import Estimate, estimate
+from .shape import SiteShape
 
 TIE = 0.05
 """Estimates within this fraction of the fastest count as equal (the benchmark's repeat spread is ~2%, the

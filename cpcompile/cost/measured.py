@@ -12,6 +12,8 @@ import functools
 import json
 from pathlib import Path
 
+from .rates import inter_gbps, link_gbps
+
 TABLE = Path(__file__).with_name("measured.json")
 
 
@@ -34,13 +36,12 @@ def point_of_record(r: dict) -> tuple:
 
 
 def point_of_site(shape, layout: str, intra: float, inter: float) -> tuple | None:
-    """The key of a site (cost/model.SiteShape) under `layout`, or None where no measurement could apply (the
+    """The key of a site (cost/shape.SiteShape) under `layout`, or None where no measurement could apply (the
     bench measures batch 1, bf16, causal, no window, every layout's heads whole)."""
     if shape.batch != 1 or shape.elt != 2 or not shape.causal or shape.block_window is not None:
         return None
     levels = f"{shape.levels[0]}x{shape.levels[1]}" if shape.levels else f"1x{shape.world}"
-    max_doc = shape.max_doc if shape.kind == "varlen" else None
-    return (layout, shape.tokens, shape.world, shape.q_heads, shape.kv_heads, shape.head_dim, levels, max_doc,
+    return (layout, shape.tokens, shape.world, shape.q_heads, shape.kv_heads, shape.head_dim, levels, shape.max_doc,
             float(intra), float(inter))  # fmt: skip
 
 
@@ -54,6 +55,4 @@ def measured_ms(point: tuple | None, comm: str, kernel: str) -> float | None:
 def measured_at(shape, layout: str, comm: str, kernel: str) -> float | None:
     """The measured step time of (comm, kernel) at the site `shape` under `layout`, on the links the cost model
     assumes (cost/rates.py), or None."""
-    from .rates import inter_gbps, link_gbps
-
     return measured_ms(point_of_site(shape, layout, link_gbps(), inter_gbps()), comm, kernel)

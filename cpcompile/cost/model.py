@@ -1,16 +1,15 @@
 """The cost of one attention site under a layout x comm x kernel: blocks, FLOPs and time per rank, bytes sent.
 
-Everything comes from facts the project already has: the layout's blocks (dense: the `rank_blocks` of the comm's
-sdpa region; packed: of its varlen region, over the documents), the heads each rank runs (a2a: Hq/cp, the head-split
-rules of layouts/heads.py), the bytes on the wire (the comm's `wire_bytes`) and the measured kernel rates
-(cost/rates.py). A rank's time is its kernel calls plus its region's own copies; the site's estimate is the
+Everything comes from facts the project already has: the layout's blocks (the `rank_blocks` of the comm's region
+for the site's family, counted by the family's costing: cost/shape.Costing), the heads each rank runs (a2a: Hq/cp,
+the head-split rules of layouts/heads.py), the bytes on the wire (the comm's `wire_bytes`) and the measured kernel
+rates (cost/rates.py). A rank's time is its kernel calls plus its region's own copies; the site's estimate is the
 slowest rank plus the time on the wire at the assumed link bandwidth, forward + backward, with no overlap of
 communication and compute assumed.
 
-Packed documents change every batch, and the planner sees no document: it estimates with documents of the
-call's max_q/max_k (`max_doc`, the longest a batch may hold; the whole packed length without it), the densest
-packing the bounds allow (`assumed_documents`). explain() has the example batch, so it also estimates with its
-documents.
+Which documents a site is costed with is its costing's word too: packed documents change every batch, and the
+planner sees no document, so the varlen family's costing assumes the densest packing its bounds allow
+(families/varlen/costing.py); explain() has the example batch and passes its documents.
 """
 
 from __future__ import annotations
@@ -19,44 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..comm.registry import get_comm
+from ..comm.entry import Comm
 from ..comm.wire import LevelBytes, WireShape
-from ..kernels.base import NO_WINDOW
+from ..comms.registry import get_comm
 from ..layouts.heads import HeadSplit
-from ..layouts.thd import get_packed_layout
 from .measured import measured_at
 from .rates import inter_gbps, kernel_rate, link_gbps, region_overhead_ms
-from .work import CallWork, dense_work, flops, varlen_work
-
-
-@dataclass(frozen=True)
-class SiteShape:
-    """What the cost model needs of a site: this rank's shapes, element sizes, the mask and the CP world."""
-
-    kind: str
-    """The attention family (families/registry.py) whose comm regions' blocks are counted: "sdpa" (dense blocks)
-    or "varlen" (packed documents); a family builds its SiteShape (Family.cost_shape)."""
-    batch: int
-    tokens: int
-    """Local tokens a rank (sequence dim of SDPA q; packed length of varlen q)."""
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    v_head_dim: int
-    elt: int
-    acc_elt: int
-    causal: bool
-    world: int
-    window: tuple[int, int] = NO_WINDOW
-    max_doc: int | None = None
-    return_lse: bool = True
-    levels: tuple[int, int] | None = None
-    """A 2-D CP mesh's (inter, intra) sizes (world = their product; mesh.CPGroup.levels), else None."""
-
-    @property
-    def block_window(self) -> tuple[int, int] | None:
-        """The window as the layouts' block functions take it (None: no window)."""
-        return None if self.window == NO_WINDOW else self.window
+from .shape import SiteShape
+from .work import CallWork, flops
 
 
 @dataclass(frozen=True)
@@ -98,14 +67,6 @@ class Estimate:
         return max(self.flops) / mean if mean else 1.0
 
 
-def assumed_documents(total: int, max_doc: int | None) -> torch.Tensor:
-    """cu_seqlens of documents of `max_doc` tokens filling `total` (the last one shorter): what the planner
-    costs packed sites with, knowing only the bounds."""
-    size = total if max_doc is None else max(1, min(max_doc, total))
-    cuts = list(range(0, total, size)) + [total]
-    return torch.tensor(cuts, dtype=torch.int64)
-
-
 def _rank_heads(shape: SiteShape, caps) -> tuple[int, int]:
     if not caps.splits_heads:
         return shape.q_heads, shape.kv_heads
@@ -114,49 +75,30 @@ def _rank_heads(shape: SiteShape, caps) -> tuple[int, int]:
     return split.q_per_rank, split.kv_per_rank
 
 
-def _rank_work(shape: SiteShape, layout: str, comm, rank: int, cu: torch.Tensor | None) -> tuple[int, CallWork]:
-    """(blocks, their counts) of one rank."""
+def rank_work(
+    shape: SiteShape, layout: str, comm: Comm, rank: int, documents: torch.Tensor | None
+) -> tuple[int, CallWork]:
+    """(blocks, their counts) of one rank under `comm`'s region for the site's family, as its costing counts them
+    (`documents`: what `Costing.documents` gave)."""
     levels = {"levels": shape.levels} if comm.capabilities.levels else {}  # a comm on a 2-D CP mesh
-    if shape.kind == "sdpa":
-        blocks = comm.regions[shape.kind].rank_blocks(
-            layout, shape.causal, rank, shape.world, shape.tokens, shape.block_window, **levels
-        )
-        return len(blocks), dense_work(blocks, shape.batch)
-    blocks = comm.regions[shape.kind].rank_blocks(
-        layout, shape.causal, rank, shape.world, shape.tokens, cu, shape.max_doc, shape.window, **levels
-    )
-    total = CallWork()
-    for block in blocks:
-        total = total + varlen_work(block)
-    return len(blocks), total
+    region = comm.regions[shape.costing.family]
+    return shape.costing.rank_work(shape, layout, region, rank, documents, **levels)
+
+
+def wire_shape(shape: SiteShape, layout: str, comm: str) -> WireShape:
+    """The site under `layout` as `comm`'s wire_bytes reads it (its family's costing fills the family's fields)."""
+    return shape.costing.wire(shape, layout, get_comm(comm).capabilities.lse_on_demand)
 
 
 def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: torch.Tensor | None = None) -> Estimate:
-    """The cost of the site under `layout`, `comm` and `kernel` on every rank (packed sites: with these GLOBAL
-    cu_seqlens, else `assumed_documents`). The caller checked that the comm takes the layout and heads."""
+    """The cost of the site under `layout`, `comm` and `kernel` on every rank (sites with documents: with these
+    GLOBAL cu_seqlens, else what their costing assumes). The caller checked that the comm takes the layout and
+    heads."""
     entry = get_comm(comm)
-    documents = ""
-    if shape.kind == "varlen":
-        packed, total = get_packed_layout(layout), shape.tokens * shape.world
-        if cu_seqlens is None:
-            cu_seqlens = assumed_documents(total, shape.max_doc)
-            documents = f"assumed: documents of {int((cu_seqlens[1:] - cu_seqlens[:-1]).max())} tokens"
-            if packed.carries_plan:  # thd_balanced: the plan shard_batch would make of them
-                cu_seqlens = packed.prepare(cu_seqlens, total, shape.world)
-        else:
-            offsets = packed.offsets(cu_seqlens, shape.world) if packed.is_plan(cu_seqlens) else cu_seqlens
-            documents = f"this batch's {offsets.numel() - 1} documents"
-        cu_seqlens = cu_seqlens.long().cpu()
+    documents, described = shape.costing.documents(shape, layout, cu_seqlens)
     q_heads, kv_heads = _rank_heads(shape, entry.capabilities)
-    rate = kernel_rate(kernel, "varlen" if shape.kind == "varlen" else "dense")
-    wire = WireShape(
-        shape.tokens, shape.batch, shape.q_heads, shape.kv_heads, shape.head_dim, shape.v_head_dim, shape.world,
-        shape.elt, shape.acc_elt, shape.kind == "varlen" and shape.return_lse and entry.capabilities.lse_on_demand,
-        max_doc=shape.max_doc if shape.kind == "varlen" else None,
-        dense_mask=(layout, shape.causal, shape.block_window) if shape.kind == "sdpa" else None,
-        packed_mask=(layout, shape.causal, shape.window) if shape.kind == "varlen" else None,
-        levels=shape.levels,
-    )  # fmt: skip
+    rate = kernel_rate(kernel, shape.costing.kernels)
+    wire = wire_shape(shape, layout, comm)
     fwd, bwd = entry.wire_bytes(wire)
     levels = entry.level_bytes(wire) if entry.level_bytes is not None else ()
     exchanged = (fwd + bwd) * shape.world // (shape.world - 1)
@@ -164,14 +106,14 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
                                      exchanged)  # fmt: skip
     blocks, work_flops, times = [], [], []
     for rank in range(shape.world):
-        n, work = _rank_work(shape, layout, entry, rank, cu_seqlens)
+        n, work = rank_work(shape, layout, entry, rank, documents)
         blocks.append(n)
         work_flops.append(flops(work.pairs, q_heads, shape.head_dim, shape.v_head_dim))  # batch counted in work
         times.append(rate.ms(work, q_heads, shape.head_dim, shape.v_head_dim) + overhead)
     rates = rate.name if rate.proxy_for is None else f"{rate.name} (proxy: {kernel} has no measured rate)"
     wire_ms = wire_time_ms(fwd + bwd, levels, shape.levels, comm)
     return Estimate(layout, comm, kernel, rates, tuple(blocks), tuple(work_flops), tuple(times), fwd, bwd, wire_ms,
-                    documents, levels, measured_at(shape, layout, comm, kernel))  # fmt: skip
+                    described, levels, measured_at(shape, layout, comm, kernel))  # fmt: skip
 
 
 ALL_TO_ALL = ("a2a", "selective")

@@ -23,7 +23,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..kernels.base import NO_WINDOW
+from ..executor.blocks import decode_dense, encode_dense
+from ..executor.calls import plan_calls
+from ..layouts.block import NO_WINDOW
 
 TILE = 128
 
@@ -118,9 +120,6 @@ def dense_work(blocks: list, batch: int) -> CallWork:
     """The counts of a rank's dense blocks (layouts.Block) as the executor runs them: one call per group of
     same-shaped blocks (executor.calls.plan_calls), every block a causal square, a full rectangle or a windowed
     band (its flash-attn window on the bottom-right diagonal), x batch."""
-    from ..executor.blocks import decode_dense, encode_dense
-    from ..executor.calls import plan_calls
-
     total = CallWork()
     tuples = decode_dense(encode_dense(blocks))
     for call in plan_calls(tuples, batch, [b.window for b in blocks]):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from ..kernels.base import NO_WINDOW
+from ..layouts.block import NO_WINDOW
 
 BlockTuple = tuple[int, int, int, int, int, bool]
 """A decoded dense block: (q_start, q_len, source, kv_start, kv_len, causal)."""

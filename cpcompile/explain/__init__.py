@@ -5,7 +5,7 @@
 
 The example inputs are the GLOBAL batch; explain() cuts rank 0's part itself (explain/inputs.py: the rules of
 shard_batch), traces the model once with Dynamo computing nothing (explain/trace.py), and runs the backend's
-steps (passes.PASSES: find, plan, agree_ranks, rewrite, mixers, guard) on the graphs, with a stand-in for the
+steps (passes.PASSES: find, plan, agree_ranks, rewrite, mixers, totals, guard) on the graphs, with a stand-in for the
 other ranks (explain/ranks.py: every rank of the stand-in world plans each site in this process, and their plans
 are compared as the store would) and no region run (so no collective). No process group is created, read or
 changed: the plans are made for a stand-in CP group of `world` ranks (CPConfig.cp_group), so explain() works
@@ -23,8 +23,8 @@ import torch
 
 from .. import passes
 from ..backend import check_choices
-from ..comms.selective.schedule import capacity, select, select_thd
-from ..cost import estimate
+from ..comms.registry import get_comm
+from ..cost import estimate, wire_shape
 from ..errors import CPCompileError, node_source
 from ..families.plans import CPConfig, CPPlan
 from ..families.registry import FAMILIES, get_family
@@ -36,7 +36,7 @@ from ..sharding.conventions import with_hf_labels, with_position_ids
 from .inputs import local_inputs, model_offsets, packed_offsets, stand_in_group
 from .ranks import Refused, StandInRanks
 from .recommend import recommend
-from .report import Recommendation, Refusal, Report, SiteReport, format_bytes
+from .report import Recommendation, Refusal, Report, SiteReport
 from .trace import capture_graphs
 
 __all__ = ["Recommendation", "Refusal", "Report", "SiteReport", "explain"]
@@ -51,21 +51,13 @@ def _site_estimate(plan: CPPlan, cu: torch.Tensor | None):
     return estimate(cost_shape(plan, plan.group.size), plan.layout, plan.comm, plan.kernel, cu)
 
 
-def selective_note(plan: CPPlan, cu: torch.Tensor) -> str:
-    """What comm="selective" moves for the example batch: the static slots, and what each rank's queries read."""
-    site, world = plan.site, plan.group.size
-    local = site.q_shape[0]
-    cap = capacity(local, plan.max_doc)
-    pick = select if THD_LAYOUTS[plan.layout].carries_plan else select_thd
-    need = pick(cu.cpu(), local, world, 0, plan.causal, cap).need
-    token = site.k_shape[1] * (site.k_shape[-1] + site.v_shape[-1]) * site.dtype.itemsize
-    read = ", ".join(format_bytes(int(n) * token) for n in need.sum(1))
-    fits = "within" if int(need.max()) <= cap else "MORE than (the region's check fails this batch)"
-    slots, gather = format_bytes((world - 1) * cap * token), format_bytes((world - 1) * local * token)
-    return (
-        f"comm='selective' receives {world - 1} x C={cap} K/V token slots a rank ({slots}, the all-gather {gather}); "
-        f"this batch's ranks read {read} of their peers' K/V, at most {int(need.max())} tokens from one peer, {fits} C"
-    )
+def _batch_note(plan: CPPlan, cu: torch.Tensor | None) -> str | None:
+    """The comm's note on what it moves for the example batch (Comm.batch_note: selective's slots), or None."""
+    note = get_comm(plan.comm).batch_note
+    cost_shape = get_family(plan.site.kind).cost_shape
+    if note is None or cu is None or cost_shape is None:
+        return None
+    return note(wire_shape(cost_shape(plan, plan.group.size), plan.layout, plan.comm), cu)
 
 
 def _site_report(graph: int, plan: CPPlan, cu: torch.Tensor | None) -> SiteReport:
@@ -96,7 +88,7 @@ def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, dev
     """The pass's steps (passes.PASSES) over one graph, as rank 0 of the stand-in world whose other ranks plan
     every site too (explain/ranks.py): refusals recorded, stopping at the first step that refuses."""
     ranks = StandInRanks(configs)
-    state = PassState(configs[0], ranks=ranks, device=None if device is None else torch.device(device))
+    state = PassState(configs[0], ranks=ranks, device=None if device is None else torch.device(device), compute=False)
     refusal, refused_sites = None, False
     with _warnings() as said:
         for step in passes.PASSES:
@@ -111,8 +103,8 @@ def _plan_graph(report: Report, graph: int, gm, configs: list[CPConfig], cu, dev
     report.refusals += ranks.ordered()
     for plan in state.plans:
         report.sites.append(_site_report(graph, plan, cu))
-        if plan.comm == "selective" and cu is not None:
-            report.notes.append(f"site {len(report.sites) - 1}: {selective_note(plan, cu)}")
+        if (note := _batch_note(plan, cu)) is not None:
+            report.notes.append(f"site {len(report.sites) - 1}: {note}")
     if refused_sites:
         report.notes.append(
             f"graph {graph}: the token guard did not run (it checks the rewritten graph): fix the refusals first"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field
 
+from ..comm.wire import format_bytes
 from ..cost import TIE, Choice, Estimate
 from ..cost.rates import provenance, table
 
@@ -131,13 +132,6 @@ def _per_rank(values, fmt=str) -> str:
     """One value when every rank has it, else the list (rank 0 first)."""
     shown = [fmt(v) for v in values]
     return shown[0] if len(set(shown)) == 1 else "/".join(shown)
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{int(n)} B"
 
 
 def _flops(n: float) -> str:

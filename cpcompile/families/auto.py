@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..comm.registry import COMMS
+from ..comms.registry import COMMS
 from ..cost import Choice, SiteShape, choose
 from ..cost.measured import measured_at
 from ..errors import site_error

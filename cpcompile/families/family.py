@@ -2,7 +2,7 @@
 about one kind of attention call, in one object. The registry (families/registry.py) lists them; nothing outside
 a family's package switches on its name.
 
-A family's name is also the key of each comm's region for it (comm/registry.Comm.regions) and `AttentionSite.kind`.
+A family's name is also the key of each comm's region for it (comm/entry.Comm.regions) and `AttentionSite.kind`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..comm.registry import get_comm
+from ..comms.registry import get_comm
 from ..mesh import CPGroup
 from .sdpa.call import DenseCall
 from .site import AttentionSite
@@ -27,6 +27,8 @@ class CPConfig:
     """all_gather: keep only the local K/V for backward and gather them again there (backend(regather=...))."""
     mixer_layout: str = "same"
     """Token mixers under zigzag: "same", "auto" or "flat" (mixers/relayout_plan.py; backend(mixer_layout=...))."""
+    check_batch: bool = True
+    """Check each step's batch against the layout on every rank (regions/batch_check.py; backend(check_batch=...))."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class CPPlan:
     scale: float
     group: CPGroup
     dtensor: bool = False
-    """q/k/v are DTensors: the region runs on their local shards (regions.dtensor.dtensor_region)."""
+    """q/k/v are DTensors: the region runs on their local shards (comms.dtensor.dtensor_region)."""
     window: tuple[int, int] | None = None
     """A sliding window (left, right) over global positions (cpcompile.attention sites); None: none."""
     softcap: float = 0.0
@@ -54,7 +56,7 @@ class CPPlan:
     """The site's attention sinks (`site.sinks`, a graph tensor) go to the region (cpcompile.attention sites)."""
 
     def region_target(self):
-        """The comm's region for the site's family (comm/registry.py: Comm.regions)."""
+        """The comm's region for the site's family (comms/registry.py: Comm.regions)."""
         return get_comm(self.comm).regions[self.site.kind].attention
 
     def region_call(self) -> DenseCall:

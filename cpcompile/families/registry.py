@@ -2,7 +2,7 @@
 
 find asks every family's matcher, plan hands a site to its family's planner, the rewrite inserts its family's
 run-time checks, and the token guard, the cost model, explain() and the backend read the family's rules from its
-entry; a comm serves a family by naming a region for it (comm/registry.Comm.regions, keyed by the family's name).
+entry; a comm serves a family by naming a region for it (comm/entry.Comm.regions, keyed by the family's name).
 """
 
 from __future__ import annotations

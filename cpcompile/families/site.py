@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.fx
 
 from ..graph.bodies import Body
-
-if TYPE_CHECKING:
-    from .flex.match import FlexArgs
+from .flex.args import FlexArgs
 
 
 @dataclass(frozen=True)
@@ -63,11 +61,3 @@ def traced_tensor(node: Any) -> torch.Tensor | None:
         if isinstance(val, torch.Tensor):
             return val
     return None
-
-
-def schema_bound(node: torch.fx.Node, schema) -> dict:
-    """A call's arguments by its schema's names, defaults filled in."""
-    bound = {a.name: a.default_value if a.has_default_value() else None for a in schema.arguments}
-    bound.update(zip((a.name for a in schema.arguments), node.args))
-    bound.update(node.kwargs)
-    return bound

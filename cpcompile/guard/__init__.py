@@ -22,8 +22,9 @@ covers (fallback.py). The rule:
    when anything else consumes it before that sum: a nonlinearity, a product of two shares, a per-token use.
 3. Positions made from the LOCAL length (an arange over it, a model buffer sliced to it) combined with token data
    are refused: pass the GLOBAL position ids. So is the length used as a number with token data (`x * L`, with
-   L from `x.shape[1]`: length.py), and a Share that decides a value (a comparison, `item()`, an integer Share
-   handed to Python at a graph break: HF's dynamic RoPE branching on max(position_ids)).
+   L from `x.shape[1]`, here or through a name on an earlier line; not a head dim that equals it: length.py),
+   and a Share that decides a value (a comparison, `item()`, an integer Share handed to Python at a graph break:
+   HF's dynamic RoPE branching on max(position_ids)).
 4. A higher-order op whose body runs once (graph/bodies.py ONCE, the table find rewrites by: checkpoint, wrap,
    autocast, invoke_subgraph, hints_wrapper, ...) is looked into, its body run with the same tags, and torch.cond's
    two branches; any other higher-order op fed a sequence-carrying value is refused (cannot be analysed).
@@ -33,8 +34,12 @@ covers (fallback.py). The rule:
 5. An op with no rule and no DTensor answer (a custom kernel) fed sequence-carrying values is refused: cpcompile
    cannot tell. Code that is token-local but refused is exempted with `cpcompile.mark_token_local(fn_or_op)`.
 
-Graphs Dynamo cuts at breaks: one with no site is kept until a graph of the same backend brings the local length,
-then checked fully (infer.check_pending); one cut to call a torch.compiler.disable'd function with this rank's
+Graphs with no attention (a separate compiled function, the part after a graph break) are guarded too: their token
+dims come from their inputs' marks (cpcompile/token_marks.py: shard / shard_batch's results, an earlier compiled
+graph's outputs), else an earlier graph's local length; where nothing tells, an op that mixes tokens under any
+reading of the dims is refused (infer.py). One is also kept until a graph of the same backend brings the local
+length, then checked fully (infer.check_pending). An input shard / shard_batch sharded for another layout or CP
+size is refused (check.refuse_wrong_layout). One cut to call a torch.compiler.disable'd function with this rank's
 tokens among its outputs is refused unless that function is marked token-local (no graph shows what it does).
 
 Skipped: DTensor graphs under a flat layout (DTensor's own propagation redistributes what an op needs), no process
@@ -46,7 +51,8 @@ may carry it; DTensor placements; the regions' local lengths), runner (a graph r
 bodies), stand_ins (region calls), flow (flags, results, the node tracker), messages (the errors); the
 propagation: tags (what a value carries, the token axis through reshapes), rules (pointwise, views), reduce
 (reductions, scans, norms, losses, matmuls, convs), index (lookups, writes, factories), length (the local length
-as a number), dispatch (the tracker), fallback (DTensor for ops without a rule).
+as a number), length_source (size reads in the source, followed through assignments), dispatch (the tracker),
+fallback (DTensor for ops without a rule).
 """
 
 from .check import refuse_flex_attention, refuse_token_mixing

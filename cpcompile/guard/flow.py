@@ -40,6 +40,9 @@ class Flag:
     kind: str
     pairwise: bool = False
     detail: str = ""
+    reading: str = ""
+    """Set where the graph's token dims were not known (no attention, no marked input): the reading of its dims
+    under which the op mixes tokens (infer.py), which the message names beside the usual fixes."""
 
 
 @dataclass
@@ -51,6 +54,9 @@ class Result:
     """Region calls whose q/k/v did not arrive holding tokens on their sequence dim (the assignment is wrong)."""
     fallbacks: set[str] = field(default_factory=set)
     """Ops no rule covers that DTensor was asked about."""
+    outputs: tuple[tuple[int, object], ...] = ()
+    """(index among the graph's flattened outputs, Seq tag) of every output that holds tokens: the compiled
+    graph marks them when it runs (token_marks.py), for the graph fed them next."""
 
 
 def tensors(args, kwargs) -> Iterator[torch.Tensor]:
@@ -74,6 +80,10 @@ class NodeTracker(Tracker):
         super().__init__(self._on_flag)
         self.result = Result()
         self.node: torch.fx.Node | None = None
+        self.length_symbols: set[str] = set()
+        """The symbols of the token dims' sizes (dynamic shapes: length.py)."""
+        self.length_nodes: set[torch.fx.Node] = set()
+        """Nodes whose value is the local length or computed from it (dynamic shapes: length.py)."""
 
     def _on_flag(self, op: str, verdict) -> None:
         self.flag(op, verdict.kind, verdict.pairwise, verdict.detail)

@@ -17,6 +17,7 @@ from ..graph.bodies import ONCE
 from ..graph.region_call import read_call
 from ..mesh import cp_mesh_dim
 from ..mixers import TOKEN_REGION
+from ..token_marks import TokenMark, token_mark
 from .flow import concrete, leaves, traced
 
 
@@ -76,6 +77,24 @@ def data_inputs(gm: torch.fx.GraphModule, strategy: str = "zigzag") -> list | No
             continue
         inputs.append((node, torch.empty(concrete(value.shape), dtype=value.dtype, device="meta")))
     return inputs
+
+
+def input_marks(gm: torch.fx.GraphModule) -> dict[str, TokenMark]:
+    """{placeholder: mark} of the data inputs whose real tensor is marked as holding tokens (token_marks.py:
+    shard / shard_batch's results, an earlier compiled graph's outputs); Dynamo keeps a weak reference to each real
+    input in the placeholder's grapharg. A mark whose parts do not fit the traced shape is ignored."""
+    found = {}
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value, grapharg = traced(node), node.meta.get("grapharg")
+        mark = token_mark(getattr(grapharg, "example", None)) if grapharg is not None else None
+        if mark is None or not isinstance(value, torch.Tensor) or is_state(node, value):
+            continue
+        shape = concrete(value.shape)
+        if all(d < len(shape) and shape[d] % hi == 0 and hi <= shape[d] for d, _, hi in mark.parts):
+            found[node.name] = mark
+    return found
 
 
 def cu_only_inputs(gm: torch.fx.GraphModule) -> set[str]:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
+import torch.fx
+
 from ..errors import CPCompileError, site_error
 from ..graph.targets import is_cp_attention, is_sdpa, is_varlen
+from ..token_marks import TokenMark
 from .flow import Flag
 
 SDPA_FIX = (
@@ -17,8 +22,59 @@ MARK_FIX = (
 )
 
 
-def refusal(flag: Flag) -> CPCompileError:
-    """The CPCompileError for a flagged op: which op and node, why it is wrong under CP, what to do."""
+HF_LOSS = re.compile(r"transformers[/\\]loss[/\\]")
+"""Hugging Face's loss functions' file (transformers/loss/loss_utils.py): a refusal there is its label shift."""
+LABELS = re.compile(r"label", re.IGNORECASE)
+"""Graph inputs that are labels (Dynamo names placeholders after the arguments)."""
+
+
+SHIFTS = ("aten.slice", "aten.constant_pad_nd", "aten.roll", "aten.narrow", "aten.pad")
+"""Ops that shift tokens along the sequence: in a graph that takes labels, the causal-LM loss's shift."""
+
+
+def loss_cause(flag: Flag) -> str | None:
+    """The cause: "hf_loss" when the refused op is Hugging Face's loss (it pads and shifts the labels along the
+    sequence); "labels" when it shifts tokens (a slice, pad or roll of the token axis) in a graph that takes an
+    input named *label*: a hand-written causal-LM loss shifting its logits or labels; else None. Either way the
+    fix is the batch's (labels shifted over the global sequence: shard_batch's hf_loss), never a mark."""
+    if flag.node is None:
+        return None
+    if HF_LOSS.search(flag.node.meta.get("stack_trace") or ""):
+        return "hf_loss"
+    if flag.kind != "gather" or not flag.op.startswith(SHIFTS):
+        return None
+    inputs = flag.node.graph.find_nodes(op="placeholder")
+    return "labels" if any(LABELS.search(n.name) for n in inputs) else None
+
+
+def loss_fix(cause: str, strategy: str) -> tuple[str, str]:
+    """(what the rule adds, the fix) for a refusal caused by a label shift (loss_cause)."""
+    batch = f'cpcompile.shard_batch(batch, strategy={strategy!r}, mesh=..., hf_loss="causal_lm")'
+    if cause == "hf_loss":
+        why = (
+            "Hugging Face's causal-LM loss shifts the labels by one along the sequence, and each rank's last "
+            "token's label is the next rank's first"
+        )
+        fix = (
+            f"shard the GLOBAL batch with {batch}: it adds shift_labels (the labels shifted over the whole "
+            "sequence) and num_items_in_batch, so the model shifts nothing and each rank's loss is its share of "
+            "the global mean (sum the losses and the gradients over the ranks)"
+        )
+        return why, fix
+    why = (
+        "a causal-LM loss shifts the logits or the labels by one along the sequence here, and each rank's last "
+        "token's label is the next rank's first"
+    )
+    fix = (
+        f"shift the labels over the GLOBAL sequence before sharding ({batch} adds them as shift_labels) or pass "
+        "labels already shifted, and compute the loss per token (README's loss recipe)"
+    )
+    return why, fix
+
+
+def refusal(flag: Flag, strategy: str = "zigzag") -> CPCompileError:
+    """The CPCompileError for a flagged op: which op and node, why it is wrong under CP, what to do (`strategy`:
+    the backend's, named in fixes that shard the batch)."""
     op, node = flag.op, flag.node
     if is_sdpa(node) or is_varlen(node) or is_cp_attention(node):
         rule = (
@@ -34,12 +90,45 @@ def refusal(flag: Flag) -> CPCompileError:
         )
         fix = "pass the whole tensor (built for the global sequence, as for one GPU), not its shard_batch shard"
         return site_error(node, rule, fix)
-    rule, fix = _explain(flag)
+    rule, fix = _explain(flag, strategy)
+    if (cause := loss_cause(flag)) is not None:  # the batch's fix; a mark would make it silently wrong
+        why, fix = loss_fix(cause, strategy)
+        return site_error(node, f"{rule}: {why}", fix, what="node", action="run")
+    if flag.reading:
+        rule += (
+            "; this graph has no attention and no input cpcompile knows to hold tokens (one cpcompile.shard / "
+            "shard_batch returned, or another compiled graph's output), so cpcompile cannot tell which dim holds "
+            f"this rank's tokens, and with {flag.reading} this op mixes them"
+        )
+        if not flag.pairwise:  # attention written by hand: the attention fix stays the right one
+            fix = UNDETERMINED_FIX
     return site_error(node, rule, fix, what="node", action="run")
 
 
-def _explain(flag: Flag) -> tuple[str, str]:
-    """(rule, fix) of a flagged op that is not attention."""
+UNDETERMINED_FIX = (
+    "run it inside the graph that has the attention (compile it with the model, fullgraph=True), or feed this "
+    "graph the tensors cpcompile.shard_batch / shard return (on the device they run on) so that cpcompile knows "
+    "their token dim; a head-local token mixer: cpcompile.token_mixer(module_or_fn, heads_dim=...); " + MARK_FIX
+)
+
+
+def wrong_layout(gm: torch.fx.GraphModule, name: str, mark: TokenMark, strategy: str, world: int) -> CPCompileError:
+    """An input sharded by cpcompile.shard / shard_batch with another layout or CP size than the backend's."""
+    node = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name == name)
+    source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+    what = source() if callable(source) else name
+    return CPCompileError(
+        f"cpcompile cannot run this graph: its input {what} was sharded by cpcompile.shard_batch / shard with "
+        f"strategy={mark.strategy!r} for cp={mark.world}, but this backend runs strategy={strategy!r} on "
+        f"{world} CP ranks, so this rank's tokens are not the ones its CP regions assume and the result would be "
+        f"silently wrong. Fix: shard the batch for the backend: cpcompile.shard_batch(batch, strategy={strategy!r}, "
+        "mesh=...) with the backend's mesh (or compile with the strategy the batch was sharded with)"
+    )
+
+
+def _explain(flag: Flag, strategy: str = "zigzag") -> tuple[str, str]:
+    """(rule, fix) of a flagged op that is not attention. A mark is offered only where it can be right: an op the
+    guard may misread; never for local positions, a per-rank value deciding a branch or the local length."""
     op = flag.op
     if flag.kind == "partial":
         rule = (
@@ -60,7 +149,7 @@ def _explain(flag: Flag) -> tuple[str, str]:
         fix = (
             "decide such values from the whole batch outside the compiled model and pass them in (a length: the "
             "GLOBAL length; positions: the tokens' GLOBAL position ids; HF: a RoPE type that does not read "
-            "max(position_ids), or compile with fullgraph=True to see the branch); " + MARK_FIX
+            "max(position_ids), or compile with fullgraph=True to see the branch)"
         )
         return rule, fix
     if flag.kind == "length":
@@ -70,7 +159,8 @@ def _explain(flag: Flag) -> tuple[str, str]:
         )
         fix = (
             "use the GLOBAL length (pass it into the model as a number or read it from the batch before "
-            "cpcompile.shard_batch) and build positions from the tokens' GLOBAL position ids; " + MARK_FIX
+            f"cpcompile.shard_batch(batch, strategy={strategy!r}, mesh=...)) and build positions from the tokens' "
+            "GLOBAL position ids"
         )
         return rule, fix
     if flag.kind == "eager":
@@ -94,8 +184,8 @@ def _explain(flag: Flag) -> tuple[str, str]:
         )
         fix = (
             "pass the tokens' GLOBAL position ids into the model and build positions from them "
-            "(cpcompile.shard_batch adds position_ids when the batch has none; torchtitan: pass positions=); "
-            + MARK_FIX
+            f"(cpcompile.shard_batch(batch, strategy={strategy!r}, mesh=...) adds position_ids when the batch has "
+            "none; torchtitan: pass positions=)"
         )
         return rule, fix
     if flag.kind == "hop":

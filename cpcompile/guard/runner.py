@@ -17,13 +17,14 @@ from torch.utils import _pytree as pytree
 from ..compat.graph_break import disabled_callee, ends_at_graph_break
 from ..graph.bodies import BRANCHES, ONCE
 from ..mixers import TOKEN_REGION
+from ..rank_total import total_region
 from ..regions.guards import agree_condition, check_packed_metadata
 from ..token_local import is_token_local_function, is_token_local_node
 from . import rules
 from .flow import NodeTracker, Result, fresh, leaves, tensors, traced
-from .length import length_use
-from .stand_ins import region, token_region
-from .tags import Seq, Share, whole
+from .length import is_length_node, length_symbols, length_tensor, length_use
+from .stand_ins import rank_total, region, token_region
+from .tags import Local, Seq, Share, whole
 
 RUN_TIME_GUARDS = frozenset({agree_condition, check_packed_metadata})
 """The pass's run-time checks (regions/guards.py): token-local, not run here (they would communicate)."""
@@ -41,20 +42,30 @@ class Runner(torch.fx.Interpreter):
             return None
         prev, self.tracker.node = self.tracker.node, n
         try:
+            local = None
             if n.op in ("call_function", "call_method", "call_module") and not n.meta.get("cpcompile_plan"):
                 if is_token_local_node(n):
                     return self._token_local(n)
                 if (length := rules.LOCAL_LENGTH.get(0)) and not self.tracker.suspended:
-                    self._length_use(n, length)
-            return super().run_node(n)
+                    local = self._length_use(n, length)
+            out = super().run_node(n)
+            if is_length_node(n, self.tracker.length_symbols, self.tracker.length_nodes):
+                self.tracker.length_nodes.add(n)
+            if local is not None and isinstance(out, torch.Tensor):
+                self.tracker.place(out, local)
+            return out
         finally:
             self.tracker.node = prev
 
-    def _length_use(self, n: torch.fx.Node, length: int) -> None:
+    def _length_use(self, n: torch.fx.Node, length: int) -> Local | None:
+        """Flag `n` when it uses the local length as a number with token data (length.py); the Local tag of the
+        tensor it makes of the length (`torch.tensor(n)`), if it does."""
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        if (why := length_use(n, args, kwargs, length, self.tracker.tag)) is not None:
+        nodes = self.tracker.length_nodes
+        if (why := length_use(n, args, kwargs, length, self.tracker.tag, nodes)) is not None:
             self.tracker.flag(n.target if n.op == "call_method" else getattr(n.target, "__name__", n.target),
                               "length", detail=why)  # fmt: skip
+        return length_tensor(n, args, kwargs, length, self.tracker.tag, nodes)
 
     def _token_local(self, n: torch.fx.Node):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -73,6 +84,8 @@ class Runner(torch.fx.Interpreter):
             return region(self.tracker, plan, node, args)
         if (seq := node.meta.get(TOKEN_REGION)) is not None:
             return token_region(self.tracker, node, args, kwargs, seq)
+        if target is total_region:  # per-rank partial sums made whole over the CP group
+            return rank_total(self.tracker, node, args)
         if target in RUN_TIME_GUARDS:  # they communicate (a few ints) and hand back their checked input
             return args[0]
         if isinstance(target, torch._ops.HigherOrderOperator):
@@ -105,14 +118,18 @@ class Runner(torch.fx.Interpreter):
 
 
 def track(
-    gm: torch.fx.GraphModule, seeds: dict[str, int], length: int | None = None, state: frozenset[str] = frozenset()
+    gm: torch.fx.GraphModule,
+    seeds: dict[str, int | Seq],
+    length: int | None = None,
+    state: frozenset[str] = frozenset(),
 ) -> Result:
-    """Run `gm` on meta tensors like its traced inputs, placeholder `name` holding tokens on dim seeds[name]
-    (`length`: the local sequence length, for the local-length checks; `state`: the placeholders that are model
-    state); what it found."""
+    """Run `gm` on meta tensors like its traced inputs, placeholder `name` holding tokens on dim seeds[name] (or
+    on the token axis a Seq tag gives: a marked input, token_marks.py) (`length`: the local sequence length, for
+    the local-length checks; `state`: the placeholders that are model state); what it found."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [traced(n) for n in placeholders]
     tracker = NodeTracker()
+    tracker.length_symbols = length_symbols(placeholders, seeds)
     rules.LOCAL_LENGTH.clear()
     rules.STATE.clear()
     if length:
@@ -124,9 +141,13 @@ def track(
                 if n.name in state:
                     rules.STATE.add(id(t))
                 if n.name in seeds:
-                    tracker.place(t, whole(seeds[n.name], t.shape[seeds[n.name]]))
+                    seed = seeds[n.name]
+                    tracker.place(t, seed if isinstance(seed, Seq) else whole(seed, t.shape[seed]))
             with tracker:
                 out = Runner(gm, tracker).run(*inputs)
+            top = out if isinstance(out, (tuple, list)) else ()  # Dynamo's graphs return a flat tuple
+            tags = [(i, tracker.tag(v)) for i, v in enumerate(top)]
+            tracker.result.outputs = tuple((i, tag) for i, tag in tags if isinstance(tag, Seq))
             if ends_at_graph_break(gm):
                 _outputs_into_python(gm, tracker, out)
                 if length:

@@ -1,7 +1,7 @@
 """Stand-ins for cpcompile's region calls: the guard does not run a region (it would communicate); it checks
 that the region's inputs hold the tokens on its sequence dim and hands back a fresh output of the traced shape
 holding them there (an attention region: its family's rule, Family.seq_dim / out_seq_dims; a token mixer's region,
-node meta `cpcompile_token_region`: its declared seq dim)."""
+node meta `cpcompile_token_region`: its declared seq dim); a rank_total region's outputs are replicated values."""
 
 from __future__ import annotations
 
@@ -51,3 +51,14 @@ def token_region(tracker: NodeTracker, node: torch.fx.Node, args, kwargs, seq: i
     for t in leaves(out):
         tracker.place(t, whole(seq % t.dim(), t.shape[seq]))
     return out
+
+
+def rank_total(tracker: NodeTracker, node: torch.fx.Node, args):
+    """A rank_total region (cpcompile/rank_total.py): per-rank partial sums (Shares) summed over the CP group, so
+    its outputs are whole values every rank holds alike. A token-holding input would be summed with other ranks'
+    different tokens: refused."""
+    for t in tensors(args, {}):
+        tag = tracker.tag(t)
+        if tag is not None and not isinstance(tag, Share):
+            tracker.flag("the rank_total region", "gather", detail=f"{tag.describe()} goes into a sum over the ranks")
+    return fresh(traced(node))

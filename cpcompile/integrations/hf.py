@@ -31,9 +31,8 @@ from ..compat.varlen_gqa import VARLEN_GQA_KWARGS
 from ..eager_guard import cp_call_in_progress, eager_attention_error
 from ..errors import CPCompileError
 from ..refusal import refused
-
-NAME = "cpcompile"
-"""The `attn_implementation` name."""
+from . import hf_models
+from .hf_models import NAME
 
 
 def _module_name(module: torch.nn.Module) -> str:
@@ -250,6 +249,7 @@ def register() -> None:
     if hasattr(masking_utils, "find_packed_sequence_indices"):
         mark_builtin_token_local(masking_utils.find_packed_sequence_indices)
     _declare_experts_token_local()
+    hf_models.install()  # models built with "cpcompile": mixers declared, capture hooks, the MoE aux loss
 
 
 def _declare_experts_token_local() -> None:

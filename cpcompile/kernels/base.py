@@ -17,9 +17,6 @@ from typing import Protocol
 
 import torch
 
-NO_WINDOW = (-1, -1)
-"""A varlen window (left, right) with both sides unbounded: no sliding window."""
-
 
 class AttentionKernel(Protocol):
     name: str

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .block import LOCAL_SOURCE, Block
+from .window import all_gather_window_blocks
 
 
 class ChunkLayout:
@@ -57,8 +58,6 @@ class ChunkLayout:
         A sliding `window` (left, right) over global positions: layouts/window.py (blocks outside it skipped).
         """
         if window is not None:
-            from .window import all_gather_window_blocks
-
             return all_gather_window_blocks(self, cp, rank, chunk_len, causal, window)
         mine = self.rank_chunks(rank, cp)
         q_len = chunk_len * len(mine)

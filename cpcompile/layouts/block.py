@@ -8,6 +8,10 @@ from dataclasses import dataclass
 LOCAL_SOURCE = 0
 """Block source 0 is the rank's own (local) K/V; source 1 + i is the all-gather of local slot i."""
 
+NO_WINDOW = (-1, -1)
+"""A window (left, right) with both sides unbounded: no sliding window (a packed block's window, a planned
+site's; a dense Block says None)."""
+
 
 @dataclass(frozen=True)
 class Block:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.base import NO_WINDOW
+from .block import NO_WINDOW
 from .search import sorted_search
 
 

@@ -41,9 +41,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import CPCompileError
-from ..kernels.base import NO_WINDOW
 from ..log import log
 from .balance import BalanceError, balance
+from .block import NO_WINDOW
 from .search import sorted_search
 from .thd import PackedLayout, VarlenBlock, doc_bound
 

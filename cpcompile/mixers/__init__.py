@@ -12,7 +12,7 @@ mixers on flat chunks between two relayouts (relayout.py: one all-to-all) where 
 """
 
 from .declare import MIXERS, MixerSpec, StateArgs, is_mixer_call, mixer_call, token_mixer
-from .hf import HF_MIXERS, hf_token_mixers
+from .hf import HF_MIXERS, hf_default_mixers, hf_token_mixers, restore_hf_mixers
 from .plan import MixerPlan, plan_mixer
 from .plan_state import StatePlan, plan_state
 from .region import mixer_region
@@ -29,12 +29,14 @@ __all__ = [
     "StatePlan",
     "find_mixers",
     "halo_region",
+    "hf_default_mixers",
     "hf_token_mixers",
     "is_mixer_call",
     "mixer_call",
     "mixer_region",
     "plan_mixer",
     "plan_state",
+    "restore_hf_mixers",
     "rewrite_mixers",
     "state_region",
     "token_mixer",

@@ -92,16 +92,3 @@ def halo_routes(layout: ChunkLayout, cp: int, rank: int) -> HaloRoutes:
 def tails_received(layout: ChunkLayout, cp: int) -> int:
     """The tails every rank receives (padding included): the sum of the shifts' widths, the same on every rank."""
     return sum(len(slots) for _, slots in halo_routes(layout, cp, 0).sends)
-
-
-def relayout_tokens(layout: ChunkLayout, cp: int, local_len: int) -> int:
-    """The most tokens one rank receives moving a tensor from `layout` to flat and back (the relayouts a layout
-    per layer kind would put around a run of linear layers): the chunks of its flat slice it does not own, then
-    the chunks it owns that its flat slice does not hold."""
-    k = layout.chunks_per_rank
-    chunk = local_len // k
-    worst = 0
-    for p in range(cp):
-        mine, flat = set(layout.rank_chunks(p, cp)), set(range(p * k, (p + 1) * k))
-        worst = max(worst, (len(flat - mine) + len(mine - flat)) * chunk)
-    return worst

@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 
 from ..layouts import get_layout
 from .chain import tails_received
+from .declare import read_mixer_call
 from .plan import MixerPlan, example
 from .plan_state import StatePlan
 
@@ -34,22 +35,21 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def a2a_bytes(plan: MixerPlan | StatePlan) -> int:
     """The forward bytes a rank receives if the mixer ran head-parallel (a2a)."""
-    node, spec, cp = plan.node, plan.spec, plan.group.size
-    n = len(spec.weight_names)
-    kwargs = {k: example(v) for k, v in node.kwargs.items() if k != getattr(plan, "documents", None)}
-    shared = _tensors([kwargs.pop(k) for k in spec.shared_inputs if k in kwargs])
-    tokens = _tensors(([example(a) for a in node.args[1 + n :]], kwargs)) + _tensors(example(node))
+    call, cp = read_mixer_call(plan.node), plan.group.size
+    kwargs = {k: example(v) for k, v in call.kwargs.items() if k != getattr(plan, "documents", None)}
+    shared = _tensors([kwargs.pop(k) for k in call.spec.shared_inputs if k in kwargs])
+    tokens = _tensors(([example(a) for a in call.args], kwargs)) + _tensors(example(plan.node))
     return sum(_nbytes(t) * (cp - 1) // cp for t in tokens) + sum(_nbytes(t) * (cp - 1) for t in shared)
 
 
 def state_bytes(plan: StatePlan, layout: str | None = None) -> int:
     """The forward bytes a rank receives under state passing, on the plan's layout or on `layout`."""
-    node, spec, cp = plan.node, plan.spec, plan.group.size
+    cp = plan.group.size
     lay = get_layout(layout or plan.layout)
     if plan.context is not None:
-        n = len(spec.weight_names)
-        kwargs = {k: example(v) for k, v in node.kwargs.items() if k != plan.documents}  # offsets: not tokens
-        tokens = _tensors(([example(a) for a in node.args[1 + n :]], kwargs))
+        call = read_mixer_call(plan.node)
+        kwargs = {k: example(v) for k, v in call.kwargs.items() if k != plan.documents}  # offsets: not tokens
+        tokens = _tensors(([example(a) for a in call.args], kwargs))
         tails = tails_received(lay, cp) if plan.context else 0
         return tails * sum(_nbytes(t) // plan.local_len * plan.context for t in tokens)
     b, h, dk, dv = plan.state_shape

@@ -17,9 +17,10 @@ import itertools
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
+import torch.fx
 import torch.nn as nn
 
 T = TypeVar("T")
@@ -102,12 +103,17 @@ MIXERS: dict[int, MixerSpec] = {}
 _KEYS = itertools.count()
 
 
+def _split(spec: MixerSpec, flat: tuple) -> tuple[tuple, tuple]:
+    """(weights, positional arguments) of a mixer_call's arguments after its key."""
+    n = len(spec.weight_names)
+    return tuple(flat[:n]), tuple(flat[n:])
+
+
 def mixer_call(key: int, /, *flat, **kwargs):
     """The graph node of a declared mixer: weights first, then the call's positional arguments (`key` is
     positional-only: a mixer may take an argument named key)."""
     spec = MIXERS[key]
-    n = len(spec.weight_names)
-    return spec.call(flat[:n], flat[n:], kwargs)
+    return spec.call(*_split(spec, flat), kwargs)
 
 
 torch._dynamo.allow_in_graph(mixer_call)
@@ -116,6 +122,24 @@ torch._dynamo.allow_in_graph(mixer_call)
 def is_mixer_call(node) -> bool:
     """Whether an FX node is a declared mixer's call (not yet rewritten)."""
     return node.op == "call_function" and node.target is mixer_call
+
+
+class MixerCall(NamedTuple):
+    """A mixer_call node's inputs by name (FX nodes or constants): what the planners, the byte counts and the
+    rewrite read, never by position."""
+
+    spec: MixerSpec
+    weights: tuple
+    args: tuple
+    kwargs: dict
+
+
+def read_mixer_call(node: torch.fx.Node) -> MixerCall:
+    """The inputs of a mixer_call node, split as mixer_call splits them (the key, the declaration's weights, then
+    the call's positional arguments; its keywords)."""
+    key, *flat = node.args
+    spec = MIXERS[key]
+    return MixerCall(spec, *_split(spec, tuple(flat)), dict(node.kwargs))
 
 
 def _wrap_module(module: nn.Module, spec: MixerSpec) -> None:

@@ -8,6 +8,9 @@ rule: its chunk transition) with comm="state" and the others (Mamba's scans) wit
 fallback is declared even where transformers would call a kernel package instead (`torch_fallback`).
 Packed documents: these fallbacks take `cu_seqlens` in **kwargs and ignore it (their documents mix even in one
 process), so they are not declared with `documents=` and a packed call is refused (plan_state.py).
+A model built with attn_implementation="cpcompile" declares its modeling modules' mixers itself
+(`hf_default_mixers`, called by integrations/hf_models.py: comm="a2a" where not declared yet); `restore_hf_mixers`
+puts transformers' own functions back.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ HF_STATE: dict[str, dict] = {
 
 _DONE: dict[tuple[str, str], tuple[object, object, str]] = {}
 """(module, function) -> (the declared function, the original, its comm)."""
+_WRAPPED: dict[tuple[str, str], object] = {}
+"""(module, function) -> the module's attribute before its first declaration (the hub-kernel wrapper, if any)."""
 
 
 def torch_fallback(fn: Callable) -> Callable:
@@ -62,6 +67,19 @@ def hf_token_mixers(model: nn.Module, comm: str = "a2a") -> list[str]:
     (where the function can pass state: per call, the comm that moves fewer bytes)."""
     if comm not in COMMS:
         raise ValueError(f"hf_token_mixers: comm={comm!r}; use one of {list(COMMS)}")
+    return _declare(model, comm)
+
+
+def hf_default_mixers(model: nn.Module) -> list[str]:
+    """hf_token_mixers(model)'s declarations (comm="a2a") for the known token mixers of `model`'s modeling modules
+    that are not declared yet; those declared already keep their comm (a user's hf_token_mixers(model,
+    comm="state") before another model is built stays). What attn_implementation="cpcompile" does when a model is
+    built (integrations/hf_models.py). Returns the `module.function` names declared, as hf_token_mixers does."""
+    return _declare(model, None)
+
+
+def _declare(model: nn.Module, comm: str | None) -> list[str]:
+    """Declare with `comm` (None: "a2a" where not declared yet, else as it is)."""
     names = []
     for module_name in sorted({type(m).__module__ for m in model.modules()}):
         modeling = sys.modules.get(module_name)
@@ -71,11 +89,34 @@ def hf_token_mixers(model: nn.Module, comm: str = "a2a") -> list[str]:
                 continue
             key = (module_name, fn_name)
             declared, original, done = _DONE.get(key, (None, torch_fallback(fn), None))
-            mode = comm if comm != "a2a" and fn_name in HF_STATE else "a2a"
+            names.append(f"{module_name}.{fn_name}")
+            if comm is None and declared is fn:
+                continue
+            mode = comm if comm not in (None, "a2a") and fn_name in HF_STATE else "a2a"
             if declared is not fn or done != mode:
+                if key not in _DONE:  # the first declaration: what restore_hf_mixers puts back
+                    _WRAPPED[key] = fn
                 extra = dict(comm=mode, **HF_STATE[fn_name]) if mode != "a2a" else {}
                 declared = token_mixer(original, **kwargs, **extra)
                 setattr(modeling, fn_name, declared)
                 _DONE[key] = (declared, original, mode)
+    return names
+
+
+def restore_hf_mixers(model: nn.Module | type) -> list[str]:
+    """Undo the declarations of the modeling modules of `model` (a model, or a model class: its own module): each
+    declared function is transformers' own again (the hub-kernel wrapper included), e.g. for a model outside CP in
+    the same process that should call a kernel package; returns the `module.function` names restored. A model built
+    afterwards with attn_implementation="cpcompile" declares them again."""
+    modules = {model.__module__} if isinstance(model, type) else {type(m).__module__ for m in model.modules()}
+    names = []
+    for module_name in sorted(modules):
+        modeling = sys.modules.get(module_name)
+        for fn_name in HF_MIXERS:
+            declared, original, _ = _DONE.get((module_name, fn_name), (None, None, None))
+            if declared is None or getattr(modeling, fn_name, None) is not declared:
+                continue
+            setattr(modeling, fn_name, _WRAPPED.pop((module_name, fn_name), original))
+            del _DONE[(module_name, fn_name)]
             names.append(f"{module_name}.{fn_name}")
     return names

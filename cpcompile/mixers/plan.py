@@ -20,7 +20,8 @@ from torch.utils import _pytree as pytree
 from ..errors import site_error
 from ..layouts import LAYOUTS
 from ..mesh import CPGroup
-from .declare import MIXERS, MixerSpec
+from .declare import MixerSpec, read_mixer_call
+from .head_check import split_error
 
 _WHAT = "token mixer"
 
@@ -91,7 +92,9 @@ def _token_shapes(node: torch.fx.Node, spec: MixerSpec, values, cp: int, what: s
                 spec,
                 f"has a {what} with {h} heads (channels) on dim {spec.heads_dim}, which do not split "
                 f"over {cp} CP ranks",
-                f"use a CP size that divides {h}, or keep this layer out of the CP model",
+                f"use a CP size that divides {h}; a causal conv or a chunked linear recurrence can pass state instead "
+                "(token_mixer(..., comm='state'), Hugging Face: cpcompile.hf_token_mixers(model, comm='state')), "
+                "which splits no heads; else keep this layer out of the CP model",
             )
         found.append((h, n))
     return found
@@ -180,13 +183,44 @@ def _dry_run(node, spec: MixerSpec, weights, weight_dims, args, kwargs, shared, 
         )
 
 
-def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
-    """The plan of one mixer_call node, or the CPCompileError saying why it cannot run head-parallel."""
-    spec = MIXERS[node.args[0]]
-    n = len(spec.weight_names)
-    weights = [example(a) for a in node.args[1 : 1 + n]]
-    args = tuple(example(a) for a in node.args[1 + n :])
-    kwargs = {k: example(v) for k, v in node.kwargs.items()}
+def _check_split(node, spec: MixerSpec, weights, weight_dims, args, kwargs, shared, cp: int, heads: int) -> None:
+    """The declaration against the mixer's code (head_check.py): the mixer on each rank's block of heads must give
+    what it gives on every head."""
+    try:
+        found = split_error(spec, weights, weight_dims, args, kwargs, shared, cp)
+    except Exception as e:  # noqa: BLE001
+        raise refuse(
+            node,
+            spec,
+            f"fails on real tensors of this rank's shapes, all {heads} heads or 1/{cp} of them ({type(e).__name__}: "
+            f"{e}), where cpcompile checks that its declaration is true",
+            "make it run on any length and head count its inputs carry",
+        ) from e
+    if found is None or found[0] <= found[1]:
+        return
+    split = {name: d for name, d in zip(spec.weight_names, weight_dims) if d is not None}
+    raise refuse(
+        node,
+        spec,
+        f"is not head-local as declared (heads_dim={spec.heads_dim}, weights split with the heads: {split or 'none'}):"
+        f" run on each of the {cp} blocks of heads the a2a region gives a rank, its outputs differ from one run on "
+        f"all {heads} heads by {found[0]:.3g} (relative to the largest; random inputs of this rank's shapes), so the "
+        "region would be silently wrong",
+        "declare the dim whose heads (channels) it never mixes as heads_dim, and weight_dims={name: None} for "
+        "weights every head shares; a mixer that mixes heads cannot run head-parallel: if it is a causal conv or a "
+        "chunked linear recurrence, declare it with comm='state' (every rank runs all heads), else keep it out of "
+        "the CP-compiled model",
+    )
+
+
+def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup, check: bool = True) -> MixerPlan:
+    """The plan of one mixer_call node, or the CPCompileError saying why it cannot run head-parallel. `check`: run
+    the mixer on real tensors to check the declaration (head_check.py; explain() computes nothing)."""
+    call = read_mixer_call(node)
+    spec = call.spec
+    weights = [example(a) for a in call.weights]
+    args = tuple(example(a) for a in call.args)
+    kwargs = {k: example(v) for k, v in call.kwargs.items()}
     shared = {k: kwargs.pop(k) for k in spec.shared_inputs if k in kwargs}
     if strategy not in LAYOUTS:
         raise refuse(
@@ -218,4 +252,6 @@ def plan_mixer(node: torch.fx.Node, strategy: str, group: CPGroup) -> MixerPlan:
     heads = {h for h, _ in inputs}
     weight_dims = _weight_dims(node, spec, weights, heads, cp)
     _dry_run(node, spec, weights, weight_dims, args, kwargs, shared, cp)
+    if check:
+        _check_split(node, spec, weights, weight_dims, args, kwargs, shared, cp, max(heads))
     return MixerPlan(node, spec, weight_dims, max(heads), lengths.pop(), strategy, group)

@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 
 from ..layouts import LAYOUTS
 from ..mesh import CPGroup
-from .declare import MIXERS, MixerSpec
+from .declare import MixerSpec, read_mixer_call
 from .plan import example, refuse, token_lengths
 from .state_region import halo_region, state_region
 
@@ -257,11 +257,11 @@ def _plan_state(
 
 def plan_state(node: torch.fx.Node, strategy: str, group: CPGroup) -> StatePlan:
     """The plan of one comm="state" mixer node, or the CPCompileError saying why it cannot pass state here."""
-    spec = MIXERS[node.args[0]]
-    n = len(spec.weight_names)
-    weights = [example(a) for a in node.args[1 : 1 + n]]
-    args = tuple(example(a) for a in node.args[1 + n :])
-    kwargs = {k: example(v) for k, v in node.kwargs.items()}
+    call = read_mixer_call(node)
+    spec = call.spec
+    weights = [example(a) for a in call.weights]
+    args = tuple(example(a) for a in call.args)
+    kwargs = {k: example(v) for k, v in call.kwargs.items()}
     if strategy not in (*LAYOUTS, "thd"):
         raise refuse(
             node,

@@ -7,7 +7,7 @@ chunk), each rank sends each of its fine chunks to the rank that owns it under t
 inside the same all-to-all), in the order the receiver holds them, and puts what it receives in place. The
 backward is the inverse permutation: the gradient goes back by the relayout the other way. Nothing is added or
 rounded, so it is exact in every dtype. `relayout_routes` is the index math (pure, the same on every rank);
-plan_relayout.py decides where relayouts go.
+relayout_plan.py decides where relayouts go.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed._functional_collectives as funcol
 
-from ..comm.route import hop, on_host
+from ..comm.collectives import exchange_uneven
 from ..layouts import ChunkLayout, get_layout
 from .passing import after
 
@@ -73,14 +72,6 @@ def received_tokens(src: ChunkLayout, dst: ChunkLayout, cp: int, local_len: int)
     return worst * local_len // fine
 
 
-def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group_name: str) -> torch.Tensor:
-    def complete(t: torch.Tensor) -> torch.Tensor:
-        got = funcol.all_to_all_single(t, out_splits, in_splits, group_name)
-        return got.wait() if isinstance(got, funcol.AsyncCollectiveTensor) else got
-
-    return hop(complete, x) if on_host() else complete(x)
-
-
 def _pick(chunks: torch.Tensor, order: list[int]) -> torch.Tensor:
     """chunks (n, ...) in `order` along dim 0: one copy (none when in order)."""
     if order == list(range(chunks.shape[0])):
@@ -96,8 +87,8 @@ def _move(x: torch.Tensor, seq_dim: int, src: str, dst: str, group_name: str, ra
     size = chunks.shape[1]
     order = [s for peer in routes.sends for s in peer]
     send = _pick(chunks, order)
-    got = _all_to_all(
-        send.flatten(0, 1).contiguous(),
+    got = exchange_uneven(
+        send.flatten(0, 1),
         [len(r) * size for r in routes.recvs],
         [len(s) * size for s in routes.sends],
         group_name,

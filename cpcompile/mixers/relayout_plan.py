@@ -171,7 +171,8 @@ def _price(run: list, length: int, group: CPGroup, strategy: str, nodes, index, 
     same = sum(state_bytes(p) if p.comm == "state" else a2a_bytes(p) for p in run)
     try:
         flats = tuple(
-            (plan_state if p.comm == "state" else plan_mixer)(p.node, "flat", group) for p in run
+            plan_state(p.node, "flat", group) if p.comm == "state" else plan_mixer(p.node, "flat", group, check=False)
+            for p in run  # (an a2a declaration was checked by the node's first plan)
         )  # fmt: skip
     except CPCompileError as e:
         return Run(tuple(run), same, why_not=f"a mixer of it cannot run on flat chunks ({e})")

@@ -1,5 +1,5 @@
 """The CP pass over one Dynamo graph: the steps of PASSES in order (find, plan, agree_ranks, rewrite, mixers,
-guard), each taking the graph and the PassState the steps hand each other.
+totals, guard), each taking the graph and the PassState the steps hand each other.
 
 `run(gm, config)` is the backend's entry; cpcompile.explain runs the same PASSES with a stand-in for the other
 ranks (PassState.ranks) and stops at the first step that refuses. Every site is planned (and so validated) before
@@ -25,6 +25,7 @@ from .agree import ProcessGroupRanks, Ranks, config_group
 from .guard_tokens import refuse_token_mixing
 from .plan import plan_site
 from .rewrite import rewrite_graph
+from .totals import rewrite_totals
 
 
 @dataclass
@@ -39,6 +40,8 @@ class PassState:
     """The other CP ranks (the process group's store; explain(): its stand-in world)."""
     device: torch.device | None = None
     """Plan the kernels for this device instead of the example tensors' (explain's meta models)."""
+    compute: bool = True
+    """Whether planning may run code on real tensors (the mixers' declaration check); explain() computes nothing."""
 
 
 def find(gm: torch.fx.GraphModule, state: PassState) -> None:
@@ -68,7 +71,7 @@ def agree_ranks(gm: torch.fx.GraphModule, state: PassState) -> None:
 def rewrite(gm: torch.fx.GraphModule, state: PassState) -> None:
     """Each planned node replaced by its region call (passes/rewrite.py); logged per site."""
     if state.plans:
-        rewrite_graph(gm, state.plans)
+        rewrite_graph(gm, state.plans, check_batch=state.config.check_batch)
     log_plans(gm, state.plans)
 
 
@@ -78,7 +81,14 @@ def mixers(gm: torch.fx.GraphModule, state: PassState) -> None:
     if not find_mixers(gm):
         return
     group = state.plans[0].group if state.plans else state.config.cp_group or config_group(state.config)
-    state.mixers = rewrite_mixers(gm, state.config.strategy, group, state.config.mixer_layout)
+    state.mixers = rewrite_mixers(gm, state.config.strategy, group, state.config.mixer_layout, state.compute)
+
+
+def totals(gm: torch.fx.GraphModule, state: PassState) -> None:
+    """Each cpcompile::rank_total call (per-rank partial sums a formula needs whole: a MoE aux loss's expert counts)
+    replaced by its sum over the CP group (passes/totals.py)."""
+    group = state.plans[0].group if state.plans else state.config.cp_group or config_group(state.config)
+    rewrite_totals(gm, group)
 
 
 def guard(gm: torch.fx.GraphModule, state: PassState) -> None:
@@ -87,7 +97,7 @@ def guard(gm: torch.fx.GraphModule, state: PassState) -> None:
     refuse_token_mixing(gm, state)
 
 
-PASSES = (find, plan, agree_ranks, rewrite, mixers, guard)
+PASSES = (find, plan, agree_ranks, rewrite, mixers, totals, guard)
 
 
 def run(gm: torch.fx.GraphModule, config: CPConfig) -> list[CPPlan]:

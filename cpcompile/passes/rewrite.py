@@ -1,16 +1,18 @@
 """Replace each planned attention node by a call of its CP region (one call_function node per site), in
 whichever graph it lives (the top-level graph or a higher-order-op body); then insert the run-time guards
-(regions/guards.py): torch.cond conditions around rewritten sites agreed across ranks, and each family's checks
-once per graph (Family.insert_checks: varlen's packed metadata, cpcompile.attention's token metadata)."""
+(regions/guards.py): torch.cond conditions around rewritten sites agreed across ranks, each family's checks once
+per graph (Family.insert_checks: varlen's packed metadata), and the batch check once per graph (positions, padding,
+an unsharded batch: passes/batch_check.py)."""
 
 from __future__ import annotations
 
 import torch.fx
 
+from ..comms.dtensor import dtensor_region
 from ..families.plans import CPPlan
 from ..families.registry import get_family
-from ..regions.dtensor import dtensor_region
 from ..regions.guards import agree_condition
+from .batch_check import insert_batch_checks
 from .dtensor import region_example_value
 
 
@@ -47,8 +49,9 @@ def _agree_branch(cond: torch.fx.Node, plan: CPPlan) -> None:
     cond.replace_input_with(pred, agreed)
 
 
-def rewrite_graph(gm: torch.fx.GraphModule, plans: list[CPPlan]) -> torch.fx.GraphModule:
-    """Rewrite every planned site in place (in its own graph), then lint and recompile each changed module."""
+def rewrite_graph(gm: torch.fx.GraphModule, plans: list[CPPlan], check_batch: bool = True) -> torch.fx.GraphModule:
+    """Rewrite every planned site in place (in its own graph), insert the run-time checks (`check_batch`: the batch
+    check too, passes/batch_check.py), then lint and recompile each changed module."""
     changed = {id(gm): gm}
     regions: dict[tuple[str, int], list[tuple[torch.fx.Node, CPPlan]]] = {}
     for plan in plans:
@@ -63,6 +66,8 @@ def rewrite_graph(gm: torch.fx.GraphModule, plans: list[CPPlan]) -> torch.fx.Gra
         checks = get_family(kind).insert_checks
         if checks is not None:
             checks(found)
+    if check_batch:
+        insert_batch_checks([rp for found in regions.values() for rp in found])
     for module in changed.values():
         module.graph.lint()
         module.recompile()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from ..errors import CPCompileError
 from ..layouts import THD_LAYOUTS
 from ..mesh import resolve_group
+from ..token_marks import mark_sharded
 from .dense import shard_chunks, unshard_chunks
 from .dims import checked_dim
+from .dtensor import dtensor_local, local_to_dtensor
 from .packed import shard_packed, unshard_packed
 
 
@@ -39,6 +42,8 @@ def shard(
     as_dtensor=True wraps them as a DTensor on `mesh`, Shard(seq_dim) on its CP dim (for "flat" this equals
     distribute_tensor(x, mesh, [Shard(seq_dim)])); such DTensors can be fed to a model compiled with the backend.
     Packed documents (strategy "thd" / "thd_zigzag") also need cu_seqlens=, the global document offsets.
+    The result is marked (token_marks.py) with its token dim, layout and CP size: a compiled graph with no
+    attention fed it knows where its tokens are, and one compiled for another layout refuses it.
     """
     seq_dim = checked_dim(x, seq_dim, "shard")
     if is_packed(strategy, cu_seqlens, "shard"):
@@ -47,13 +52,13 @@ def shard(
                 f"shard(strategy={strategy!r}, as_dtensor=True): packed documents are not DTensor-sharded. "
                 "Fix: shard plain tensors with cu_seqlens= and pass the global cu_seqlens to the model."
             )
-        return shard_packed(x, strategy=strategy, seq_dim=seq_dim, cu_seqlens=cu_seqlens, mesh=mesh, group=group)
+        local = shard_packed(x, strategy=strategy, seq_dim=seq_dim, cu_seqlens=cu_seqlens, mesh=mesh, group=group)
+        return mark_sharded(local, seq_dim, strategy, resolve_group(mesh, group).size)
     if as_dtensor:
-        from .dtensor import local_to_dtensor
-
         local = shard(x, strategy=strategy, seq_dim=seq_dim, mesh=mesh, group=group)
         return local_to_dtensor(local, seq_dim, mesh)
-    return shard_chunks(x, strategy, seq_dim, resolve_group(mesh, group))
+    cp = resolve_group(mesh, group)
+    return mark_sharded(shard_chunks(x, strategy, seq_dim, cp), seq_dim, strategy, cp.size)
 
 
 def unshard(
@@ -71,11 +76,7 @@ def unshard(
     for "flat" the result equals x_local.full_tensor() (as a plain tensor; other mesh dims stay local).
     Packed documents (strategy "thd" / "thd_zigzag") also need cu_seqlens=, the global document offsets.
     """
-    from torch.distributed.tensor import DTensor
-
     if isinstance(x_local, DTensor):
-        from .dtensor import dtensor_local
-
         x_local, seq_dim, mesh = dtensor_local(x_local, seq_dim, mesh, group)
         group = None
     if seq_dim is None:

@@ -20,6 +20,7 @@ import torch
 import torch.fx
 
 from ..errors import CPCompileError
+from ..graph.region_call import schema_bound
 from ..layouts import THD_LAYOUTS, get_layout
 from ..mesh import resolve_group
 
@@ -113,14 +114,20 @@ def marker_node(mask_graph: torch.fx.GraphModule) -> torch.fx.Node | None:
     return found[0] if found else None
 
 
+def _marker_bound(node: torch.fx.Node) -> dict:
+    return schema_bound(node, torch.ops.cpcompile.flex_sharded_mask.default._schema)
+
+
 def marker_args(node: torch.fx.Node) -> tuple[str, int, int]:
     """(strategy, cp, global length) the mask was sharded for."""
-    return tuple(node.args[1:4])
+    bound = _marker_bound(node)
+    return bound["strategy"], bound["cp"], bound["seq_len"]
 
 
 def marker_block_size(node: torch.fx.Node) -> tuple[int, int]:
     """The sharded mask's real (q, kv) block size (its BlockMask carries NO_LENGTH_CHECK's)."""
-    return tuple(int(b) for b in node.args[4:6])
+    bound = _marker_bound(node)
+    return int(bound["q_block"]), int(bound["kv_block"])
 
 
 def mask_graph(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.GraphModule:
@@ -134,6 +141,6 @@ def strip_marker(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
     graph = mask_graph(gm, node)
     for n in list(graph.graph.nodes):
         if n.op == "call_function" and n.target in MARKERS:
-            n.replace_all_uses_with(n.args[0])
+            n.replace_all_uses_with(_marker_bound(n)["q_idx"])
             graph.graph.erase_node(n)
     graph.recompile()

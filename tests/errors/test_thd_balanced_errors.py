@@ -14,7 +14,7 @@ from torch.nn.attention.varlen import varlen_attn
 
 import cpcompile
 from cpcompile import CPCompileError
-from cpcompile.comm import registry
+from cpcompile.comms import registry
 from cpcompile.layouts.thd_balanced import make_plan
 from tests.support.errors import cp_error
 from tests.support.fake_pg import fake_group
@@ -53,7 +53,7 @@ def test_ring_is_refused_with_this_layout(no_comm):
 
 def test_a_comm_the_layout_does_not_know_is_refused(monkeypatch, no_comm):
     """A new comm whose capabilities do not take the layout, and say nothing of it, is refused with the comms
-    that take it (comm/registry.packed_layout_problem)."""
+    that take it (comms/registry.packed_layout_problem)."""
     gather = registry.COMMS["all_gather"]
     caps = dataclasses.replace(gather.capabilities, packed_layouts=("thd", "thd_zigzag"))
     other = dataclasses.replace(gather, name="other", capabilities=caps)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 
 import cpcompile
-from cpcompile.testing.distributed import RankPool
 from tests.errors.test_token_guard import B, D, L, attend, no_marks  # noqa: F401
 from tests.support.errors import cp_error as _cp_error
 from tests.support.fake_pg import fake_group
@@ -93,67 +92,6 @@ def test_correct_graphs_around_breaks_compile():
     compile_broken(global_positions_before_attention, torch.randn(B, L, H), torch.arange(L).expand(B, L))
 
 
-def _hf_rope(rank: int, world: int, rope_type: str) -> str:
-    """HF Llama with `rope_type` RoPE, compiled without fullgraph on the CP ranks against one process: the
-    error on this rank, or the largest relative error of logits and summed gradients."""
-    import transformers as T
-
-    def build(impl):
-        cfg = T.LlamaConfig(
-            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, max_position_embeddings=16,
-            rope_parameters={"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0},
-        )  # fmt: skip
-        cfg._attn_implementation = impl
-        torch.manual_seed(0)
-        return T.LlamaForCausalLM(cfg).double().train()
-
-    ids = torch.randint(3, 128, (1, 32), generator=torch.Generator().manual_seed(1))
-    full = {"input_ids": ids, "labels": ids.clone()}
-    ref = build("sdpa")
-    out = ref(**full, use_cache=False)
-    out.loss.backward()
-    model = build("cpcompile")
-    local = cpcompile.shard_batch(full, strategy="zigzag", hf_loss="causal_lm")
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", inner="eager"))
-    try:
-        got = compiled(**local, use_cache=False)
-    except Exception as e:  # noqa: BLE001
-        return str(_cp_error_of(e))
-    got.loss.backward()
-    logits = cpcompile.shard(out.logits.detach(), strategy="zigzag", seq_dim=1)
-    errors = [((got.logits - logits).abs().max() / logits.abs().max()).item()]
-    for p, q in zip(model.parameters(), ref.parameters()):
-        dist.all_reduce(p.grad)
-        errors.append(((p.grad - q.grad).abs().max() / q.grad.abs().max()).item())
-    return f"error {max(errors):.3g}"
-
-
-def _cp_error_of(e: BaseException) -> BaseException:
-    while e is not None and not isinstance(e, cpcompile.CPCompileError):
-        e = e.__cause__ or e.__context__
-    return e
-
-
-@pytest.fixture(scope="module")
-def ranks2():
-    pool = RankPool(2)
-    yield pool
-    pool.close()
-
-
-@pytest.mark.multirank
-def test_hf_dynamic_rope_without_fullgraph_fails_every_rank(ranks2):
-    """Each rank's max(position_ids) picks its own RoPE frequencies (logits 1e-3, grads 0.15 off unchecked)."""
-    pytest.importorskip("transformers")
-    for rank, msg in enumerate(ranks2.run(_hf_rope, "dynamic", timeout=600)):
-        assert "node 'gt'" in msg and "in dynamic_frequency_update" in msg, (rank, msg)
-        assert "max(position_ids)" in msg, (rank, msg)
-    for rank, msg in enumerate(ranks2.run(_hf_rope, "linear", timeout=600)):  # the same breaks, no branch on max
-        assert msg.startswith("error") and float(msg.split()[1]) < 1e-10, (rank, msg)
-
-
 @torch.compiler.disable
 def eager_cumsum(h):
     return h.cumsum(1) / 4
@@ -173,3 +111,93 @@ def test_tokens_into_a_disabled_function_are_refused(no_comm):
 def test_a_marked_disabled_function_compiles():
     cpcompile.mark_token_local(eager_cumsum)  # a false promise, for the test: the mark is the user's word
     compile_broken(around_eager_cumsum, torch.randn(B, L, H))
+
+
+# Graphs with no attention at all (issue 45): a separate compiled function, or the part after a graph break. Their
+# token dims come from their inputs: shard / shard_batch's marks, an earlier compiled graph's outputs (the handoff);
+# nothing known: every reading of their dims is tried, and an op that mixes tokens under one is refused.
+
+conv_h = nn.Conv1d(H, H, 3, padding=1)
+
+
+def running_sum(x):
+    return x.cumsum(dim=1) * 2
+
+
+def conv_over_sequence(x):
+    return conv_h(x.transpose(1, 2)).transpose(1, 2)
+
+
+mlp_in, mlp_out = nn.Linear(H, 2 * H), nn.Linear(2 * H, H)
+
+
+def mlp_and_norm(x):
+    """Token-local: an MLP and an RMS norm over the hidden dim."""
+    return F.rms_norm(mlp_out(F.gelu(mlp_in(x))) + x, (H,))
+
+
+def compile_alone(fn, x, dynamic=False, strategy="zigzag"):
+    with fake_group(0, 2):
+        be = cpcompile.backend(strategy=strategy, inner="eager")
+        torch._dynamo.reset()
+        return torch.compile(fn, backend=be, dynamic=dynamic)(x)
+
+
+@pytest.mark.parametrize("fn,node", [(running_sum, "cumsum"), (conv_over_sequence, "conv1d")])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_token_mixing_in_a_graph_without_attention_is_refused(no_comm, fn, node, dynamic):
+    """Fed what shard returns: its mark says dim 1 holds the tokens (was silent: cumsum error 6.23, conv 0.525)."""
+    with fake_group(0, 2):
+        x = cpcompile.shard(torch.randn(B, 2 * L, H), strategy="zigzag", seq_dim=1)
+    with pytest.raises(Exception) as excinfo:
+        compile_alone(fn, x, dynamic)
+    msg = str(_cp_error(excinfo))
+    assert f"node '{node}' at {__file__}:" in msg and "mixes tokens along the sequence dim" in msg, msg
+    assert "cannot tell which dim" not in msg, msg  # the mark told it
+
+
+def test_token_mixing_on_unknown_dims_is_refused_naming_the_reading(no_comm):
+    """Hand-cut tokens (no mark): the reading under which the op mixes tokens is named, and the fixes for it."""
+    with pytest.raises(Exception) as excinfo:
+        compile_alone(running_sum, torch.randn(B, L, H))
+    msg = str(_cp_error(excinfo))
+    assert "node 'cumsum'" in msg and "cannot tell which dim holds this rank's tokens" in msg, msg
+    assert "dim 1 of the input 'l_x_' (size 8) as the sequence" in msg, msg
+    fix = msg.split("Fix:")[1]
+    assert "inside the graph that has the attention" in fix and "cpcompile.token_mixer" in fix, msg
+    assert "cpcompile.mark_token_local" in fix and "shard_batch" in fix, msg
+
+
+def test_token_local_graph_without_attention_compiles():
+    with fake_group(0, 2):
+        x = cpcompile.shard(torch.randn(B, 2 * L, H), strategy="zigzag", seq_dim=1)
+    for dynamic in (False, True):
+        compile_alone(mlp_and_norm, x, dynamic)
+
+
+def attend_h(x):
+    return attend(x.view(B, -1, 2, H // 2).flatten(2))
+
+
+def test_compiled_outputs_hand_their_tokens_on(no_comm):
+    """A graph's outputs that hold tokens are marked when it runs: another backend's graph fed them (no shared
+    length, no shard mark) checks them at their token dim, and the cumsum is refused there by the mark."""
+    with fake_group(0, 2):
+        first = torch.compile(attend_h, backend=cpcompile.backend(strategy="zigzag", inner="eager"))
+        y = first(torch.randn(B, L, H))
+        second = torch.compile(running_sum, backend=cpcompile.backend(strategy="zigzag", inner="eager"))
+        with pytest.raises(Exception) as excinfo:
+            second(y)
+    msg = str(_cp_error(excinfo))
+    assert "node 'cumsum'" in msg and "cannot tell which dim" not in msg, msg
+
+
+def test_a_batch_sharded_for_another_layout_is_refused(no_comm):
+    """shard's mark names the layout: a flat-sharded batch fed to a zigzag backend is refused at compile time."""
+    with fake_group(0, 2):
+        x = cpcompile.shard(torch.randn(B, 2 * L, H), strategy="flat", seq_dim=1)
+    with pytest.raises(Exception) as excinfo:
+        compile_alone(mlp_and_norm, x)
+    msg = str(_cp_error(excinfo))
+    assert "sharded by cpcompile.shard_batch / shard with strategy='flat' for cp=2" in msg, msg
+    assert "strategy='zigzag'" in msg.split("Fix:")[1], msg

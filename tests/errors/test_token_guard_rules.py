@@ -12,7 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import cpcompile
 from tests.errors.test_token_guard import B, D, L, attend, compile_cp, no_marks, refusal  # noqa: F401
+from tests.support.errors import cp_error
 
 POSITIONS_FIX = "pass the tokens' GLOBAL position ids"
 
@@ -196,3 +198,53 @@ def test_llama4_temperature_tuning_is_refused(no_comm):
         msg
     )
     assert "LOCAL sequence length" in msg and POSITIONS_FIX in msg, msg
+
+
+def scale_from_an_earlier_line(x, pos):
+    n = x.shape[1]  # the local length, read on one line ...
+    scale = pos[..., None] / n  # ... used on another (was silent: error 0.42 on 2 ranks)
+    return attend(x * scale)
+
+
+def length_as_a_tensor(x):
+    b, n, _ = x.shape
+    return attend(x * torch.tensor(n, dtype=x.dtype).log())
+
+
+def head_scale(x):
+    """q * q.shape[-1] ** -0.5 with head_dim == L: the head dim, not the length (was refused)."""
+    q = x.view(B, L, 1, D).transpose(1, 2)  # (B, 1, L, D): tokens on dim 2, head_dim D == L
+    q = q * q.shape[-1] ** -0.5
+    return attend(q.transpose(1, 2).reshape(B, L, D))
+
+
+def test_the_length_is_followed_through_names_and_tensors(no_comm):
+    msg = refusal(scale_from_an_earlier_line, torch.randn(B, L, D), torch.arange(L).expand(B, L))
+    assert "LOCAL sequence length as a number" in msg and "scale = pos[..., None] / n" in msg, msg
+    assert f"is L for this rank's length L = {L}" in msg, msg
+    msg = refusal(length_as_a_tensor, torch.randn(B, L, D))
+    assert "a tensor of the local length" in msg and "torch.tensor(n, dtype=x.dtype)" in msg, msg
+
+
+def test_a_head_dim_equal_to_the_length_is_not_the_length():
+    assert D == L
+    compile_cp(head_scale, torch.randn(B, L, D))
+
+
+def test_the_length_is_followed_under_dynamic_shapes(no_comm):
+    """A graph with no attention fed shard's tokens, dims dynamic: the token dim's size is a symbol in the graph
+    and a number computed from it is the length, whatever its value."""
+    from tests.support.fake_pg import fake_group
+
+    def position_scale(x, pos):
+        n = x.shape[1] - 1
+        return x * (pos[..., None] / n)
+
+    with fake_group(0, 2):
+        x = cpcompile.shard(torch.randn(B, 2 * L, D + 4), strategy="zigzag", seq_dim=1)
+        pos = cpcompile.shard(torch.arange(2 * L).expand(B, -1), strategy="zigzag", seq_dim=1)
+        be = cpcompile.backend(strategy="zigzag", inner="eager")
+        with pytest.raises(Exception) as excinfo:
+            torch.compile(position_scale, backend=be, dynamic=True)(x, pos)
+    msg = str(cp_error(excinfo))
+    assert "LOCAL sequence length as a number" in msg and "computed from this rank's length" in msg, msg

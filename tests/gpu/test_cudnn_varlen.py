@@ -25,7 +25,7 @@ import torch
 import cpcompile
 from cpcompile.executor import encode_varlen, prepare_blocks
 from cpcompile.kernels import get_kernel, get_varlen_kernel
-from cpcompile.kernels.base import NO_WINDOW
+from cpcompile.layouts.block import NO_WINDOW
 from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
 from cpcompile.testing.distributed import run_ranks
 from tests.gpu.test_gpu import _cp, _rank_setup, _reference, _varlen_fn

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import cpcompile
-from cpcompile.comm.registry import COMMS
+from cpcompile.comms.registry import COMMS
 from cpcompile.layouts import LAYOUTS
 from cpcompile.testing.distributed import run_ranks, share_one_gpu
 from tests.support.parity import bf16_rule, max_err, sdpa_case

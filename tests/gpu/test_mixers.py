@@ -1,7 +1,9 @@
-"""GPU: HF hybrids' token mixers (cpcompile.hf_token_mixers) on CUDA, through transformers' torch fallbacks (neither
-mamba_ssm nor fla-core is on the GPU machine): Jamba (causal conv, Mamba1 selective scan with B/C all-gathered whole,
-MoE) and Qwen3-Next (causal conv, gated delta rule, MoE), fp32, 2 gloo ranks sharing the GPU (tests/gpu/test_gpu.py's
-host hop), zigzag all_gather: logits, the loss and every parameter gradient against the same model on one GPU.
+"""GPU: HF hybrids' token mixers on CUDA, declared by attn_implementation="cpcompile" itself (hf_hybrid builds them
+out of the box), through transformers' torch fallbacks (neither mamba_ssm nor fla-core is on the GPU machine): Jamba
+(causal conv, Mamba1 selective scan with B/C all-gathered whole, MoE) and Qwen3-Next (causal conv, gated delta rule,
+MoE); Bamba, FalconH1 (attention and Mamba2 side by side), Zamba2 (its shared attention block) and GraniteMoeHybrid
+(Mamba2, MoE); fp32, 2 gloo ranks sharing the GPU (tests/gpu/test_gpu.py's host hop), zigzag all_gather: logits, the
+loss and every parameter gradient against the same model on one GPU.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ FP32_TOL = 1e-4  # relative to the largest reference value: fp32 on both sides, 
 SEQ, BATCH, VOCAB = 16, 2, 32
 
 
-def _hybrids(rank, world):
+def _hybrids(rank, world, names):
     _rank_setup()
     torch.backends.cudnn.allow_tf32 = False  # the causal conv: fp32 against fp32
     from tests.support.hybrid import hf_hybrid
 
     results = {}
-    for name in ("jamba", "qwen3_next"):
+    for name in names:
         torch.manual_seed(0)
         model = hf_hybrid(name, world, VOCAB, attn_head_dim=16).cuda()  # flex_softcap: fp32, head dims >= 16
         g = torch.Generator().manual_seed(1)
@@ -71,7 +73,19 @@ def _hybrids(rank, world):
 def test_gpu_hf_hybrids_match_one_gpu(monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.setenv("CPCOMPILE_TEST_PG_TIMEOUT", "300")
-    for rank, results in enumerate(run_ranks(_hybrids, 2, timeout=420)):
+    _check(run_ranks(_hybrids, 2, ("jamba", "qwen3_next"), timeout=420))
+
+
+@pytest.mark.multirank
+def test_gpu_hf_mamba2_hybrids_match_one_gpu(monkeypatch):
+    """The Mamba2 hybrids, declared out of the box: Bamba, FalconH1, Zamba2, GraniteMoeHybrid."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("CPCOMPILE_TEST_PG_TIMEOUT", "300")
+    _check(run_ranks(_hybrids, 2, ("bamba", "falcon_h1", "zamba2", "granitemoehybrid"), timeout=420))
+
+
+def _check(reports) -> None:
+    for rank, results in enumerate(reports):
         for name, errors in results.items():
             assert any("conv1d" in n for n in errors), (name, sorted(errors))
             bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import cpcompile
-from cpcompile.comm.registry import comms_that
 from cpcompile.comms.a2a.dense import buffer_blocks
+from cpcompile.comms.registry import comms_that
 from cpcompile.comms.ring.schedule import held_rank, ring_blocks
 from cpcompile.layouts import LAYOUTS, get_layout
 from cpcompile.layouts.heads import HeadSplit

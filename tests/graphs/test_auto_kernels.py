@@ -16,7 +16,7 @@ from torch.nn.attention.varlen import varlen_attn
 
 import cpcompile
 from cpcompile import kernels
-from cpcompile.comm.registry import COMMS
+from cpcompile.comms.registry import COMMS
 from cpcompile.testing.varlen_model import GQA
 from tests.support.fake_pg import fake_group
 

@@ -109,8 +109,8 @@ class GraphModule(torch.nn.Module):
         cfg = TinyConfig(layers=3)
         model = TinyLlama(cfg)
         ids = torch.randint(0, cfg.vocab, (2, 8))
-        pos = torch.arange(8).expand(2, 8)
         with fake_group(rank=1, world=2):
+            pos = cpcompile.shard(torch.arange(16).expand(2, 16), strategy="zigzag", seq_dim=1)  # rank 1's
             be = cpcompile.backend(strategy="zigzag", inner="eager")
             torch.compile(model, backend=be, fullgraph=True)(ids, pos)
         self.assertEqual(len(be.plans), cfg.layers)

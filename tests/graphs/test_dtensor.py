@@ -39,7 +39,7 @@ class GraphModule(torch.nn.Module):
         l_a_ = L_a_
         l_b_ = L_b_
         l_c_ = L_c_
-        dtensor_region: "DTensor(f32[2, 4, 16, 8], S(0)S(2))" = cpcompile_regions_dtensor_dtensor_region(l_a_, l_b_, l_c_, comm = 'all_gather', layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '<cp group>', rank = 1, world = 2)
+        dtensor_region: "DTensor(f32[2, 4, 16, 8], S(0)S(2))" = cpcompile_comms_dtensor_dtensor_region(l_a_, l_b_, l_c_, comm = 'all_gather', layout = 'zigzag', causal = True, scale = 0.35355339059327373, kernel = 'cpu_flash', group_name = '<cp group>', rank = 1, world = 2)
         return (dtensor_region,)
 """,
     )

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 import cpcompile
-from cpcompile.comm.registry import get_comm
 from cpcompile.comm.wire import WireShape
+from cpcompile.comms.registry import get_comm
 from tests.support.fake_pg import capture_graphs, fake_group, normalize_gm, rewritten_graph
 from tests.support.graphs import on_snapshot_torch
 

@@ -201,3 +201,68 @@ def test_shared_inputs_are_a_function_s_token_arguments():
         )
     with pytest.raises(ValueError, match=r"\['nope'\] are not arguments"):
         cpcompile.token_mixer(_shared_scan, heads_dim=1, seq_dim=2, shared_inputs=("nope",))
+
+
+class MixesChannels(CausalConv):
+    """A causal conv that also adds every channel's mean to each: it mixes heads, so it is not head-local."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y + y.mean(-1, keepdim=True)
+
+
+class ScanThenAttention(nn.Module):
+    """A declared GatedRecurrence over (B, L, H, D) q/k/v feeding causal SDPA."""
+
+    def __init__(self, scan: nn.Module) -> None:
+        super().__init__()
+        self.scan = scan
+
+    def forward(self, q, k, v, a):
+        y = self.scan(q, k, v, a).transpose(1, 2)
+        return F.scaled_dot_product_attention(y, y, y, is_causal=True)
+
+
+def _qkva(seq=8, heads=4, dim=4):
+    g = torch.Generator().manual_seed(0)
+    return (*(torch.randn(1, seq, heads, dim, generator=g) for _ in range(3)), torch.randn(1, seq, heads, generator=g))
+
+
+def test_a_mixer_that_mixes_heads_declared_head_local_is_refused():
+    """The declaration is checked against the mixer's code when the graph compiles (mixers/head_check.py): the
+    mixer on each rank's block of heads must give what it gives on all heads. A conv that mixes its channels
+    (silent before, error 1.79 against one process in a model) and a function declared with the wrong heads_dim
+    (the dim it normalises over) are refused before any collective; declared right, the function compiles."""
+    msg = _compile_error(Wrap(cpcompile.token_mixer(MixesChannels(8), heads_dim=2)), _x())
+    assert "MixesChannels (declared with cpcompile.token_mixer) is not head-local as declared (heads_dim=2" in msg
+    assert "run on each of the 4 blocks of heads the a2a region gives a rank, its outputs differ" in msg, msg
+    assert "token mixer 'y' at " in msg and "declare it with comm='state'" in msg, msg
+    wrong = cpcompile.token_mixer(_normalized_cumsum, heads_dim=3)
+    msg = _compile_error(lambda x: F.scaled_dot_product_attention(*[wrong(x).transpose(1, 2)] * 3), _qkva()[0])
+    assert "_normalized_cumsum (declared with cpcompile.token_mixer) is not head-local as declared (heads_dim=3" in msg
+    right = cpcompile.token_mixer(_normalized_cumsum, heads_dim=2)
+    torch._dynamo.reset()
+    with fake_group(0, 4):
+        be = cpcompile.backend(strategy="zigzag", inner="eager")
+        torch.compile(lambda x: right(x) * 2, backend=be, fullgraph=True)(_qkva()[0])
+
+
+def _normalized_cumsum(x):
+    """(B, L, H, D): a running sum over tokens, normalised over each head's D values: head-local along H (dim 2),
+    not along D (dim 3)."""
+    return F.normalize(torch.cumsum(x, dim=1), dim=-1)
+
+
+def test_a_shared_weight_split_with_the_heads_is_refused():
+    """A module's parameter whose dim 0 equals a head count splits with the heads unless declared shared: the
+    recurrence's norm (Dv,) with Dv == H is shared by every head, so the default split is refused, naming
+    weight_dims; declared shared, the same mixer compiles."""
+    msg = _compile_error(ScanThenAttention(cpcompile.token_mixer(GatedRecurrence(4, 4), heads_dim=2)), *_qkva())
+    assert "is not head-local as declared (heads_dim=2, weights split with the heads: {'A_log': 0, 'norm': 0})" in msg
+    assert "weight_dims={name: None} for weights every head shares" in msg, msg
+    shared = cpcompile.token_mixer(GatedRecurrence(4, 4), heads_dim=2, weight_dims={"norm": None})
+    torch._dynamo.reset()
+    with fake_group(0, 4):
+        be = cpcompile.backend(strategy="zigzag", inner="eager")
+        torch.compile(ScanThenAttention(shared), backend=be, fullgraph=True)(*_qkva())
+    assert len(be.plans) == 1

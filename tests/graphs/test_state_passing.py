@@ -149,11 +149,12 @@ def _packed_inputs():
 
 def test_packed_documents_pass_state_with_each_chunk_s_offsets():
     """Strategy "thd": the regions take the GLOBAL offsets (`documents='cu_seqlens'`) and run flat's chain of chunks
-    (one a rank) with the same collectives as flat (the offsets travel nowhere: every rank holds them whole)."""
+    (one a rank) with the same collectives as flat (the offsets travel nowhere: every rank holds them whole), plus
+    the offsets' run-time check (mixers/checks.py: one small all-gather, before the first region reads them)."""
     torch._dynamo.reset()
     with fake_group(1, 4):
         graphs = capture_graphs(PackedConvScan(), cpcompile.backend(strategy="thd", inner="eager"), *_packed_inputs())
-    assert (_collectives(graphs["fw"]), _collectives(graphs["bw"])) == ((1, 1, 0), (1, 0, 1))
+    assert (_collectives(graphs["fw"]), _collectives(graphs["bw"])) == ((1, 2, 0), (1, 0, 1))
     if on_snapshot_torch():
         code = re.sub(r"key = \d+", "key = K", normalize_gm(graphs["rewritten"].print_readable(False)))
         assert_expected_inline(
@@ -167,13 +168,14 @@ class GraphModule(torch.nn.Module):
         l_cu_seqlens_ = L_cu_seqlens_
         l_g_ = L_g_
         l_beta_ = L_beta_
-        halo_region: "f32[1, 4, 24]" = cpcompile_mixers_state_region_halo_region(l_self_modules_conv_parameters_weight_, l_self_modules_conv_parameters_bias_, l_x_, key = K, call_kwargs = {'cu_seqlens': l_cu_seqlens_}, context = 3, group_name = '0', rank = 1, world = 4, documents = 'cu_seqlens')
+        check_packed_metadata: "i32[6]" = cpcompile_regions_guards_check_packed_metadata(l_cu_seqlens_, total = 16, max_doc = None, doc_multiple_per_cp = 0, group_name = '0', world = 4)
+        halo_region: "f32[1, 4, 24]" = cpcompile_mixers_state_region_halo_region(l_self_modules_conv_parameters_weight_, l_self_modules_conv_parameters_bias_, l_x_, key = K, call_kwargs = {'cu_seqlens': check_packed_metadata}, context = 3, group_name = '0', rank = 1, world = 4, documents = 'cu_seqlens')
         view: "f32[1, 4, 3, 2, 4]" = halo_region.view(1, 4, 3, 2, 4)
         unbind = view.unbind(2)
         q: "f32[1, 4, 2, 4]" = unbind[0]
         k: "f32[1, 4, 2, 4]" = unbind[1]
         v: "f32[1, 4, 2, 4]" = unbind[2]
-        state_region = cpcompile_mixers_state_region_state_region(key = K, call_kwargs = {'query': q, 'key': k, 'value': v, 'g': l_g_, 'beta': l_beta_, 'cu_seqlens': l_cu_seqlens_}, key_dim = 4, state_dtype = torch.float32, group_name = '0', rank = 1, world = 4, documents = 'cu_seqlens')
+        state_region = cpcompile_mixers_state_region_state_region(key = K, call_kwargs = {'query': q, 'key': k, 'value': v, 'g': l_g_, 'beta': l_beta_, 'cu_seqlens': check_packed_metadata}, key_dim = 4, state_dtype = torch.float32, group_name = '0', rank = 1, world = 4, documents = 'cu_seqlens')
         getitem_3: "f32[1, 4, 2, 4]" = state_region[0]
         return (getitem_3,)
 """,

@@ -4,6 +4,8 @@ executor call gets the blocks' windows; an HF model's graph keeps no SDPA, no ma
 
 from __future__ import annotations
 
+from unittest import mock
+
 import expecttest
 import pytest
 import torch
@@ -20,6 +22,12 @@ def softcapped(q, k, v):
     return cpcompile.attention(q, k, v, is_causal=True, scale=0.25, softcap=20.0)
 
 
+def with_peers():
+    """The batch check as on a real group: the fake group has no peers, so the pass leaves it out there
+    (passes/batch_check.has_peers); these snapshots show what a real group's graph gets."""
+    return mock.patch("cpcompile.passes.batch_check.has_peers", lambda group: True)
+
+
 def _qkv(s=8, requires_grad=False):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, s, 16, generator=g, requires_grad=requires_grad)
@@ -30,7 +38,7 @@ def _qkv(s=8, requires_grad=False):
 
 class TestSnapshots(expecttest.TestCase):
     def test_windowed_zigzag_rewrite(self):
-        with fake_group(rank=1, world=2):
+        with fake_group(rank=1, world=2), with_peers():
             pos = cpcompile.shard(torch.arange(16)[None], strategy="zigzag", seq_dim=1)
             code = rewritten_graph(windowed, *_qkv(), pos, strategy="zigzag")
         self.assertExpectedInline(
@@ -42,7 +50,7 @@ class GraphModule(torch.nn.Module):
         l_k_ = L_k_
         l_v_ = L_v_
         l_pos_ = L_pos_
-        check_dense_tokens = cpcompile_regions_guards_check_dense_tokens(l_pos_, None, layout = 'zigzag', group_name = '0', rank = 1, world = 2)
+        check_batch = cpcompile_regions_batch_check_check_batch([l_pos_], [], [], None, layout = 'zigzag', group_name = '0', rank = 1, world = 2)
         all_gather_attention: "f32[1, 4, 8, 16]" = cpcompile_comms_all_gather_dense_all_gather_attention(l_q_, l_k_, l_v_, layout = 'zigzag', causal = True, scale = 0.25, kernel = 'cpu_flash', group_name = '0', rank = 1, world = 2, window = (3, 0))
         return (all_gather_attention,)
 """,
@@ -66,12 +74,12 @@ class GraphModule(torch.nn.Module):
 
     def test_windowed_aot_forward(self):
         """Each executor call carries its blocks' windows (two ints a block: (-1, -1) none) after the six ints a block; the
-        token check is one all-gather and two asserts."""
-        with fake_group(rank=1, world=2):
+        batch check (positions only, here) is one all-gather and one assert."""
+        with fake_group(rank=1, world=2), with_peers():
             pos = cpcompile.shard(torch.arange(16)[None], strategy="zigzag", seq_dim=1)
             fwd, bwd = aot_graphs(windowed, *_qkv(requires_grad=True), pos, strategy="zigzag")
         self.assertEqual(count_ops(fwd, r"all_gather_into_tensor\.default\("), 2)  # K/V, and the token check
-        self.assertEqual(count_ops(fwd, r"_assert_async\.msg\("), 2)
+        self.assertEqual(count_ops(fwd, r"assert_on_ranks\.default\("), 1)
         self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
         # two executor calls (main's all_gather region): the local blocks while the gather is in flight, then the
         # gathered ones; each carries its own blocks' windows
@@ -92,7 +100,7 @@ def test_hf_model_graph_keeps_no_sdpa_mask_or_token_mixing():
     from tests.support.hf_zoo import batch, build
 
     full = batch("mistral_sw", 2, 16)
-    with fake_group(rank=0, world=2):
+    with fake_group(rank=0, world=2), with_peers():
         local = cpcompile.shard_batch(full, strategy="zigzag", hf_loss="causal_lm")
         graphs = []
         be = cpcompile.backend(strategy="zigzag", inner="eager")
@@ -107,7 +115,7 @@ def test_hf_model_graph_keeps_no_sdpa_mask_or_token_mixing():
     (gm,) = graphs
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert sum("all_gather_attention" in t for t in targets) == 2
-    assert sum("check_dense_tokens" in t for t in targets) == 1
+    assert sum("check_batch" in t for t in targets) == 1
     assert not [t for t in targets if "scaled_dot_product" in t or "cpcompile.attention" in t], targets
     assert [p.window for p in be.plans] == [(4, 0), (4, 0)]
 

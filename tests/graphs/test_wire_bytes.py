@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
 import cpcompile
-from cpcompile.comm.registry import get_comm
 from cpcompile.comm.wire import WireShape
+from cpcompile.comms.registry import get_comm
 from cpcompile.testing.varlen_model import GQA
 from tests.support.fake_pg import capture_graphs, fake_group
 from tests.support.graphs import sent_bytes

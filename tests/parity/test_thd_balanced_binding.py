@@ -1,6 +1,6 @@
 """thd_balanced's plan is bound to the tokens it sharded: a model given another plan than the one its tokens were
 sharded with (the previous batch's, or another row's) fails on every rank with one message, through the position
-ids the model takes (regions/guards.check_plan_positions); the matching plan runs."""
+ids the model takes (regions/batch_check.check_batch); the matching plan runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import cpcompile
-from cpcompile.regions.guards import PLAN_MISMATCH
+from cpcompile.regions.batch_check import PLAN_MISMATCH
 from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.model import TinyConfig
 from cpcompile.testing.varlen_model import VarlenTinyLlama

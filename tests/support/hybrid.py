@@ -107,11 +107,29 @@ class HybridModel(nn.Module):
         return self.head(x)
 
 
+def out_of_the_box(cls, cfg) -> nn.Module:
+    """cls(cfg) (attn_implementation="cpcompile"), which must declare the two token mixers its modeling module calls
+    by itself: their earlier declarations in this process (another test's) are undone first, so each build is a
+    fresh process's."""
+    import sys
+
+    from cpcompile.mixers import HF_MIXERS, restore_hf_mixers
+
+    restore_hf_mixers(cls)
+    modeling = sys.modules[cls.__module__]
+    before = {name: getattr(modeling, name) for name in HF_MIXERS if hasattr(modeling, name)}
+    model = cls(cfg)
+    declared = [name for name, fn in before.items() if getattr(modeling, name) is not fn]
+    assert len(declared) == 2, (cls.__name__, declared, sorted(before))
+    return model
+
+
 def hf_hybrid(name: str, cp: int, vocab: int = 32, attn_head_dim: int = 8) -> nn.Module:
     """A tiny HF hybrid (transformers 5.24), one linear/SSM layer then one attention layer, its token mixers declared by
-    cpcompile.hf_token_mixers; (B, L) ids [, position ids] -> logits. qwen3_next: a Gated DeltaNet layer
-    (k:v heads 1:2) and MoE MLPs; bamba: a Mamba2 layer (SSD, cp groups of B/C); granitemoehybrid: Mamba2 and
-    MoE. `attn_head_dim`: the attention head dim of qwen3_next and jamba (CUDA's fp32 provider takes 16 and up)."""
+        attn_implementation="cpcompile" itself (out_of_the_box); (B, L) ids [, position ids] -> logits. qwen3_next: a Gated DeltaNet layer
+        (k:v heads 1:2) and MoE MLPs; bamba: a Mamba2 layer (SSD, cp groups of B/C); granitemoehybrid: Mamba2 and
+        MoE. `attn_head_dim`: the attention head dim (CUDA's fp32 provider takes 16 and up; zamba2's is 16 always: its
+    attention reads the embeddings and the hidden state side by side)."""
     import transformers
 
     if name == "qwen3_next":
@@ -126,15 +144,15 @@ def hf_hybrid(name: str, cp: int, vocab: int = 32, attn_head_dim: int = 8) -> nn
         cls = transformers.Qwen3NextForCausalLM
     elif name == "bamba":
         cfg = transformers.BambaConfig(
-            vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=cp,
+            vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=32 // attn_head_dim, num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=cp,
             mamba_d_state=8, mamba_chunk_size=4, mamba_expand=2, num_logits_to_keep=None,
         )  # fmt: skip
         cls = transformers.BambaForCausalLM
     elif name == "falcon_h1":  # every layer runs attention and Mamba2 side by side
         cfg = transformers.FalconH1Config(
             vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=cp,
+            num_key_value_heads=2, head_dim=attn_head_dim, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=cp,
             mamba_d_state=8, mamba_chunk_size=4, mamba_expand=2, num_logits_to_keep=None,
         )  # fmt: skip
         cls = transformers.FalconH1ForCausalLM
@@ -148,7 +166,7 @@ def hf_hybrid(name: str, cp: int, vocab: int = 32, attn_head_dim: int = 8) -> nn
     elif name == "nemotron_h":
         cfg = transformers.NemotronHConfig(
             vocab_size=vocab, hidden_size=32, intermediate_size=32, layers_block_type=["mamba", "attention"],
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8, ssm_state_size=8, mamba_num_heads=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=attn_head_dim, ssm_state_size=8, mamba_num_heads=4,
             mamba_head_dim=16, n_groups=cp, chunk_size=4, expand=2, use_mamba_kernels=False,
         )  # fmt: skip
         cls = transformers.NemotronHForCausalLM
@@ -164,8 +182,8 @@ def hf_hybrid(name: str, cp: int, vocab: int = 32, attn_head_dim: int = 8) -> nn
         cls = transformers.JambaForCausalLM
     elif name == "granitemoehybrid":
         cfg = transformers.GraniteMoeHybridConfig(
-            vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=16,
+            vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=32 // attn_head_dim, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=16,
             layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_n_groups=cp, mamba_d_state=8,
             mamba_d_head=16, mamba_chunk_size=4, position_embedding_type="rope",
         )  # fmt: skip
@@ -173,8 +191,7 @@ def hf_hybrid(name: str, cp: int, vocab: int = 32, attn_head_dim: int = 8) -> nn
         cls = transformers.GraniteMoeHybridForCausalLM
     cfg._attn_implementation = "cpcompile"
     cfg.use_cache = False
-    model = cls(cfg)
-    assert len(cpcompile.hf_token_mixers(model)) == 2, cpcompile.hf_token_mixers(model)
+    model = out_of_the_box(cls, cfg)
 
     class Logits(torch.nn.Module):
         def __init__(self):

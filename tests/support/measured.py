@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 
 from cpcompile.cost import SiteShape
+from cpcompile.families.sdpa.costing import DENSE
+from cpcompile.families.varlen.costing import PACKED
 
 FILE = Path(__file__).with_name("measured_cases.json")
 
@@ -29,7 +31,7 @@ def shape_of(case: dict) -> SiteShape:
     """A single-GPU record's site: Llama3-8B attention (its hq/hkv/head_dim), bf16, causal, batch 1."""
     tokens = case["S"] // case["cp"]
     return SiteShape(
-        kind="varlen" if is_packed(case) else "sdpa", batch=1, tokens=tokens, q_heads=case["hq"],
+        costing=PACKED if is_packed(case) else DENSE, batch=1, tokens=tokens, q_heads=case["hq"],
         kv_heads=case["hkv"], head_dim=case["head_dim"], v_head_dim=case["head_dim"], elt=2, acc_elt=4, causal=True,
         world=case["cp"], max_doc=max(case["documents"]) if is_packed(case) else None, return_lse=False,
     )  # fmt: skip

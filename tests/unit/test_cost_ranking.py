@@ -16,6 +16,7 @@ import pytest
 
 from cpcompile.cost import TIE, SiteShape, estimate
 from cpcompile.cost.choose import choose
+from cpcompile.families.sdpa.costing import DENSE
 from tests.support.measured import cases, cu_of, measured_ms, shape_of
 
 SINGLE = cases()["single_gpu"]
@@ -136,7 +137,7 @@ def test_multi_gpu_layouts_and_comms_in_measured_order():
     at the table's assumed link bandwidth: every pair measured further apart than TIE is ranked as measured."""
     runs: dict[int, list[tuple[float, float, str]]] = {}
     for r in cases()["multi_gpu"]:
-        shape = SiteShape("sdpa", 1, r["tokens_per_gpu"], 32, 8, 128, 128, 2, 4, True, r["cp"])
+        shape = SiteShape(DENSE, 1, r["tokens_per_gpu"], 32, 8, 128, 128, 2, 4, True, r["cp"])
         e = estimate(shape, r["layout"], r["comm"], "cudnn")
         runs.setdefault(r["tokens_per_gpu"], []).append((r["latency_ms"], e.total_ms, f"{r['layout']}/{r['comm']}"))
     ranked = 0

@@ -9,8 +9,10 @@ import random
 import pytest
 import torch
 
-from cpcompile.cost import SiteShape, assumed_documents, estimate
+from cpcompile.cost import SiteShape, estimate
 from cpcompile.cost.work import TILE, flops, sequence_work
+from cpcompile.families.sdpa.costing import DENSE
+from cpcompile.families.varlen.costing import PACKED, assumed_documents
 
 
 def _brute(q_lens, k_lens, causal, window) -> tuple[int, int, int]:
@@ -59,7 +61,9 @@ def test_grid_counts_the_static_bounds():
 
 
 def _shape(kind, tokens, world, causal=True, **kw):
-    return SiteShape(kind, 2 if kind == "sdpa" else 1, tokens, 8, 2, 16, 16, 2, 4, causal, world, **kw)
+    return SiteShape(
+        DENSE if kind == "sdpa" else PACKED, 2 if kind == "sdpa" else 1, tokens, 8, 2, 16, 16, 2, 4, causal, world, **kw
+    )
 
 
 def _single_device(kind, seq, causal, docs=None) -> float:
@@ -118,7 +122,7 @@ def test_windowed_dense_sites_are_costed_with_their_window(comm, causal, window)
     the band once), not to the unwindowed square the model counted before."""
     world, seq, heads, d = 4, 768, 8, 64
     shape = SiteShape(
-        kind="sdpa", batch=1, tokens=seq // world, q_heads=heads, kv_heads=2, head_dim=d, v_head_dim=d,
+        costing=DENSE, batch=1, tokens=seq // world, q_heads=heads, kv_heads=2, head_dim=d, v_head_dim=d,
         elt=2, acc_elt=4, causal=causal, world=world, window=window,
     )  # fmt: skip
     rel = torch.arange(seq)[None, :] - torch.arange(seq)[:, None]

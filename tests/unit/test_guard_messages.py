@@ -3,8 +3,9 @@ found on the H200, where the packed check then failed with "Message length must 
 
 from __future__ import annotations
 
-from cpcompile.layouts import THD_LAYOUTS
-from cpcompile.regions import guards
+from cpcompile.layouts import STRATEGIES, THD_LAYOUTS
+from cpcompile.regions import batch_check, guards
+from cpcompile.regions.batch_check import bad_positions_message, unsharded_message
 from cpcompile.regions.guards import MAX_MESSAGE, bad_cu_message
 
 
@@ -13,10 +14,11 @@ def test_assert_messages_fit():
     CUDA every graph with position ids then failed at the assert) and every built message, at extreme sizes."""
     longest = bad_cu_message(10**12, 10**12, 2, 10**6)
     assert "cu[-1]=1000000000000" in longest and "2*cp=2000000" in longest
-    constants = [v for k, v in vars(guards).items() if k.isupper() and isinstance(v, str)]
-    assert len(constants) >= 5 and guards.BAD_POSITIONS in constants
+    constants = [v for m in (guards, batch_check) for k, v in vars(m).items() if k.isupper() and isinstance(v, str)]
+    assert len(constants) >= 4 and batch_check.PADDED in constants
     built = [longest, bad_cu_message(8, None, 0, 2)]
     built += [lay.bad_metadata_message(10**12, 10**12, 10**6) for lay in THD_LAYOUTS.values()]
+    built += [f(layout) for layout in STRATEGIES for f in (bad_positions_message, unsharded_message)]
     for message in constants + built:
         assert len(message) <= MAX_MESSAGE, (len(message), message)
 

@@ -1,6 +1,6 @@
 """The steps of docs/architecture.md's "How to add a comm / a family": a toy attention family (causal linear
 attention, a custom op) and a toy comm that serves it, each added by ONE registry entry (families.registry.FAMILIES,
-comm.registry.COMMS) and nothing else, then found, planned, rewritten, guarded and run on CPU.
+comms.registry.COMMS) and nothing else, then found, planned, rewritten, guarded, costed and run on CPU.
 
 If some step switched on the family's or the comm's name instead of reading the registries (a planner picked by
 `site.kind` with a fallback, an `isinstance` on a plan type, a comm's region read from a per-family field), the
@@ -20,7 +20,10 @@ import torch.fx
 import cpcompile
 from cpcompile.comm.collectives import all_gather_dim0
 from cpcompile.comm.entry import Comm, Region
-from cpcompile.comm.registry import COMMS
+from cpcompile.comms.registry import COMMS
+from cpcompile.cost import SiteShape
+from cpcompile.cost.work import CallWork
+from cpcompile.families.cost_shape import site_shape
 from cpcompile.families.family import Family
 from cpcompile.families.plans import CPConfig, CPPlan
 from cpcompile.families.registry import FAMILIES
@@ -86,6 +89,29 @@ def plan_toy(site: AttentionSite, config: CPConfig, group: CPGroup) -> ToyPlan:
     return ToyPlan(site, layout="flat", comm=config.comm, kernel="none", causal=True, scale=1.0, group=group)
 
 
+class ToyCosting:
+    """How the cost model counts a toy site (cost/shape.Costing): no documents, the comm's toy region's blocks as
+    (q rows, keys) pairs, one kernel call each."""
+
+    family = "toy"
+    kernels = "dense"
+
+    def documents(self, shape, layout, cu_seqlens):
+        return None, ""
+
+    def wire(self, shape, layout, lse_on_demand):
+        return shape.wire_shape()
+
+    def rank_work(self, shape, layout, region, rank, documents, **levels):
+        blocks = region.rank_blocks(rank, shape.world, shape.tokens)
+        work = CallWork(pairs=sum(q * k for q, k in blocks) * shape.batch, calls=len(blocks))
+        return len(blocks), work
+
+
+def toy_cost_shape(plan: ToyPlan, world: int) -> SiteShape:
+    return site_shape(plan.site, ToyCosting(), True, world, 2)
+
+
 TOY_FAMILY = Family(
     name="toy",
     title="linear attention",
@@ -94,7 +120,8 @@ TOY_FAMILY = Family(
     call=ToyCall,
     seq_dim=2,
     out_seq_dims=(2,),
-    uncosted_note="toy sites are not costed",
+    cost_shape=toy_cost_shape,
+    recommend_layouts=lambda: ("flat",),
     overlaps=False,
 )
 
@@ -113,9 +140,14 @@ def toy_gather_region(q, k, v, *, group_name: str, rank: int, world: int) -> tor
     ]
 
 
+def toy_rank_blocks(rank: int, world: int, local_len: int) -> list[tuple[int, int]]:
+    """(q rows, keys) of each block rank `rank` runs: its rows against every key up to its last."""
+    return [(local_len, local_len * (rank + 1))]
+
+
 TOY_COMM = Comm(
     name="toy_gather",
-    regions={"toy": Region(toy_gather_region)},
+    regions={"toy": Region(toy_gather_region, toy_rank_blocks)},
     wire_bytes=lambda shape: (0, 0),
     auto_option=False,
 )
@@ -152,13 +184,16 @@ def test_toy_family_and_comm_run_through_every_step(registered):
     assert [(type(p), p.site.kind, p.comm) for p in be.plans] == [(ToyPlan, "toy", "toy_gather")]
 
 
-def test_toy_family_is_planned_and_guarded_by_explain(registered):
+def test_toy_family_is_planned_guarded_and_costed_by_explain(registered):
     """explain() at world 2 runs passes.PASSES: the other rank plans and agrees, the token guard checks the
-    rewritten graph with the toy family's rule (seq_dim, out_seq_dims), and the toy site is reported uncosted."""
+    rewritten graph with the toy family's rule (seq_dim, out_seq_dims), and the cost model counts the toy site
+    through the toy family's own costing (rank 1's rows read twice rank 0's keys) and recommends its layout."""
     report = cpcompile.explain(ToyModel(), torch.randn(2, 8, 8), strategy="flat", comm="toy_gather", world=2)
     assert not report.refusals, report.refusals
-    assert [(s.kind, s.comm, s.estimate) for s in report.sites] == [("toy", "toy_gather", None)]
-    assert "toy sites are not costed" in report.notes
+    assert [(s.kind, s.comm) for s in report.sites] == [("toy", "toy_gather")]
+    estimate = report.sites[0].estimate
+    assert estimate.blocks == (1, 1) and estimate.flops[1] == 2 * estimate.flops[0] > 0
+    assert report.recommendation.layout == "flat"
 
 
 def test_a_comm_without_the_family_is_refused_by_the_family_planner(registered):
@@ -183,9 +218,14 @@ def test_every_comm_is_one_package():
 SWITCHES = ("VarlenPlan", "FlexPlan", "varlen_region", "flex_region", "varlen_rank_blocks")
 
 
+def _names_a_family(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value in FAMILIES
+
+
 def test_nothing_outside_a_family_switches_on_its_name():
-    """`site.kind == "..."`, a dict keyed by family names, an isinstance on a family's plan type or a comm field
-    per family, outside families/: each is a second place a new family would have to be added."""
+    """`site.kind == "..."` (or any `.kind` compared with a family's name: the cost model's dense / packed branch),
+    a dict keyed by family names, an isinstance on a family's plan type or a comm field per family, outside
+    families/: each is a second place a new family would have to be added."""
     found = []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()
@@ -195,8 +235,30 @@ def test_nothing_outside_a_family_switches_on_its_name():
             if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "kind":
                 if isinstance(node.left.value, ast.Attribute) and node.left.value.attr == "site":
                     found.append(f"{rel}:{node.lineno}: site.kind compared")
+                elif any(_names_a_family(c) for c in node.comparators):
+                    found.append(f"{rel}:{node.lineno}: .kind compared with a family's name")
             if isinstance(node, ast.Name) and node.id in SWITCHES:
                 found.append(f"{rel}:{node.lineno}: {node.id}")
             if isinstance(node, ast.Attribute) and node.attr in SWITCHES:
                 found.append(f"{rel}:{node.lineno}: .{node.attr}")
+    assert not found, found
+
+
+SHARED_FROM_COMMS = {"comms.a2a.head_parallel"}
+"""The one comm module others build on: the token mixers' region is a2a's head_parallel (docs/architecture.md)."""
+
+
+def test_nothing_outside_comms_reaches_into_a_comm_package():
+    """Outside comms/, a comm is read through its registry entry (comms/registry.py), never by importing its package:
+    what a comm adds (its notes for explain() too: Comm.batch_note) travels on the entry."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("comms/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("comms."):
+                package = node.module.split(".")[1]
+                if package in COMMS and node.module not in SHARED_FROM_COMMS:
+                    found.append(f"{rel}:{node.lineno}: {node.module}")
     assert not found, found

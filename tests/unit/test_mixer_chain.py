@@ -1,5 +1,5 @@
 """The chain of a chunk layout's chunks under state passing (cpcompile/mixers/chain.py): which tails each rank sends
-by which rank offset, where each of its chunks' halo comes from, and the tokens a relayout to flat and back moves.
+by which rank offset, where each of its chunks' halo comes from, and which rank owns each chunk.
 Checked against a brute-force reading of the layout: every chunk's halo is the tail of the chunk before it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cpcompile.layouts import LAYOUTS
-from cpcompile.mixers.chain import HaloRoutes, HaloSource, chunk_owners, halo_routes, relayout_tokens, tails_received
+from cpcompile.mixers.chain import HaloRoutes, HaloSource, chunk_owners, halo_routes, tails_received
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -45,8 +45,5 @@ def test_zigzag_sends_to_both_neighbours_and_once_at_cp_2():
     assert tails_received(zigzag, 2) == 1 and tails_received(zigzag, 4) == 2 and tails_received(LAYOUTS["flat"], 4) == 1
 
 
-def test_owners_and_relayout_tokens():
+def test_chunk_owners():
     assert chunk_owners(LAYOUTS["zigzag"], 2) == [(0, 0), (1, 0), (1, 1), (0, 1)]
-    # zigzag -> flat -> zigzag at cp 4, 8 tokens a rank (chunks of 4): ranks 1 and 3 trade both chunks each way
-    assert relayout_tokens(LAYOUTS["zigzag"], 4, 8) == 16
-    assert relayout_tokens(LAYOUTS["flat"], 4, 8) == 0

@@ -11,14 +11,16 @@ import json
 import pytest
 
 from bench.overlap_fit import RECORDS, TABLE, table_of
-from cpcompile.comm.registry import COMMS
 from cpcompile.comm.wire import LevelBytes
+from cpcompile.comms.registry import COMMS
 from cpcompile.cost import SiteShape, measured
 from cpcompile.cost.choose import TIE
 from cpcompile.cost.measured import point_of_record, point_of_site
 from cpcompile.cost.model import wire_time_ms
 from cpcompile.cost.rates import inter_gbps, link_gbps
 from cpcompile.families.auto import resolve
+from cpcompile.families.sdpa.costing import DENSE
+from cpcompile.families.varlen.costing import PACKED
 
 
 def _records() -> list[dict]:
@@ -38,7 +40,7 @@ def _shape(r: dict) -> SiteShape:
     mesh = tuple(int(n) for n in r["levels"].split("x"))
     packed = r["layout"].startswith("thd")
     return SiteShape(
-        kind="varlen" if packed else "sdpa", batch=1, tokens=r["S"], q_heads=r["hq"], kv_heads=r["hkv"],
+        costing=PACKED if packed else DENSE, batch=1, tokens=r["S"], q_heads=r["hq"], kv_heads=r["hkv"],
         head_dim=r["head_dim"], v_head_dim=r["head_dim"], elt=2, acc_elt=4, causal=True, world=r["cp"],
         max_doc=r["max_doc"], levels=None if mesh[0] == 1 else mesh,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""thd_balanced's plan binding (regions/guards.plan_positions_ok), rank by rank on a fake group: the position ids
+"""thd_balanced's plan binding (regions/batch_check.plan_positions_ok), rank by rank on a fake group: the position ids
 each rank holds under the plan it was sharded with pass, as positions inside documents, over the packed buffer,
 or over HF's padded rows; positions that count up through every piece but from a start no plan gives fail."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import cpcompile
-from cpcompile.regions.guards import plan_positions_ok
+from cpcompile.regions.batch_check import plan_positions_ok
 from cpcompile.testing.varlen_model import document_position_ids
 from tests.support.fake_pg import fake_group
 

@@ -30,7 +30,7 @@ def _play(pieces: dict[int, list[torch.Tensor]], src: str, dst: str, cp: int, se
         return relayout(*pieces[rank], seq_dims=dims, src=src, dst=dst, group_name="0", rank=rank, world=cp)
 
     for rank in range(cp):
-        monkeypatch.setattr(relayout_module, "_all_to_all", record(rank))
+        monkeypatch.setattr(relayout_module, "exchange_uneven", record(rank))
         call(rank)
     outs = []
     for rank in range(cp):
@@ -39,7 +39,7 @@ def _play(pieces: dict[int, list[torch.Tensor]], src: str, dst: str, cp: int, se
             parts = [sent[p][k][0].split(sent[p][k][1])[rank] for p in range(cp)]  # what rank p sent to `rank`
             assert [t.shape[0] for t in parts] == sent[rank][k][2], "the receive splits do not match what arrives"
             arrived.append(torch.cat(parts))
-        monkeypatch.setattr(relayout_module, "_all_to_all", lambda x, o, i, g, arrived=arrived: arrived.pop(0))
+        monkeypatch.setattr(relayout_module, "exchange_uneven", lambda x, o, i, g, arrived=arrived: arrived.pop(0))
         outs.append(call(rank))
     return outs
 
@@ -76,3 +76,17 @@ def test_routes_and_bytes():
     assert [received_tokens(zigzag, flat, cp, 8) for cp in (2, 3, 4)] == [4, 8, 8]
     assert [received_tokens(flat, zigzag, cp, 8) for cp in (2, 3, 4)] == [4, 8, 8]
     assert received_tokens(flat, flat, 4, 8) == 0
+
+
+def test_a_round_trip_through_flat_receives_the_chunks_a_rank_trades():
+    """zigzag -> flat -> zigzag at cp 4, 8 tokens a rank (chunks of 4): ranks 1 and 3 share no chunk between their
+    zigzag and flat slices and receive both chunks each way (16 tokens); ranks 0 and 2 keep one (8); flat moves
+    nothing."""
+    zigzag, flat = LAYOUTS["zigzag"], LAYOUTS["flat"]
+
+    def received(src, dst, rank: int) -> int:
+        routes = relayout_routes(src, dst, 4, rank)
+        return sum(len(r) for peer, r in enumerate(routes.recvs) if peer != rank) * 8 // routes.fine
+
+    assert [received(zigzag, flat, r) + received(flat, zigzag, r) for r in range(4)] == [8, 16, 8, 16]
+    assert max(received(flat, flat, r) for r in range(4)) == 0

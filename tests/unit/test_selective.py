@@ -9,6 +9,7 @@ import torch
 
 from cpcompile.comms.selective.schedule import capacity, global_key_buffer, held_len, select, select_thd
 from cpcompile.cost import SiteShape, choose
+from cpcompile.families.varlen.costing import PACKED
 from cpcompile.layouts import get_packed_layout
 from cpcompile.layouts.thd_balanced import make_plan
 
@@ -96,7 +97,7 @@ def test_capacity_is_the_static_bound():
 
 
 def _shape(tokens, world, max_doc):
-    return SiteShape("varlen", 1, tokens, 32, 8, 128, 128, 2, 4, True, world, max_doc=max_doc)
+    return SiteShape(PACKED, 1, tokens, 32, 8, 128, 128, 2, 4, True, world, max_doc=max_doc)
 
 
 def test_auto_picks_selective_only_when_its_slots_send_less():

@@ -8,6 +8,7 @@ rank (every rank attends over the whole sequence), expressed per q buffer with s
 from __future__ import annotations
 
 from ...layouts.base import Block, ChunkLayout, runs
+from ...layouts.window import exchange_window_blocks
 
 
 def exchange_slots(layout: ChunkLayout, causal: bool, windowed: bool = False) -> tuple[tuple[int, ...], ...]:
@@ -70,8 +71,6 @@ def exchange_blocks(
     A sliding window: layouts/window.py (flat: one windowed block over the whole sequence, as on one GPU).
     """
     if window is not None:
-        from ...layouts.window import exchange_window_blocks
-
         return exchange_window_blocks(buffers, chunk_len, causal, window)
     if not causal:
         return [

@@ -17,7 +17,7 @@ import torch
 from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ...executor.blocks import encode_varlen
 from ...executor.varlen_meta import prepare_blocks
-from ...kernels.base import NO_WINDOW
+from ...layouts.block import NO_WINDOW
 from ...layouts.heads import HeadSplit
 from ...layouts.thd import get_packed_layout, whole_sequence_blocks
 from .head_parallel import head_parallel

@@ -17,7 +17,7 @@ from ...comm.pending import in_backward
 from ...executor.blocks import decode_varlen, encode_varlen
 from ...executor.packed_kv import pack_kv, unpack_kv
 from ...executor.varlen_meta import prepare_blocks
-from ...kernels.base import NO_WINDOW
+from ...layouts.block import NO_WINDOW
 from ...layouts.thd import get_packed_layout
 from ...precision import acc_dtype
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.base import NO_WINDOW
+from ...layouts.block import NO_WINDOW
 from ...layouts.heads import HeadSplit
 from ..a2a.heads import (
     heads_to_bshd,

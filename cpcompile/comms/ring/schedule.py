@@ -28,8 +28,8 @@ import dataclasses
 
 import torch
 
-from ...kernels.base import NO_WINDOW
 from ...layouts.base import Block, ChunkLayout
+from ...layouts.block import NO_WINDOW
 from ...layouts.packed_band import earlier_keys_band
 from ...layouts.thd import VarlenBlock, doc_bound, get_packed_layout, interleave, qk_ranges
 from ...layouts.window import ring_window_blocks

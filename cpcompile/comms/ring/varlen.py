@@ -20,7 +20,7 @@ from ...comm.pending import in_backward, start_shift, wait
 from ...executor.blocks import encode_varlen
 from ...executor.packed_kv import pack_kv, unpack_kv
 from ...executor.varlen_meta import prepare_blocks
-from ...kernels.base import NO_WINDOW
+from ...layouts.block import NO_WINDOW
 from ...regions.partials import add_part, merge_step
 from .schedule import packed_step_blocks, packed_visited_steps, packed_window, step_gap
 

@@ -8,6 +8,7 @@ from ...comm.entry import Comm, Region
 from ...layouts import THD_LAYOUTS
 from ..all_gather import varlen as all_gather_varlen
 from . import varlen
+from .note import batch_note
 
 PACKED = ("thd", "thd_balanced")
 
@@ -16,6 +17,7 @@ SELECTIVE = Comm(
     regions={"varlen": Region(varlen.selective_varlen_attention, all_gather_varlen.rank_blocks)},
     wire_bytes=varlen.wire_bytes,
     overhead_as="all_gather",  # the same key-buffer copy and fold, plus one index_select of the sent K/V
+    batch_note=batch_note,
     capabilities=Capabilities(
         packed_layouts=PACKED,
         packed_refusals={

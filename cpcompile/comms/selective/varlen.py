@@ -17,7 +17,7 @@ from ... import executor  # noqa: F401  (registers torch.ops.cpcompile.*)
 from ...comm.collectives import exchange_slots
 from ...comm.wire import WireShape
 from ...executor.packed_kv import pack_kv, unpack_kv
-from ...kernels.base import NO_WINDOW
+from ...layouts.block import NO_WINDOW
 from ...layouts.thd import get_packed_layout
 from ..all_gather.varlen import attend_gathered, attend_gathered_backward, gathered_blocks
 from .schedule import capacity, global_key_buffer, held_len, select, select_thd

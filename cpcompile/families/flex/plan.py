@@ -13,7 +13,7 @@ import math
 
 import torch.fx
 
-from ...comm.registry import comms_that, get_comm
+from ...comms.registry import comms_that, get_comm
 from ...errors import site_error
 from ...layouts import LAYOUTS, get_layout
 from ...layouts.flex import rank_major_chunks

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...sharding.flex import strip_marker
 from ..plans import CPPlan
 from .call import FlexCall
 
@@ -31,8 +32,6 @@ class FlexPlan(CPPlan):
 
     def prepare_rewrite(self) -> None:
         """The region calls the global mask_mod itself: strip shard_block_mask's marker from the traced graph."""
-        from ...sharding.flex import strip_marker
-
         strip_marker(self.site.node.graph.owning_module, self.site.flex.mask_mod)
 
     def block_count(self) -> int:

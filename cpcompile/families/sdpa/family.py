@@ -4,13 +4,13 @@ q/k/v (B, H, L, D) sharded on L by a chunk layout (flat, zigzag)."""
 from __future__ import annotations
 
 from ...cost import SiteShape
-from ...kernels.base import NO_WINDOW
 from ...layouts import LAYOUTS
+from ...layouts.block import NO_WINDOW
 from ..cost_shape import site_shape
 from ..family import Family
 from ..plans import CPPlan
 from .call import DenseCall
-from .checks import check_tokens
+from .costing import DENSE
 from .match import match_sdpa
 from .plan import SEQ_DIM, plan_dense_site
 
@@ -18,7 +18,7 @@ from .plan import SEQ_DIM, plan_dense_site
 def cost_shape(plan: CPPlan, world: int) -> SiteShape:
     """The plan's SiteShape at `world` ranks: its window, and a 2-D mesh's levels at the plan's own world."""
     levels = plan.group.level_sizes if world == plan.group.size else None
-    return site_shape(plan.site, plan.causal, world, SEQ_DIM, window=plan.window or NO_WINDOW, levels=levels)
+    return site_shape(plan.site, DENSE, plan.causal, world, SEQ_DIM, window=plan.window or NO_WINDOW, levels=levels)
 
 
 SDPA = Family(
@@ -29,7 +29,6 @@ SDPA = Family(
     call=DenseCall,
     seq_dim=SEQ_DIM,
     out_seq_dims=(SEQ_DIM,),
-    insert_checks=check_tokens,
     cost_shape=cost_shape,
     recommend_layouts=lambda: tuple(LAYOUTS),
 )

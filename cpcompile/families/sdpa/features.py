@@ -77,7 +77,7 @@ def _shape(node) -> tuple | None:
 def check_token_metadata(site: AttentionSite) -> None:
     """The padding mask and position ids must be this rank's share of the batch: L local tokens each, the
     positions given to the model (not made inside it from the local length, which are wrong on every rank but
-    one). Their values are checked at run time (regions/guards.py: check_dense_tokens)."""
+    one). Their values are checked at run time (regions/batch_check.py: check_batch)."""
     local = site.q_shape[2]
     for name, node in (("padding mask (attention_mask)", site.padding_mask), ("position ids", site.position_ids)):
         if node is None:

@@ -7,8 +7,9 @@ import torch
 import torch.fx
 
 from ...graph.bodies import Body
+from ...graph.region_call import schema_bound
 from ...graph.targets import is_cp_attention, is_sdpa
-from ..site import AttentionSite, schema_bound, traced_tensor
+from ..site import AttentionSite, traced_tensor
 
 
 def _sdpa_signature(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import math
 
-from ...comm.registry import dense_feature_problem, get_comm
+from ...comms.registry import dense_feature_problem, get_comm
 from ...errors import CPCompileError, site_error
-from ...integrations.hints import mask_fix
-from ...kernels.base import NO_WINDOW
 from ...layouts import THD_LAYOUTS, get_layout
+from ...layouts.block import NO_WINDOW
 from ...mesh import CPGroup
 from ..auto import resolve, site_comms, site_kernels
 from ..checks import constant, is_static
 from ..cost_shape import site_shape
 from ..plans import CPConfig, CPPlan
 from ..site import AttentionSite
+from .costing import DENSE
 from .features import check_token_metadata, sinks_of, softcap_of, window_of
+from .mask_hints import mask_fix
 
 SEQ_DIM = 2
 """q (B, H, L, D) holds the tokens on L."""
@@ -122,7 +123,7 @@ def plan_dense_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> CP
             "[16, 256]) and 'cpu_ref' (CPU) do",
             "use kernel='auto' (it picks them for softcapped sites), or name one of them",
         ) from None
-    shape = site_shape(site, causal, group.size, SEQ_DIM, window=window or NO_WINDOW, levels=group.level_sizes)
+    shape = site_shape(site, DENSE, causal, group.size, SEQ_DIM, window=window or NO_WINDOW, levels=group.level_sizes)
     comm, kernel, choice = resolve(shape, layout.name, comms, kernels)
     scale = float(constant(site, "scale", site.scale, (int, float))) if site.scale is not None else 1 / math.sqrt(d)
     return CPPlan(

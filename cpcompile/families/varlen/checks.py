@@ -1,16 +1,15 @@
-"""The varlen family's run-time guards, inserted by the rewrite once per graph: the packed metadata (cu_seqlens)
-checked on every rank before the regions read it, and a thd_balanced plan's positions (regions/guards.py)."""
+"""The varlen family's run-time guard, inserted by the rewrite once per graph: the packed metadata (cu_seqlens)
+checked on every rank before the regions read it (regions/guards.py); the positions, a thd_balanced plan's among
+them, are the batch check's (passes/batch_check.py)."""
 
 from __future__ import annotations
-
-import re
 
 import torch
 import torch.fx
 
 from ...graph.region_call import read_call
 from ...layouts import THD_LAYOUTS
-from ...regions.guards import check_packed_metadata, check_plan_positions
+from ...regions.guards import check_packed_metadata
 from .call import VarlenCall
 from .plan_type import VarlenPlan
 
@@ -41,26 +40,3 @@ def check_packed(regions: list[tuple[torch.fx.Node, VarlenPlan]]) -> None:
         checked.meta = dict(cu.meta)
         for region, _ in users:
             region.replace_input_with(cu, checked)
-        if layout.carries_plan:
-            bind_plan(first, checked, plan)
-
-
-POSITION_NAME = re.compile(r"position", re.IGNORECASE)
-"""Graph inputs that are the model's position ids: Dynamo names placeholders after the arguments (HF's
-position_ids, torchtitan's positions)."""
-
-
-def bind_plan(first: torch.fx.Node, cu: torch.fx.Node, plan: VarlenPlan) -> None:
-    """One check_plan_positions call (regions/guards.py) per position-ids input of the graph: the tokens must be
-    the ones the plan in cu_seqlens sharded. Like sdpa's check_tokens' checks it has no users."""
-    local = plan.site.q_shape[0]
-    for node in first.graph.find_nodes(op="placeholder"):
-        val = node.meta.get("example_value")
-        if not (POSITION_NAME.search(node.name) and isinstance(val, torch.Tensor)) or val.is_floating_point():
-            continue
-        if val.numel() != local or val.shape[-1] != local:
-            continue
-        kwargs = dict(layout=plan.layout, group_name=plan.group.name, rank=plan.group.rank, world=plan.group.size)
-        with first.graph.inserting_before(first):
-            check = first.graph.call_function(check_plan_positions, (node, cu), kwargs)
-        check.meta = {"stack_trace": first.meta.get("stack_trace"), "cpcompile_check": True}

@@ -9,6 +9,7 @@ from ..cost_shape import site_shape
 from ..family import Family
 from .call import VarlenCall
 from .checks import check_packed
+from .costing import PACKED
 from .match import match_varlen
 from .plan import SEQ_DIM, plan_varlen_site
 from .plan_type import VarlenPlan
@@ -18,7 +19,7 @@ def cost_shape(plan: VarlenPlan, world: int) -> SiteShape:
     """The plan's SiteShape at `world` ranks: its window, max_doc, whether the lse is read, a 2-D mesh's levels."""
     levels = plan.group.level_sizes if world == plan.group.size else None
     extra = dict(window=plan.window, max_doc=plan.max_doc, return_lse=plan.return_lse, levels=levels)
-    return site_shape(plan.site, plan.causal, world, SEQ_DIM, **extra)
+    return site_shape(plan.site, PACKED, plan.causal, world, SEQ_DIM, **extra)
 
 
 VARLEN = Family(

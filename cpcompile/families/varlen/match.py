@@ -7,8 +7,9 @@ import torch
 import torch.fx
 
 from ...graph.bodies import Body
+from ...graph.region_call import schema_bound
 from ...graph.targets import is_varlen
-from ..site import AttentionSite, schema_bound, traced_tensor
+from ..site import AttentionSite, traced_tensor
 
 VARLEN_INFERENCE_ARGS = (
     "seqused_k",

@@ -9,17 +9,18 @@ import torch
 import torch.fx
 
 from ...comm.entry import Comm
-from ...comm.registry import comms_that, get_comm, packed_layout_problem
+from ...comms.registry import comms_that, get_comm, packed_layout_problem
 from ...errors import site_error
 from ...kernels import get_varlen_kernel
-from ...kernels.base import NO_WINDOW
 from ...layouts import THD_LAYOUTS
+from ...layouts.block import NO_WINDOW
 from ...mesh import CPGroup
 from ..auto import AUTO, resolve, site_comms, site_kernels
 from ..checks import is_static
 from ..cost_shape import site_shape
 from ..plans import CPConfig
 from ..site import AttentionSite
+from .costing import PACKED
 from .plan_type import VarlenPlan
 
 SEQ_DIM = 0
@@ -183,11 +184,19 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
     max_doc = max(bounds) if len(bounds) == 2 and all(type(b) is int and b > 0 for b in bounds) else None
     lse = _reads_lse(node)
     shape = site_shape(
-        site, causal, group.size, SEQ_DIM, window=window, max_doc=max_doc, return_lse=lse, levels=group.level_sizes
+        site,
+        PACKED,
+        causal,
+        group.size,
+        SEQ_DIM,
+        window=window,
+        max_doc=max_doc,
+        return_lse=lse,
+        levels=group.level_sizes,
     )
     if layout.carries_plan and config.comm != AUTO:  # its blocks come from each batch's plan
         comm, kernel, choice = comms[0], kernels[0], None  # kernel="auto": the first provider, today's order
-    else:  # a plan layout is costed with the plan of the assumed documents (cost/model.py)
+    else:  # a plan layout is costed with the plan of the assumed documents (costing.py)
         comm, kernel, choice = resolve(shape, layout.name, comms, kernels[:1] if layout.carries_plan else kernels)
     return VarlenPlan(
         site=site,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...comm.registry import get_comm
-from ...kernels.base import NO_WINDOW
+from ...comms.registry import get_comm
+from ...layouts.block import NO_WINDOW
 from ..plans import CPPlan
 from .call import VarlenCall
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch.distributed.tensor import DTensor
 
-from ..comm.registry import get_comm
+from .registry import get_comm
 
 
 def dtensor_region(q: DTensor, k: DTensor, v: DTensor, *, comm: str, **region_kwargs) -> DTensor:

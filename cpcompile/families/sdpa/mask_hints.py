@@ -1,5 +1,5 @@
-"""Fixes the planner names when a refused attention call comes from a library cpcompile integrates with (read off
-the node's recorded stack; nothing here imports the library)."""
+"""The fix the sdpa planner names for an explicit attn_mask, when the refused call comes from a library cpcompile
+integrates with (Hugging Face: read off the node's recorded stack; nothing here imports the library)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The comm registry: one entry per `comm=` name, each built by its comm's package (comms/<name>/entry.py: its
-region for each attention family it serves, its wire bytes and its capabilities, comm/entry.Comm).
+region for each attention family it serves, its wire bytes and its capabilities, comm/entry.Comm). It lives
+beside the packages it lists: comm/ below them holds only what they share.
 
 A new comm is one package plus one line here; the planners, the backend's argument check, the logs, the cost model
 behind comm="auto", explain() and the bench read everything else from the entry.
@@ -9,15 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..comms.a2a.entry import A2A
-from ..comms.all_gather.entry import ALL_GATHER
-from ..comms.hierarchical.entry import HIERARCHICAL
-from ..comms.ring.entry import RING
-from ..comms.selective.entry import SELECTIVE
+from ..comm.entry import Comm
 from ..errors import CPCompileError
 from ..kernels import FEATURES
 from ..layouts import THD_LAYOUTS
-from .entry import Comm
+from .a2a.entry import A2A
+from .all_gather.entry import ALL_GATHER
+from .hierarchical.entry import HIERARCHICAL
+from .ring.entry import RING
+from .selective.entry import SELECTIVE
 
 COMMS: dict[str, Comm] = {
     comm.name: comm for comm in (ALL_GATHER, A2A, RING, SELECTIVE, HIERARCHICAL)

@@ -1,0 +1,161 @@
+"""Host time against GPU time of one CP rank's compiled layer step (the GPU check's layer, fake process group).
+
+For each comm x layout case, rank 0 (and the last rank for thd), four numbers a step:
+- host_ms: CPU time from the call to the return of backward, with the GPU held busy by a long sleep queued first,
+  so nothing the host does waits on the GPU (a host sync inside the step would show here as the sleep's length);
+- gpu_ms: the step's GPU time after that head start (CUDA events), i.e. the kernels back to back with no gaps
+  left by the host: the GPU busy time;
+- host_ratio = host_ms / gpu_ms: above 1 the host, not the GPU, sets the pace of a step;
+- step_ms: one step at a time with a ~1 ms head start (bench.common.time_many_ms, the GPU check's speed rows), and
+  pipelined_ms: steps back to back, timed over many (what a training loop sees when the host keeps up), each as an
+  efficiency against the single-GPU layer / cp timed in the same process.
+
+    python -m bench.host_time [--cases all_gather:zigzag,a2a:zigzag,ring:zigzag] [--out results.json]
+    python -m bench.host_time --tree old=path --tree new=path   # the same cases for two cpcompile trees, A B A B
+
+A tree is a directory holding a `cpcompile/` package; `bench/` is always this checkout's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+SLEEP_CYCLES = 400_000_000
+"""~200 ms of GPU sleep queued before a measured step: longer than any step's host time here."""
+DEFAULT = "all_gather:zigzag,a2a:zigzag,ring:zigzag,all_gather:thd_zigzag,a2a:thd,ring:thd_zigzag"
+
+
+def host_and_gpu_ms(step, reps: int = 7) -> tuple[float, float]:
+    """(median host ms, median GPU ms) of `step` with the GPU given a long head start (module docstring)."""
+    hosts, gpus = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        start.record()
+        t0 = time.perf_counter()
+        step()
+        hosts.append((time.perf_counter() - t0) * 1e3)
+        end.record()
+        end.synchronize()
+        gpus.append(start.elapsed_time(end))
+    return statistics.median(hosts), statistics.median(gpus)
+
+
+def pipelined_ms(step, steps: int = 20) -> float:
+    """ms a step over `steps` run back to back (the host may run ahead; nothing synchronises between them)."""
+    step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def measure(cases: list[tuple[str, str]]) -> list[dict]:
+    """One record a (case, rank): the numbers of the module docstring."""
+    from bench.common import time_many_ms
+    from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents
+    from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, _single, fake_group, rank_step, refused_by_design
+
+    torch._dynamo.config.cache_size_limit = 256
+    torch._dynamo.config.accumulated_cache_size_limit = 1024
+    layer = build(LLAMA3_8B, DTYPE)
+    dense_x = torch.randn(1, SPEED_SEQ, LLAMA3_8B.hidden, device="cuda", dtype=DTYPE)
+    cu = cu_of(documents(SPEED_SEQ, seed=3, unit=2 * SPEED_CP))
+    longest = int((cu[1:] - cu[:-1]).max())
+    single = {"dense": _single(layer, dense_x, None, 0), "packed": _single(layer, dense_x[0], cu, longest)}
+    ref = {}
+    for kind, fn in single.items():
+        ref[kind] = (time_many_ms([fn], iters=7, warmup=2)[0], pipelined_ms(fn))
+    records = []
+    for comm, layout in cases:
+        if refused_by_design(comm, layout):
+            continue
+        kind = "packed" if layout in PACKED else "dense"
+        x = dense_x[0] if kind == "packed" else dense_x
+        for rank in (0, SPEED_CP - 1) if layout == "thd" else (0,):
+            with fake_group(rank, SPEED_CP):
+                step, kernel = rank_step(layer, layout, comm, x, cu, rank)
+                for _ in range(3):
+                    step()
+                host, gpu = host_and_gpu_ms(step)
+                one, ref_one = time_many_ms([step, single[kind]], iters=7, warmup=1)
+                piped = pipelined_ms(step)
+            ideal_one, ideal_piped = ref_one / SPEED_CP, ref[kind][1] / SPEED_CP
+            records.append(
+                dict(comm=comm, layout=layout, rank=rank, kernel=kernel, S=SPEED_SEQ, cp=SPEED_CP,
+                     host_ms=round(host, 3), gpu_ms=round(gpu, 3), host_ratio=round(host / gpu, 3),
+                     step_ms=round(one, 3), step_efficiency=round(ideal_one / one, 4),
+                     pipelined_ms=round(piped, 3), pipelined_efficiency=round(ideal_piped / piped, 4),
+                     gpu_efficiency=round(ideal_one / gpu, 4), single_gpu_ms=round(ref_one, 3))
+            )  # fmt: skip
+            r = records[-1]
+            print(f"{comm}/{layout} rank {rank} ({kernel}): host {host:.2f} ms, GPU {gpu:.2f} ms, ratio "
+                  f"{r['host_ratio']:.2f}; one step {r['step_efficiency']:.3f}, back to back "
+                  f"{r['pipelined_efficiency']:.3f}, GPU-only {r['gpu_efficiency']:.3f}", flush=True)  # fmt: skip
+    return records
+
+
+def _run_tree(root: str, spec: str) -> dict:
+    env = dict(os.environ)
+    here = os.path.abspath(os.getcwd())  # this checkout's bench/, after the tree so its cpcompile loses
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(root), here, env.get("PYTHONPATH", "")])
+    with tempfile.TemporaryDirectory() as cwd:  # `python -m` puts its cwd first on sys.path: not the checkout
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.host_time", "--child", "--cases", spec],
+            env=env, cwd=cwd, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+    sys.stderr.write(out.stderr[-2000:] if out.returncode else "")
+    for line in out.stdout.splitlines():
+        if line.startswith("HOST-RESULT "):
+            return json.loads(line[len("HOST-RESULT ") :])
+        print(f"  {line}", flush=True)
+    raise RuntimeError(f"tree {root}: no result (rc {out.returncode}):\n{out.stderr[-3000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=DEFAULT, help="comm:layout,...")
+    ap.add_argument("--tree", action="append", default=[], help="label=root (a directory holding cpcompile/)")
+    ap.add_argument("--reps", type=int, default=1, help="rounds of A B ... per tree")
+    ap.add_argument("--out", help="write the records here (JSON)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    cases = [tuple(c.split(":")) for c in args.cases.split(",")]
+    if args.child or not args.tree:
+        import cpcompile
+
+        records = measure(cases)
+        where = os.path.dirname(cpcompile.__file__)
+        print("HOST-RESULT " + json.dumps({"cpcompile": where, "records": records}), flush=True)
+        if args.out and not args.child:
+            with open(args.out, "w") as f:
+                json.dump({"torch": torch.__version__, "records": records}, f, indent=1)
+        return 0
+    results = []
+    for rep in range(args.reps):
+        for label, root in (t.split("=", 1) for t in args.tree):
+            print(f"== {label} ({root}) round {rep + 1}", flush=True)
+            got = _run_tree(root, args.cases)
+            results.append({"label": label, "round": rep + 1, **got})
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"torch": torch.__version__, "runs": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
