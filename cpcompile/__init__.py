@@ -6,6 +6,7 @@ model = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", mesh=m
 from . import integrations
 from .attention_op import attention
 from .backend import CPBackend, backend
+from .brief_errors import one_line_refusals
 from .errors import CPCompileError
 from .explain import explain
 from .mixers import hf_token_mixers, token_mixer
@@ -19,6 +20,7 @@ from .sharding import (
     shard_block_mask,
     unshard,
 )
+from .shutdown import destroy_process_group
 from .token_local import mark_token_local
 from .verify import verify
 
@@ -31,9 +33,11 @@ __all__ = [
     "CPCompileError",
     "attention",
     "backend",
+    "destroy_process_group",
     "explain",
     "hf_token_mixers",
     "mark_token_local",
+    "one_line_refusals",
     "pad_cu_seqlens",
     "pad_documents",
     "pad_to_multiple",

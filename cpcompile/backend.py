@@ -38,7 +38,9 @@ class CPBackend:
     """The backend object torch.compile calls once per captured graph.
 
     `plans` lists every site rewritten so far (one CPPlan each: layout, comm, kernel, causal, scale, group and
-    the site itself), across all graphs this backend compiled; the "cpcompile" logger reports the same.
+    the site itself), across all graphs this backend compiled; the "cpcompile" logger reports the same. `graphs`
+    counts those graphs: a recompile (Dynamo traces the model again when a value it specialised on changes) is one
+    more graph, whose sites are planned and listed again.
     """
 
     is_cpcompile_backend = True
@@ -47,6 +49,7 @@ class CPBackend:
     config: CPConfig
     inner: str | Callable = "inductor"
     plans: list[CPPlan] = field(default_factory=list)
+    graphs: int = 0
 
     def __post_init__(self) -> None:
         eager_guard.install()  # attention that Dynamo runs eagerly inside a compiled call raises (eager_guard.py)
@@ -69,6 +72,7 @@ class CPBackend:
         """torch.compile's mode= and options= (passed only when given) reach the inner compiler (inner.py)."""
         inner_compiler(self.inner, mode, options, {})  # a mode/options the inner cannot take: refused first
         before = len(self.plans)
+        self.graphs += 1
         gm = self.transform(gm)
         new = self.plans[before:]
         patches = {}

@@ -9,7 +9,9 @@ DTensor paths all ask here, so the rule and its messages exist once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -30,17 +32,40 @@ class CPLevel:
     size: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class CPGroup:
-    """The CP process group as the pass needs it: a name funcol understands, this rank and the size."""
+    """The CP process group as the pass needs it: a name funcol understands, this rank and the size.
 
-    group: dist.ProcessGroup
+    It holds the ProcessGroup weakly. Plans keep their CPGroup, and plans live on in compiled graphs' metadata and
+    in the backend (Dynamo keeps both after the training loop); a strong reference kept the process group alive
+    past destroy_process_group, so gloo's worker threads outlived it and could free a collective's tensor while
+    the interpreter shut down: a C++ terminate after the run was done (examples/torchrun, issue 43;
+    tests/unit/test_shutdown.py)."""
+
     name: str
     rank: int
     size: int
     levels: tuple[CPLevel, CPLevel] | None = None
     """(inter, intra) when the CP group is a 2-D CP mesh flattened (rank = inter.rank * intra.size + intra.rank);
     None for a 1-D CP group."""
+    _group: Callable[[], dist.ProcessGroup | None] = field(default=lambda: None, compare=False, repr=False)
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        name: str,
+        rank: int,
+        size: int,
+        levels: tuple[CPLevel, CPLevel] | None = None,
+    ) -> None:
+        for key, value in (("name", name), ("rank", rank), ("size", size), ("levels", levels)):
+            object.__setattr__(self, key, value)
+        object.__setattr__(self, "_group", (lambda: None) if group is None else weakref.ref(group))
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The process group (None for explain's stand-in, and once the group is destroyed)."""
+        return self._group()
 
     @property
     def level_sizes(self) -> tuple[int, int] | None:

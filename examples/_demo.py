@@ -55,14 +55,10 @@ def refusal(exc: BaseException) -> dict | None:
     """A CPCompileError anywhere in the exception's chain (Dynamo wraps the backend's errors) as a result a rank
     returns instead of raising: every rank raises the same refusal before any collective, so all of them
     return. None for any other error (the rank raises it)."""
-    from cpcompile import CPCompileError
+    from cpcompile.brief_errors import refusal_in
 
-    seen = exc
-    while seen is not None:
-        if isinstance(seen, CPCompileError):
-            return {"refused": str(seen), "traceback": traceback.format_exc()}
-        seen = getattr(seen, "inner_exception", None) or seen.__cause__ or seen.__context__
-    return None
+    refused = refusal_in(exc)
+    return None if refused is None else {"refused": str(refused), "traceback": traceback.format_exc()}
 
 
 def run_or_explain(run, verbose: bool) -> list[Any] | None:

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from . import reference_lines  # noqa: E402
 
 THD_KERNEL = "cudnn_varlen"
-"""The varlen kernel docs/single_gpu_thd.png shows: cuDNN THD, the one the README presents for packed documents."""
+"""The varlen kernel docs/single_gpu_thd.png shows: cuDNN THD, the one the README measures for packed documents."""
 
 DENSE_STYLES = {
     ("zigzag", "cudnn"): "o-",

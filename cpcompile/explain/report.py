@@ -1,5 +1,5 @@
 """What explain() returns: per attention site its plan and costs per rank, every refusal with its fix, the
-recommended layout; str() renders it as the table the README shows."""
+recommended layout; str() renders it as the table docs/guide.md shows ("explain() and auto")."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from ..comm.wire import format_bytes
-from ..cost import Choice, Estimate
+from ..cost import TIE, Choice, Estimate
 from ..cost.rates import provenance, table
 
 WIDTH = 120
@@ -69,7 +69,39 @@ class Recommendation:
     layout: str
     reason: str
     estimates_ms: dict[str, float] = field(default_factory=dict)
-    """Per layout: the sum over the sites of its fastest option's estimate (ms, forward + backward)."""
+    """Per layout: the sum over the sites of the estimates of the comm and kernel the planner picks there (ms,
+    forward + backward); the asked layout's is the sum of the table's est. ms."""
+    runs_with: str = ""
+    """The comm + kernel the recommended layout's sites run with, e.g. "a2a + cudnn" (the planner's choice)."""
+    asked: str = ""
+    """The layout explain() was asked about (its `strategy`)."""
+    gain: float = 0.0
+    """The estimated time saved by switching from `asked` to `layout`, a fraction of `asked`'s (0: no switch)."""
+
+    def advice(self) -> str:
+        """One line: the layout to use and, when it is not the one asked for, what switching is estimated to gain
+        and that a gain within the cost model's error (cost.TIE) is no reason to switch."""
+        if self.layout == "none":
+            return "Recommended layout: none"
+        ms = self.estimates_ms.get(self.layout, 0.0)
+        if self.layout == self.asked:
+            others = {k: v for k, v in self.estimates_ms.items() if k != self.layout}
+            if not others:
+                return f"Recommended layout: {self.layout}, as asked ({ms:.3g} ms, the only layout costed)"
+            name, other = min(others.items(), key=lambda kv: kv[1])
+            change = f"{other / ms - 1:.0%} slower" if other >= ms else f"{1 - other / ms:.0%} faster, within the error"
+            change = "as fast" if abs(other / ms - 1) < 0.005 else change
+            return (
+                f"Recommended layout: {self.layout}, as asked ({ms:.3g} ms with {self.runs_with}); {name} is "
+                f"estimated {change}: no reason to switch (worth it above {TIE:.0%}, the cost model's error)"
+            )
+        if self.asked not in self.estimates_ms:
+            return f"Recommended layout: {self.layout} with {self.runs_with} ({ms:.3g} ms; {self.asked} cannot run)"
+        return (
+            f"Recommended layout: {self.layout} with {self.runs_with}: an estimated {self.gain:.0%} faster than "
+            f"{self.asked} ({ms:.3g} ms against {self.estimates_ms[self.asked]:.3g} ms), worth switching (above "
+            f"{TIE:.0%}, the cost model's error): strategy='{self.layout}' in shard_batch and backend"
+        )
 
 
 @dataclass
@@ -122,11 +154,26 @@ def _wrap(text: str, indent: str = "  ") -> list[str]:
     return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
 
 
+def _cuda_name() -> str | None:
+    """The current CUDA device's name, or None without CUDA."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def _rates_line(report: Report) -> str:
+    """Which device the est. ms are for: the one the kernel rates were measured on, said plainly when the plan is
+    for another device (a CPU's kernels are costed at the H200's rates of their GPU counterpart)."""
     measured = table()["device"]
     if report.device == "cpu":
-        return f"estimated at {measured} rates: no CPU rates are measured, so read the ms as relative, not CPU times"
-    return f"estimated at {measured} rates"
+        return (
+            f"est. ms: for one {measured} (its measured kernel rates; the CPU kernels are costed at its "
+            "FlashAttention-2 rates), not this CPU: CPU runs check correctness, not speed"
+        )
+    here = _cuda_name() if report.device == "cuda" else None
+    if here is None or here == measured:
+        return f"est. ms: kernel rates measured on {measured}" + (", this device" if here else "")
+    return f"est. ms: kernel rates measured on {measured}, not on this {here}: read the ms as relative"
 
 
 def render(report: Report, details: bool = False) -> str:
@@ -165,7 +212,7 @@ def render(report: Report, details: bool = False) -> str:
                 extra.append(f"auto chose {s.choice.describe()} (the planner's estimates{basis})")
             if s.estimate.documents:
                 extra.append(f"costed with {s.estimate.documents}")
-            if s.estimate.rates != s.kernel:
+            if s.estimate.rates != s.kernel and report.device != "cpu":  # on CPU the header says whose rates
                 extra.append(f"rates of {s.estimate.rates}")
             if s.estimate.levels:
                 sent = ", ".join(f"{lv.dim} ({lv.comm}) {format_bytes(lv.fwd)} / {format_bytes(lv.bwd)}"
@@ -184,7 +231,8 @@ def render(report: Report, details: bool = False) -> str:
     else:
         lines.append("Refused: nothing")
     if report.recommendation is not None:
-        lines += [""] + _wrap(f"Recommended layout: {report.recommendation.layout} ({report.recommendation.reason})")
+        lines += [""] + _wrap(report.recommendation.advice())
+        lines += _wrap(f"  ({report.recommendation.reason})", "    ")
     for n in report.notes:
         lines += _wrap(f"Note: {n}")
     return "\n".join(lines)

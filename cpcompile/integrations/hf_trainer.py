@@ -13,8 +13,9 @@ stays in charge of everything else (optimizer, schedule, logging, saving); what 
   them: the gradient of the global mean loss, as on one process.
 Refused with one CPCompileError before training: HF "padding-free" batches (position_ids restarting at every
 document, e.g. DataCollatorWithFlattening), padded batches (an attention_mask with zeros), a CP group that is
-not every process. Packed documents: a model calling varlen_attn with `strategy="thd"` (README, "Packed
-documents").
+not every process. HF's packed and padded batches train with CP in a loop of your own:
+`shard_batch(batch, strategy="thd_balanced", hf_packing=True, hf_loss="causal_lm")` (docs/guide.md, "Hugging Face
+transformers"; examples/torchrun/hf.py --packing), the one recipe the refusals below name.
 Needs transformers and accelerate (the Trainer's own requirement).
 """
 
@@ -34,6 +35,12 @@ from ..layouts import LAYOUTS
 from ..mesh import resolve_group
 from ..sharding import shard_batch
 
+PACKED_FIX = (
+    "HF's packed or padded batches in a training loop of your own: shard_batch(batch, strategy='thd_balanced', "
+    "hf_packing=True, hf_loss='causal_lm') (examples/torchrun/hf.py --packing; CPTrainer does not take them yet)"
+)
+"""The fix the collator's refusals name for packed and padded batches: the guide's one recipe for them."""
+
 
 def _check_global_batch(batch: dict[str, Any]) -> None:
     """Refuse what CP cannot apply to a Hugging Face batch, before any rank trains on it."""
@@ -42,7 +49,7 @@ def _check_global_batch(batch: dict[str, Any]) -> None:
         raise CPCompileError(
             "CPCollator: the batch has padding (attention_mask has zeros); a CP rank's attention cannot skip "
             "another rank's padded keys. Fix: batches of equal-length rows (pack or cut the texts to one length, "
-            "e.g. group_texts), or packed documents through varlen_attn with strategy='thd'."
+            f"e.g. group_texts), or {PACKED_FIX}."
         )
     pos = batch.get("position_ids")
     if isinstance(pos, torch.Tensor):
@@ -51,8 +58,7 @@ def _check_global_batch(batch: dict[str, Any]) -> None:
             raise CPCompileError(
                 "CPCollator: position_ids restart inside a row (HF padding-free packing, e.g. "
                 "DataCollatorWithFlattening): a CP rank would attend across the document boundaries, which only "
-                "these position_ids mark. Fix: a collator without flattening (equal-length rows), or a model "
-                "calling varlen_attn with cu_seqlens and strategy='thd' (README, 'Packed documents')."
+                f"these position_ids mark. Fix: a collator without flattening (equal-length rows), or {PACKED_FIX}."
             )
 
 

@@ -3,21 +3,28 @@ this pass's plans, the CP group's size and the local lengths the same backend's 
 
 from __future__ import annotations
 
+import weakref
+
 import torch.fx
 
 from .. import guard as token_guard
 from ..errors import CPCompileError
 from ..mesh import resolve_group
 
-_SEEN: dict[int, tuple[object, set[int], list]] = {}
-"""id(backend config) -> (config, the local sequence lengths of the attention sites compiled with it, its graphs
-compiled before any length was known): a later graph of the same backend with no site (after a graph break) whose
-inputs have one is checked with it as the sequence length, fully; the graph that brings the first length checks
-the earlier ones with it (guard/infer.check_pending)."""
+_SEEN: dict[int, tuple[set[int], list]] = {}
+"""id(backend config) -> (the local sequence lengths of the attention sites compiled with it, its graphs compiled
+before any length was known): a later graph of the same backend with no site (after a graph break) whose inputs
+have one is checked with it as the sequence length, fully; the graph that brings the first length checks the
+earlier ones with it (guard/infer.check_pending). An entry goes with its config (weakref.finalize): holding the
+config kept its mesh, and so the process group, alive past destroy_process_group (issue 43)."""
 
 
-def _memory(config) -> tuple[object, set[int], list]:
-    return _SEEN.setdefault(id(config), (config, set(), []))
+def _memory(config) -> tuple[set[int], list]:
+    key = id(config)
+    if key not in _SEEN:
+        _SEEN[key] = (set(), [])
+        weakref.finalize(config, _SEEN.pop, key, None)
+    return _SEEN[key]
 
 
 def _cp_size(state) -> int:
@@ -34,5 +41,5 @@ def _cp_size(state) -> int:
 def refuse_token_mixing(gm: torch.fx.GraphModule, state) -> None:
     """The pass step: raise one CPCompileError for the first token-mixing op left in `gm` (or a flex_attention
     node the rewrite did not reach)."""
-    _, seen, pending = _memory(state.config)
+    seen, pending = _memory(state.config)
     token_guard.refuse_token_mixing(gm, state.plans, _cp_size(state), seen, state.config.strategy, pending)

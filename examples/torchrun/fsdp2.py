@@ -11,6 +11,20 @@ gets a plain SUM): each rank's loss is already over the GLOBAL token count.
 
 import argparse
 import os
+import sys
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--cp", type=int, default=2, help="CP ranks a group; dp = ranks / cp")
+p.add_argument("--strategy", default="zigzag", choices=["flat", "zigzag"], help="the token layout (zigzag: balanced)")
+p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto"],
+               help="how the ranks exchange K/V (README, 'Use it in your training loop')")  # fmt: skip
+p.add_argument("--steps", type=int, default=10, help="training steps")
+p.add_argument("--batch", type=int, default=2, help="rows a dp group")
+p.add_argument("--seq", type=int, default=1024, help="GLOBAL tokens per row (a multiple of 2 x cp for zigzag)")
+p.add_argument("--verbose", action="store_true", help="a refusal's whole traceback (default: its one line)")
+args = p.parse_args()  # before importing torch: --help answers at once
+if "LOCAL_RANK" not in os.environ:
+    sys.exit(f"{sys.argv[0]} is one rank: launch it with torchrun --standalone --nproc-per-node=4 {sys.argv[0]}")
 
 import torch
 import torch.distributed as dist
@@ -21,14 +35,8 @@ from torch.distributed.fsdp import fully_shard
 import cpcompile
 from cpcompile.testing.model import TinyConfig, TinyLlama
 
-p = argparse.ArgumentParser()
-p.add_argument("--cp", type=int, default=2, help="CP ranks a group; dp = ranks / cp")
-p.add_argument("--strategy", default="zigzag", choices=["flat", "zigzag"])
-p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto"])
-p.add_argument("--steps", type=int, default=10)
-p.add_argument("--batch", type=int, default=2, help="rows a dp group")
-p.add_argument("--seq", type=int, default=1024, help="GLOBAL tokens per row (a multiple of 2 x cp for zigzag)")
-args = p.parse_args()
+if not args.verbose:
+    cpcompile.one_line_refusals()  # a refusal (CPCompileError) prints its one line with the fix, not a traceback
 
 cuda = torch.cuda.is_available()
 dist.init_process_group("nccl" if cuda else "gloo")
@@ -80,4 +88,10 @@ for step in range(args.steps):
 
 if dist.get_rank() == 0:
     print(f"done: dp={dp} x cp={args.cp}, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-dist.destroy_process_group()
+
+# Shut down in order: destroy_process_group destroys the process group (joining gloo's worker threads) only once nothing
+# holds it; a group that outlives it is torn down while Python exits, where a gloo thread freeing a tensor aborts the
+# process. Drop what this script holds (the mesh, the backend, the FSDP model, its optimizer and outputs);
+# cpcompile.destroy_process_group releases what Dynamo and DTensor keep, then destroys the group.
+del mesh, backend, model, opt, logits, block, module
+cpcompile.destroy_process_group()

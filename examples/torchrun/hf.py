@@ -14,6 +14,25 @@ The HF Trainer: cpcompile/integrations/hf_trainer.py.
 
 import argparse
 import os
+import sys
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--model", help="a Hub name or path (default: a small random LlamaForCausalLM)")
+p.add_argument("--strategy", default=None, choices=["flat", "zigzag", "thd_balanced"],
+               help="the token layout (default: zigzag; thd_balanced with --packing)")  # fmt: skip
+p.add_argument("--packing", action="store_true", help="rows of packed documents (position_ids restart per document)")
+p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto"],
+               help="how the ranks exchange K/V (README, 'Use it in your training loop')")  # fmt: skip
+p.add_argument("--steps", type=int, default=10, help="training steps")
+p.add_argument("--batch", type=int, default=1, help="rows a batch")
+p.add_argument("--seq", type=int, default=1024, help="GLOBAL tokens per row (a multiple of 2 x ranks for zigzag)")
+p.add_argument("--verbose", action="store_true", help="a refusal's whole traceback (default: its one line)")
+args = p.parse_args()  # before importing torch: --help answers at once
+args.strategy = args.strategy or ("thd_balanced" if args.packing else "zigzag")
+if args.packing != (args.strategy == "thd_balanced"):
+    p.error("--packing goes with --strategy thd_balanced (packed documents), and only with it")
+if "LOCAL_RANK" not in os.environ:
+    sys.exit(f"{sys.argv[0]} is one CP rank: launch it with torchrun --standalone --nproc-per-node=2 {sys.argv[0]}")
 
 import torch
 import torch.distributed as dist
@@ -22,19 +41,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import cpcompile
 
-p = argparse.ArgumentParser()
-p.add_argument("--model", help="a Hub name or path (default: a small random LlamaForCausalLM)")
-p.add_argument("--strategy", default=None, choices=["flat", "zigzag", "thd_balanced"],
-               help="default: zigzag; thd_balanced with --packing")  # fmt: skip
-p.add_argument("--packing", action="store_true", help="rows of packed documents (position_ids restart per document)")
-p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring", "auto"])
-p.add_argument("--steps", type=int, default=10)
-p.add_argument("--batch", type=int, default=1)
-p.add_argument("--seq", type=int, default=1024, help="GLOBAL tokens per row (a multiple of 2 x ranks for zigzag)")
-args = p.parse_args()
-args.strategy = args.strategy or ("thd_balanced" if args.packing else "zigzag")
-if args.packing != (args.strategy == "thd_balanced"):
-    p.error("--packing goes with --strategy thd_balanced (packed documents), and only with it")
+if not args.verbose:
+    cpcompile.one_line_refusals()  # a refusal (CPCompileError) prints its one line with the fix, not a traceback
 
 cuda = torch.cuda.is_available()
 dist.init_process_group("nccl" if cuda else "gloo")
@@ -87,6 +95,15 @@ for step in range(args.steps):
     if dist.get_rank() == 0:
         print(f"step {step + 1}/{args.steps}  loss {losses[-1]:.4f}", flush=True)
 
-if dist.get_rank() == 0:
-    print(f"done: loss {losses[0]:.4f} -> {losses[-1]:.4f}, {len(backend.plans)} attention calls rewritten")
-dist.destroy_process_group()
+# --packing: HF gives the batch's longest document (max_length_q) as a Python int, so the first batch with another
+# longest document compiles the model again (Dynamo then makes that length dynamic): 2 graphs of 2 attention calls
+if dist.get_rank() == 0:  # a recompile is one more graph, whose attention calls are rewritten again
+    rewritten = f"{len(backend.plans)} attention calls rewritten in {backend.graphs} compiled graph(s)"
+    print(f"done: loss {losses[0]:.4f} -> {losses[-1]:.4f}, {rewritten}")
+
+# Shut down in order: destroy_process_group destroys the process group (joining gloo's worker threads) only once nothing
+# holds it; a group that outlives it is torn down while Python exits, where a gloo thread freeing a tensor aborts the
+# process. Drop what this script holds (the mesh, the backend and the compiled model); cpcompile.destroy_process_group
+# releases what Dynamo and DTensor keep, then destroys the group.
+del mesh, backend, compiled
+cpcompile.destroy_process_group()

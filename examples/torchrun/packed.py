@@ -10,6 +10,20 @@ window_size=(-1, 0)); a model of yours that does the same trains the same way.
 
 import argparse
 import os
+import sys
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--strategy", default="thd", choices=["thd", "thd_zigzag", "thd_balanced"],
+               help="the packed layout (docs/guide.md, 'Packed documents')")  # fmt: skip
+p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring"],
+               help="how the ranks exchange K/V (README, 'Use it in your training loop')")  # fmt: skip
+p.add_argument("--steps", type=int, default=10, help="training steps")
+p.add_argument("--tokens", type=int, default=2048, help="GLOBAL packed tokens a batch (a multiple of the ranks)")
+p.add_argument("--max-documents", type=int, default=32, help="the most documents a batch holds")
+p.add_argument("--verbose", action="store_true", help="a refusal's whole traceback (default: its one line)")
+args = p.parse_args()  # before importing torch: --help answers at once
+if "LOCAL_RANK" not in os.environ:
+    sys.exit(f"{sys.argv[0]} is one CP rank: launch it with torchrun --standalone --nproc-per-node=2 {sys.argv[0]}")
 
 import torch
 import torch.distributed as dist
@@ -20,13 +34,8 @@ import cpcompile
 from cpcompile.testing.model import TinyConfig
 from cpcompile.testing.varlen_model import VarlenTinyLlama
 
-p = argparse.ArgumentParser()
-p.add_argument("--strategy", default="thd", choices=["thd", "thd_zigzag", "thd_balanced"])
-p.add_argument("--comm", default="all_gather", choices=["all_gather", "a2a", "ring"])
-p.add_argument("--steps", type=int, default=10)
-p.add_argument("--tokens", type=int, default=2048, help="GLOBAL packed tokens a batch (a multiple of the ranks)")
-p.add_argument("--max-documents", type=int, default=32, help="the most documents a batch holds")
-args = p.parse_args()
+if not args.verbose:
+    cpcompile.one_line_refusals()  # a refusal (CPCompileError) prints its one line with the fix, not a traceback
 
 cuda = torch.cuda.is_available()
 dist.init_process_group("nccl" if cuda else "gloo")
@@ -82,6 +91,13 @@ for step in range(args.steps):
     if dist.get_rank() == 0:
         print(f"step {step + 1}/{args.steps}  loss {losses[-1]:.4f}", flush=True)
 
-if dist.get_rank() == 0:
-    print(f"done: loss {losses[0]:.4f} -> {losses[-1]:.4f}, {len(backend.plans)} attention calls rewritten")
-dist.destroy_process_group()
+if dist.get_rank() == 0:  # a recompile is one more graph, whose attention calls are rewritten again
+    rewritten = f"{len(backend.plans)} attention calls rewritten in {backend.graphs} compiled graph(s)"
+    print(f"done: loss {losses[0]:.4f} -> {losses[-1]:.4f}, {rewritten}")
+
+# Shut down in order: destroy_process_group destroys the process group (joining gloo's worker threads) only once nothing
+# holds it; a group that outlives it is torn down while Python exits, where a gloo thread freeing a tensor aborts the
+# process. Drop what this script holds (the mesh, the backend and the compiled model); cpcompile.destroy_process_group
+# releases what Dynamo and DTensor keep, then destroys the group.
+del mesh, backend, compiled
+cpcompile.destroy_process_group()

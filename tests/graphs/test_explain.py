@@ -4,6 +4,7 @@ on every rank, its refusals, and that it needs, creates and changes no process g
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -11,7 +12,9 @@ import torch.nn.functional as F
 from expecttest import assert_expected_inline
 
 import cpcompile
+from cpcompile.cost import TIE
 from cpcompile.cost.work import flops
+from cpcompile.explain import report as report_module
 from cpcompile.testing.model import TinyConfig, TinyLlama
 from cpcompile.testing.varlen_model import VarlenTinyLlama, document_position_ids
 from tests.support.fake_pg import capture_graphs, fake_group
@@ -34,6 +37,17 @@ class Attend(nn.Module):
         mask = torch.ones(s, s, dtype=torch.bool).tril() if self.mask else None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not self.mask, enable_gqa=True)
         return out.transpose(1, 2).flatten(2)
+
+
+class Bidirectional(Attend):
+    """Full (non-causal) attention: every layout's ranks do the same work."""
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (
+            self.qkv(x).view(b, s, -1, self.head_dim).transpose(1, 2).split([self.heads[0], *self.heads[1:] * 2], 1)
+        )
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2).flatten(2)
 
 
 class CumsumAfter(Attend):
@@ -59,21 +73,21 @@ def test_report_table_snapshot():
         str(report),
         """\
 cpcompile.explain: strategy=zigzag comm=auto kernel=auto world=4: 1 attention site(s) in 1 graph(s), 0 refusal(s)
-estimated at NVIDIA H200 rates: no CPU rates are measured, so read the ms as relative, not CPU times; report.details()
-  adds shapes and bytes
+est. ms: for one NVIDIA H200 (its measured kernel rates; the CPU kernels are costed at its FlashAttention-2 rates), not
+  this CPU: CPU runs check correctness, not speed; report.details() adds shapes and bytes
 
 #  node  source              layout  comm        kernel     blocks/rank  FLOPs/rank  max/mean  est. ms
-0  out   test_explain.py:35  zigzag  all_gather  cpu_flash  4/5/5/4      1.92T       1.00      7.37
-  site 0: auto chose all_gather + cpu_flash 7.37 ms (runner-up a2a + cpu_flash 7.43 ms) (the planner's estimates); rates
-    of flash (proxy: cpu_flash has no measured rate)
+0  out   test_explain.py:38  zigzag  all_gather  cpu_flash  4/5/5/4      1.92T       1.00      7.37
+  site 0: auto chose all_gather + cpu_flash 7.37 ms (runner-up a2a + cpu_flash 7.43 ms) (the planner's estimates)
   estimates: kernel rates measured on NVIDIA H200 (bench/results/single_gpu.json, 2026-11-29..2026-12-01); link 300 GB/s
     per rank assumed; forward + backward (FLOPs too), slowest rank + time on the wire
 
 Refused: nothing
 
-Recommended layout: flat (the fastest comm per site (comm=auto); estimated forward + backward over 1 site(s) for these
-  shapes: flat 6.83 ms with a2a + cpu_flash, FLOPs max/mean per rank 1.00; zigzag 7.37 ms with all_gather + cpu_flash,
-  FLOPs max/mean per rank 1.00)""",
+Recommended layout: flat with a2a + cpu_flash: an estimated 7% faster than zigzag (6.83 ms against 7.37 ms), worth
+  switching (above 5%, the cost model's error): strategy='flat' in shard_batch and backend
+  (the planner's comm per site (comm=auto); forward + backward over 1 site(s) for these shapes: flat 6.83 ms with a2a +
+    cpu_flash, FLOPs max/mean per rank 1.00; zigzag 7.37 ms with all_gather + cpu_flash, FLOPs max/mean per rank 1.00)""",
     )
 
 
@@ -193,7 +207,6 @@ def test_attention_run_eagerly_is_refused():
 
 
 def test_bad_arguments_raise():
-    import pytest
 
     with pytest.raises(cpcompile.CPCompileError, match="unknown strategy"):
         cpcompile.explain(Attend(), torch.randn(2, 64, 32), strategy="ring", world=2)
@@ -238,7 +251,6 @@ def test_thd_balanced_is_explained_with_the_batch_plan_and_selective_bytes():
     assert "read 0 B, 4.1 KB, 2.05 KB, 0 B" in thd.notes[0]  # thd: the documents crossing each rank's first token
     (auto,) = cpcompile.explain(*args, comm="auto", **kw).sites  # tiny shapes: the wire is no reason to switch
     assert auto.comm == "all_gather" and {e.comm for e in auto.choice.options} >= {"all_gather", "selective"}
-    import pytest
 
     with pytest.raises(cpcompile.CPCompileError, match="regather=True with comm='auto'"):
         cpcompile.backend(comm="auto", regather=True)
@@ -251,7 +263,7 @@ def test_compact_table_fits_and_details_add_the_wide_columns():
         model, x = Attend(heads=(16, 4), head_dim=64), torch.randn(1, 32768, 32)
     report = cpcompile.explain(model, x, strategy="zigzag", comm="all_gather", world=4, device="cpu")
     assert max(len(line) for line in str(report).splitlines()) <= 120
-    assert "H200 rates: no CPU rates are measured" in str(report) and "q / k / v" not in str(report)
+    assert "est. ms: for one NVIDIA H200" in str(report) and "q / k / v" not in str(report)
     assert "1x16x8192x64 / 1x4x8192x64 / 1x4x8192x64" in report.details() and "sent fwd / bwd" in report.details()
 
 
@@ -266,10 +278,60 @@ def test_recommendation_keeps_the_comm_asked_for():
     assert "comm=auto" in auto and "a2a" in auto
 
 
+def _llama_like(model_class=Attend):
+    with torch.device("meta"):  # 16 q heads, 4 kv heads, head dim 64, 32K tokens: nothing computed
+        return model_class(heads=(16, 4), head_dim=64), torch.randn(1, 32768, 32)
+
+
+def test_recommendation_agrees_with_the_sites():
+    """The asked layout's estimate is the table's est. ms summed, and the recommended layout runs with the comm the
+    backend would pick there: explain() asked for that layout shows it per site, costing the same. (It once
+    recommended "flat" while every site said zigzag + all_gather, without naming flat's a2a.)"""
+    model, x = _llama_like()
+    report = cpcompile.explain(model, x, strategy="zigzag", comm="auto", world=4, device="cpu")
+    rec = report.recommendation
+    assert rec.estimates_ms["zigzag"] == pytest.approx(sum(s.estimate.total_ms for s in report.sites))
+    assert rec.layout == "flat" and rec.asked == "zigzag"
+    switched = cpcompile.explain(model, x, strategy="flat", comm="auto", world=4, device="cpu")
+    assert rec.runs_with == ", ".join(sorted({f"{s.comm} + {s.kernel}" for s in switched.sites})) == "a2a + cpu_flash"
+    assert rec.estimates_ms["flat"] == pytest.approx(sum(s.estimate.total_ms for s in switched.sites))
+    assert switched.recommendation.layout == "flat"  # the advice does not flip once followed
+
+
+def test_advice_says_when_switching_is_worth_it():
+    """One line: the gain of switching, above cost.TIE worth it; within it the asked layout stands."""
+    model, x = _llama_like()
+    rec = cpcompile.explain(model, x, strategy="zigzag", comm="auto", world=4, device="cpu").recommendation
+    gain = 1 - rec.estimates_ms["flat"] / rec.estimates_ms["zigzag"]
+    assert rec.gain == pytest.approx(gain) and gain > TIE
+    assert rec.advice().startswith(
+        f"Recommended layout: flat with a2a + cpu_flash: an estimated {gain:.0%} faster than zigzag"
+    )
+    assert "worth switching" in rec.advice() and len(rec.advice().splitlines()) == 1
+
+    model, x = _llama_like(Bidirectional)  # flat and zigzag within the model's error under all_gather
+    rec = cpcompile.explain(model, x, strategy="zigzag", comm="all_gather", world=4, device="cpu").recommendation
+    assert abs(rec.estimates_ms["flat"] / rec.estimates_ms["zigzag"] - 1) < TIE
+    assert rec.layout == "zigzag" and rec.gain == 0.0, rec
+    assert rec.advice().startswith("Recommended layout: zigzag, as asked") and "no reason to switch" in rec.advice()
+
+
+def test_rates_line_names_the_device_the_estimate_is_for(monkeypatch):
+    """On CPU the estimate is said to be an H200's; on a GPU the device is named, and another GPU than the one the
+    rates were measured on is told to read the ms as relative."""
+    lines = {}
+    for name in ("NVIDIA H200", "NVIDIA A100-SXM4-80GB"):
+        monkeypatch.setattr(report_module, "_cuda_name", lambda name=name: name)
+        lines[name] = report_module._rates_line(report_module.Report("zigzag", "auto", "auto", 2, device="cuda"))
+    assert lines["NVIDIA H200"] == "est. ms: kernel rates measured on NVIDIA H200, this device"
+    assert lines["NVIDIA A100-SXM4-80GB"].endswith("not on this NVIDIA A100-SXM4-80GB: read the ms as relative")
+    cpu = report_module._rates_line(report_module.Report("zigzag", "auto", "auto", 2, device="cpu"))
+    assert cpu.startswith("est. ms: for one NVIDIA H200") and "not this CPU" in cpu
+
+
 def test_hf_model_site_names_the_models_line_and_hf_loss_cuts_labels():
     """A Hugging Face model: the source column is the model's own line (not cpcompile's attention op), and
     hf_loss="causal_lm" gives explain the batch shard_batch would (shift_labels, global position_ids)."""
-    import pytest
 
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -83,5 +83,6 @@ def test_padding_free_batches_are_refused():
     flatten = transformers.DataCollatorWithFlattening()
     collator = CPCollator(flatten, strategy="zigzag")
     features = [{"input_ids": [1, 2, 3, 4]}, {"input_ids": [5, 6, 7, 8]}]
-    with pytest.raises(CPCompileError, match="padding-free"):
+    with pytest.raises(CPCompileError, match="padding-free") as refused:
         collator(features)
+    assert "hf_packing=True" in str(refused.value) and "varlen_attn" not in str(refused.value)  # the guide's recipe

@@ -53,7 +53,7 @@ def packed_case(draw, cp: int):
 
 
 def expected_refusal(case: dict, cp: int) -> str | None:
-    """How the rules (README, "What cpcompile refuses") must refuse this case: "compile" (a CPCompileError
+    """How the rules (docs/guide.md, "Refused, guarded, never silently wrong") must refuse this case: "compile" (a CPCompileError
     before any collective), "runtime" (the packed-metadata check's assert on every rank: document lengths are
     data, unknown at compile time), or None (it must match one process)."""
     if case["kind"] == "dense":

@@ -15,7 +15,16 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from cpcompile.compat import compile_frames, dtensor_cpu_sdpa, eager_attention, mesh_flatten, varlen_fake, varlen_gqa
+from cpcompile.compat import (
+    compile_frames,
+    dist_nn_defaults,
+    dtensor_cpu_sdpa,
+    dtensor_planners,
+    eager_attention,
+    mesh_flatten,
+    varlen_fake,
+    varlen_gqa,
+)
 from cpcompile.compat.versions import serves, torch_minor
 
 UNPATCHED = """
@@ -168,3 +177,37 @@ def test_graph_break_is_read_from_dynamo():
     torch.compile(broken, backend=backend)(torch.ones(2))
     assert found == [True, False], found
     assert serves(graph_break.TORCH_VERSIONS)
+
+
+PINS = """
+import json, torch, torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+import torch.distributed.nn.functional as f  # imported while the default group exists: defaults bind it
+names = [n for n, fn in vars(f).items() if callable(fn) and any(d is dist.group.WORLD for d in getattr(fn, "__defaults__", None) or ())]
+print(json.dumps(names))
+"""
+
+
+def test_dist_nn_defaults_pin_the_group_where_stated():
+    """torch.distributed.nn.functional, imported while the default group exists, pins it in its defaults (a fresh
+    interpreter, no cpcompile); here, unpinned, no function's defaults hold a process group."""
+    proc = subprocess.run([sys.executable, "-c", PINS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pinned = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert bool(pinned) == serves(dist_nn_defaults.TORCH_VERSIONS), pinned
+    assert "all_reduce" in pinned or not pinned
+    dist_nn_defaults.unpin_default_group()
+    assert dist_nn_defaults.pinning_functions() == []
+
+
+def test_dtensor_planner_cache_is_there_where_stated():
+    """DTensor's redistribute planner cache, whose planners keep their meshes, exists where dtensor_planners says,
+    and is emptied there."""
+    import torch.distributed.tensor._redistribute as redistribute
+
+    if serves(dtensor_planners.TORCH_VERSIONS):
+        assert isinstance(getattr(redistribute, "_planner_cache", None), dict)
+    released = dtensor_planners.release_planners()
+    assert released == hasattr(redistribute, "clear_redistribute_planner_cache")
+    if released:
+        assert not redistribute._planner_cache

@@ -67,3 +67,16 @@ def test_torch_logs_turns_it_on():
     assert "rewrote attention node" in proc.stderr and "graph after the cpcompile pass" in proc.stderr, proc.stderr[
         -3000:
     ]
+
+
+def test_plans_and_graphs_count_a_recompile():
+    """A recompile (here: a new length, compiled as its own static graph) plans the model's sites again: plans lists
+    them twice and graphs says 2, which is how the examples word it (hf.py --packing recompiled once for HF's
+    longest document and said "4 attention calls rewritten" for 2 layers)."""
+    model = TinyLlama(TinyConfig(layers=2))
+    with fake_group(rank=0, world=2):
+        be = cpcompile.backend(strategy="zigzag", inner="eager")
+        compiled = torch.compile(model, backend=be, fullgraph=True, dynamic=False)
+        for length in (8, 16):
+            compiled(torch.randint(0, 128, (1, length)), torch.arange(length)[None])
+    assert (len(be.plans), be.graphs) == (4, 2)
