@@ -1,7 +1,10 @@
 """The opaque dense executor ops, for providers that cannot be traced (dense.py says which run this way).
 
 `cpcompile::attend_blocks(_backward)` run dense.run_blocks(_backward) eagerly at run time, the calls spread over
-two CUDA streams. Their outputs are contiguous (the fakes say so, and Inductor checks a fallback's strides).
+two CUDA streams. Their outputs are contiguous and of the dtypes their fakes promise (Inductor checks a fallback's
+strides but not its dtypes: it reads the buffer as the fake's dtype, so a bf16 output where the fake says fp32 is
+read as garbage). The executor body may return a single call's output in the kernel's own dtype (run_forward's
+`acc_out` shortcut); the ops cast it here, where the fake cannot know whether one call wrote every row.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ def attend_blocks(
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = run_blocks(q, ks, vs, blocks, scale, kernel, packed_kv, acc_out, windows, softcap, sinks, True)
-    return out.contiguous(), lse.contiguous()
+    acc_t = acc_dtype(q.dtype)
+    return out.to(acc_t if acc_out else q.dtype).contiguous(), lse.to(acc_t).contiguous()
 
 
 def _out_shape(q: torch.Tensor, vs: list[torch.Tensor], packed_kv: torch.Tensor | None) -> list[int]:
@@ -66,8 +70,14 @@ def attend_blocks_backward(
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     args = (dout, q, ks, vs, out, lse, blocks, scale, kernel, packed_kv, acc_dq, windows, softcap)
     dq, dks, dvs, dpacked = run_blocks_backward(*args, streams=True)
-    contiguous = lambda ts: [t.contiguous() for t in ts]  # noqa: E731
-    return dq.contiguous(), contiguous(dks), contiguous(dvs), dpacked.contiguous()
+    acc_t = acc_dtype(q.dtype)
+    like = lambda gs, ts: [g.to(t.dtype).contiguous() for g, t in zip(gs, ts)]  # noqa: E731  (as the fake says)
+    return (
+        dq.to(acc_t if acc_dq else q.dtype).contiguous(),
+        like(dks, ks),
+        like(dvs, vs),
+        dpacked.to(acc_t).contiguous(),
+    )
 
 
 @attend_blocks_backward.register_fake

@@ -16,6 +16,7 @@ import cpcompile
 from cpcompile.testing.model import TinyConfig, TinyLlama
 from tests.support.fake_pg import aot_graphs, capture_graphs, fake_group, rewritten_graph
 from tests.support.graphs import _collectives
+from tests.support.ring_order import launch_events, shifts_overlap_kernels
 
 
 def gqa_attention(q, k, v):
@@ -298,6 +299,7 @@ def test_inductor_forward_issues_each_shift_before_the_step():
     step = ["all_to_all_single", "_scaled_dot_product_flash_attention_for_cpu", "wait_tensor"]
     # step 0 runs its blocks in two calls (the causal squares batched, one rectangle), then one call a step
     assert events == [step[0], step[1], *step[1:], *step, *step, step[1]], events
+    assert shifts_overlap_kernels(launch_events(fwd)) is None
 
 
 def _checkpointed_block(x, wq, wk, wv):

@@ -47,7 +47,9 @@ dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 import cpcompile
 import torch.distributed._functional_collectives as funcol
 mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("cp",))
-funcol.all_gather_single(torch.ones(4), 0, dist.group.WORLD.group_name).wait()  # imports torch.distributed.nn
+# all_gather_single where torch has it (2.13+), all_gather_tensor before: either imports torch.distributed.nn
+gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+funcol.wait_tensor(gather(torch.ones(4), 0, dist.group.WORLD.group_name))
 del mesh
 cpcompile.destroy_process_group()
 names = [open(f).read() for f in glob.glob("/proc/self/task/*/comm")]

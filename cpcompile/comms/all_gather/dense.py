@@ -76,6 +76,8 @@ class _PackedAllGatherAttention(torch.autograd.Function):
         acc = lse = None
         if local:
             acc, lse = executor.attend(q, [k], [v], local, scale, kernel, None, True, **x_local)
+            if sinks is not None and remote:  # in fp32 before the merge: merge and sink fold then round once
+                acc, lse = merge_step(None, None, acc, lse)
         gathered = wait(pending)
         if remote:
             o, l = executor.attend(q, [], [], remote, scale, kernel, gathered, True, **x_remote)
