@@ -4,7 +4,7 @@ The ring's forward is, per step: issue the next shift, run this step's blocks, w
 reorder independent nodes, and a shift issued after the step's kernels overlaps nothing: the step then waits for
 the whole transfer. Read from the generated code (the order Inductor launches in), the property is: after each
 wait but the last, the next shift comes before any attention kernel, and at least one kernel runs between each
-shift and its wait.
+shift and its wait (for a layout whose every step has blocks: zigzag; flat's causal ranks skip steps).
 """
 
 from __future__ import annotations
