@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
 import cpcompile
+from cpcompile.compat.versions import torch_minor
 from cpcompile.testing.model import TinyConfig, TinyLlama
 from tests.support.fake_pg import aot_graphs, capture_graphs, fake_group, rewritten_graph
 from tests.support.graphs import _collectives
@@ -286,6 +287,12 @@ def test_collectives_per_step_and_saved_tensors(strategy):
     assert len(kv_like) == 1, f"the forward saves {len(kv_like)} K/V buffers; only the rank's own may be saved"
 
 
+@pytest.mark.skipif(
+    tuple(int(x) for x in torch_minor().split(".")) < (2, 13),
+    reason="on CPU the ring's merges are torch ops that Inductor fuses, and torch 2.11's CPU scheduler then issues "
+    "the last shift after its step's kernel (2.13 keeps program order); on CUDA, where the merge is a Triton kernel, "
+    "tests/gpu/test_ring_issue_order.py checks the order on the GPU machine's torch 2.11",
+)
 def test_inductor_forward_issues_each_shift_before_the_step():
     cfg = TinyConfig(layers=1)
     torch.manual_seed(0)
