@@ -1,6 +1,6 @@
 """The compiled layer's packed rows with each varlen kernel, side by side in one process: the GPU check's layer
 (bench/gpu_speed.py: Llama3-8B attention, bf16, Inductor, S=32K, cp=8, its packed document mix) for every packed
-comm x layout the registry runs, compiled with kernel="cudnn_varlen", "flash_varlen" and "auto", each timed against
+comm x layout the registry runs, compiled with kernel="cudnn_varlen" and "flash_varlen", each timed against
 the single-GPU packed layer in the same interleaved run. Settles which varlen provider "auto" should prefer.
 
     python -m bench.probes.varlen_kernel_ab [--ranks 0 7] [--out f.json]
@@ -21,8 +21,8 @@ from bench.gpu_layer import LLAMA3_8B, build, cu_of, documents
 from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, _single, fake_group, rank_step, refused_by_design
 
 CASES = [("all_gather", "thd"), ("a2a", "thd"), ("ring", "thd"), ("all_gather", "thd_balanced"),
-         ("a2a", "thd_balanced"), ("ring", "thd_zigzag"), ("all_gather", "thd_zigzag")]  # fmt: skip
-KERNELS = ("cudnn_varlen", "flash_varlen", "auto")
+         ("a2a", "thd_balanced"), ("ring", "thd_zigzag")]  # fmt: skip
+KERNELS = ("cudnn_varlen", "flash_varlen")
 
 
 def main() -> None:
