@@ -23,18 +23,25 @@ from pathlib import Path
 
 import torch
 
+from bench.gpu_layer import cu_of as layer_cu
+from bench.gpu_layer import documents
 from bench.thd_cases import doc_lengths
 from cpcompile.comm.wire import WireShape
 from cpcompile.comms.registry import get_comm
-from cpcompile.cost import rank_work
+from cpcompile.cost import SiteShape, rank_work
 from cpcompile.cost.work import CallWork
+from cpcompile.families.varlen.costing import PACKED
 from cpcompile.layouts import THD_LAYOUTS
+from cpcompile.layouts.thd import get_packed_layout
 from tests.support.measured import FILE as CASES
 from tests.support.measured import cu_of, shape_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SINGLE = ROOT / "bench/results/single_gpu.json"
 MULTI = ROOT / "bench/results/multi_gpu.json"
+HOST_AB = ROOT / "bench/results/varlen_kernel_ab_h100.json"
+"""The compiled packed layer with each varlen kernel side by side (bench/probes/varlen_kernel_ab.py): the source
+of the host cost a varlen kernel call adds beyond flash_varlen's."""
 TABLE = ROOT / "cpcompile/cost/rates.json"
 TERMS = {
     "dense": ("tile", "cta", "call"),
@@ -162,6 +169,34 @@ def fit_overheads(cases: list[dict]) -> dict:
     return out
 
 
+def fit_host() -> dict:
+    """Host ms a forward + backward kernel call costs beyond flash_varlen's, per kernel: from the compiled
+    packed layer timed with each kernel in one run, (host with it - host with flash_varlen) / the rank's calls
+    (the cost model's count for the layer's documents), the median over the rows."""
+    rows = json.loads(HOST_AB.read_text())
+    by_case: dict[tuple, dict] = {}
+    for r in rows:
+        by_case.setdefault((r["comm"], r["layout"], r["rank"]), {})[r["kernel"]] = r
+    seq, cp = 32768, 8  # the GPU check's layer (bench/gpu_speed.py SPEED_SEQ, SPEED_CP) and its document mix
+    cu = layer_cu(documents(seq, seed=3, unit=2 * cp)).long()
+    shape = SiteShape(PACKED, 1, seq // cp, 32, 8, 128, 128, 2, 4, True, cp, max_doc=int((cu[1:] - cu[:-1]).max()))
+    excess: dict[str, list[float]] = {}
+    for (comm, layout, rank), kernels in sorted(by_case.items()):
+        packed = get_packed_layout(layout)
+        docs = packed.prepare(cu, seq, cp) if packed.carries_plan else cu
+        _, work = rank_work(shape, layout, get_comm(comm), rank, docs)
+        base = kernels["flash_varlen"]["host_ms"]
+        for name, r in kernels.items():
+            if name != "flash_varlen":
+                excess.setdefault(name, []).append((r["host_ms"] - base) / work.calls)
+    out = {"flash_varlen": {"call_ms": 0.0, "note": "the reference: ATen's op, tens of microseconds a call"}}
+    for name, values in excess.items():
+        out[name] = {"call_ms": statistics.median(values), "min_ms": min(values), "max_ms": max(values),
+                     "rows": len(values)}  # fmt: skip
+    return {"source": str(HOST_AB.relative_to(ROOT)), "device": "NVIDIA H100 80GB HBM3 (2026-12-05, torch 2.11)",
+            "kernels": out}  # fmt: skip
+
+
 def main() -> None:
     records = json.loads(SINGLE.read_text())
     # thd_balanced's blocks come from a per-batch plan, which the cost model does not cost (families/varlen/plan.py)
@@ -180,6 +215,7 @@ def main() -> None:
         "head_dim": 128,
         "kernels": kernels,
         "region_overhead": fit_overheads(cases),
+        "host": fit_host(),
         "link": LINK,
     }
     TABLE.write_text(json.dumps(table, indent=1) + "\n")

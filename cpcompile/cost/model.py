@@ -3,9 +3,11 @@
 Everything comes from facts the project already has: the layout's blocks (the `rank_blocks` of the comm's region
 for the site's family, counted by the family's costing: cost/shape.Costing), the heads each rank runs (a2a: Hq/cp,
 the head-split rules of layouts/heads.py), the bytes on the wire (the comm's `wire_bytes`) and the measured kernel
-rates (cost/rates.py). A rank's time is its kernel calls plus its region's own copies; the site's estimate is the
-slowest rank plus the time on the wire at the assumed link bandwidth, forward + backward, with no overlap of
-communication and compute assumed.
+rates (cost/rates.py). A rank's time is its kernel calls plus its region's own copies, plus the host time its kernel
+calls cost beyond the cheapest kernel's (cuDNN's varlen op runs ~1.2 ms of Python a call: where a step is
+host-bound, as at 4K tokens a rank, that is step time; at long shards its GPU saving outweighs it); the site's
+estimate is the slowest rank plus the time on the wire at the assumed link bandwidth, forward + backward, with no
+overlap of communication and compute assumed.
 
 Which documents a site is costed with is its costing's word too: packed documents change every batch, and the
 planner sees no document, so the varlen family's costing assumes the densest packing its bounds allow
@@ -23,7 +25,7 @@ from ..comm.wire import LevelBytes, WireShape
 from ..comms.registry import get_comm
 from ..layouts.heads import HeadSplit
 from .measured import measured_at
-from .rates import inter_gbps, kernel_rate, link_gbps, region_overhead_ms
+from .rates import host_call_ms, inter_gbps, kernel_rate, link_gbps, region_overhead_ms
 from .shape import SiteShape
 from .work import CallWork, flops
 
@@ -52,13 +54,18 @@ class Estimate:
     """A comm on a 2-D CP mesh: what a rank sends on each level (sent_fwd / sent_bwd are their sums)."""
     measured_ms: float | None = None
     """The step time bench/overlap.py measured at exactly this site, comm and kernel (cost/measured.py), if any."""
+    host_ms: tuple[float, ...] = ()
+    """Per rank: the host time its kernel calls cost beyond flash_varlen's (cost/rates.host_call_ms). At a few
+    thousand tokens a rank the compiled step is host-bound, so that host time is step time and counts in full."""
 
     @property
     def total_ms(self) -> float:
         """The model's time: the slowest rank's compute plus the time on the wire (no overlap assumed). Never the
         measurement: that is the whole layer's step (projections included), comparable only with the other
-        measurements at its point (cost/choose.py), not with other layouts' or sites' estimates."""
-        return max(self.compute_ms) + self.wire_ms
+        measurements at its point (cost/choose.py), not with other layouts' or sites' estimates. The host term
+        is added per rank (host_ms)."""
+        host = self.host_ms or (0.0,) * len(self.compute_ms)
+        return max(c + h for c, h in zip(self.compute_ms, host)) + self.wire_ms
 
     @property
     def balance(self) -> float:
@@ -104,16 +111,17 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
     exchanged = (fwd + bwd) * shape.world // (shape.world - 1)
     overhead, _ = region_overhead_ms(entry.overhead_as or comm, kernel if rate.proxy_for is None else rate.name,
                                      exchanged)  # fmt: skip
-    blocks, work_flops, times = [], [], []
+    blocks, work_flops, times, host = [], [], [], []
     for rank in range(shape.world):
         n, work = rank_work(shape, layout, entry, rank, documents)
         blocks.append(n)
         work_flops.append(flops(work.pairs, q_heads, shape.head_dim, shape.v_head_dim))  # batch counted in work
         times.append(rate.ms(work, q_heads, shape.head_dim, shape.v_head_dim) + overhead)
+        host.append(host_call_ms(kernel) * work.calls)
     rates = rate.name if rate.proxy_for is None else f"{rate.name} (proxy: {kernel} has no measured rate)"
     wire_ms = wire_time_ms(fwd + bwd, levels, shape.levels, comm)
     return Estimate(layout, comm, kernel, rates, tuple(blocks), tuple(work_flops), tuple(times), fwd, bwd, wire_ms,
-                    described, levels, measured_at(shape, layout, comm, kernel))  # fmt: skip
+                    described, levels, measured_at(shape, layout, comm, kernel), tuple(host))  # fmt: skip
 
 
 ALL_TO_ALL = ("a2a", "selective")

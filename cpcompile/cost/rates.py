@@ -77,6 +77,12 @@ def region_overhead_ms(comm: str, kernel: str, exchanged_bytes: int) -> tuple[fl
     return 0.0, "none measured"
 
 
+def host_call_ms(kernel: str) -> float:
+    """Host ms a forward + backward call of `kernel` costs beyond flash_varlen's (rates.json "host", measured in
+    the compiled packed layer); 0 for kernels not measured there (ATen's ops: tens of microseconds)."""
+    return table().get("host", {}).get("kernels", {}).get(kernel, {}).get("call_ms", 0.0)
+
+
 def link_gbps() -> float:
     """The link bandwidth the comm estimates assume, GB/s a rank sends (CPCOMPILE_LINK_GBPS overrides the
     table's assumption; give every rank the same value, or rank agreement stops the compile)."""

@@ -70,27 +70,31 @@ def test_kernels_ranked_in_measured_order():
     assert (ranked, ties) == (64, 8)  # 18 dense and 54 packed pairs; the ties: thd all_gather (7), a2a 32K cp=4
 
 
-def test_auto_takes_cudnn_thd_where_it_measured_faster():
-    """kernel="auto" between the two CUDA varlen providers, at every measured thd run (all_gather and a2a): the
-    cost model picks cudnn_varlen wherever it measured faster by more than TIE (its top-left band under a2a, its
-    bottom-right one on thd's pieces), everywhere measured, i.e. also in the one run where FA2 measured faster
-    (a2a, 32K, cp=8, 1K documents: 2.16 vs 2.39 ms, the cuDNN a2a region's copies underestimated)."""
-    fa2_faster = {("a2a", 32768, 8, "docs-median-1K")}
+def test_auto_weighs_cudnn_thd_gpu_time_against_its_host_time():
+    """kernel="auto" between the two CUDA varlen providers, at every measured thd run (all_gather and a2a), with
+    cuDNN's host time a call (rates.json "host", from the compiled layer: cost/rates.host_call_ms) added to its
+    measured time, as the model adds it: auto keeps cudnn_varlen wherever it is faster that way by more than TIE
+    (the long shards: no GPU win is given up), and every flash_varlen pick is faster that way (the short shards,
+    a2a 32K cp=8 1K documents among them, where FA2 measured faster even without the host time). In-sample, the
+    model still keeps cuDNN at 8 of the 36 runs where FA2 beats cuDNN plus its host time by more than TIE (its GPU
+    estimates there are a few percent off): conservative, never a lost GPU win."""
     runs: dict[tuple, dict[str, dict]] = {}
     for c in SINGLE:
         if c["layout"] == "thd" and "documents" in c:
             runs.setdefault((c["comm"], c["S"], c["cp"], c["mix"]), {})[c["kernel"]] = c
     picked = {}
     for run, by_kernel in runs.items():
-        comm = run[0]
-        cudnn, fa2 = measured_ms(by_kernel["cudnn_varlen"]), measured_ms(by_kernel["flash_varlen"])
-        options = [(comm, "cudnn_varlen"), (comm, "flash_varlen")]
-        kernel = choose(shape_of(by_kernel["cudnn_varlen"]), "thd", options).chosen.kernel
-        if abs(cudnn - fa2) > TIE * min(cudnn, fa2):
-            assert (cudnn > fa2) == (run in fa2_faster), (run, cudnn, fa2)
-            assert kernel == "cudnn_varlen", run
+        comm, case = run[0], by_kernel["cudnn_varlen"]
+        host = max(estimate(shape_of(case), "thd", comm, "cudnn_varlen", cu_of(case)).host_ms)
+        assert host > 1.0, host  # the compiled layer measured ~1.0-2.0 ms a call
+        cudnn, fa2 = measured_ms(case) + host, measured_ms(by_kernel["flash_varlen"])
+        kernel = choose(shape_of(case), "thd", [(comm, "cudnn_varlen"), (comm, "flash_varlen")]).chosen.kernel
+        if cudnn < fa2 * (1 - TIE):
+            assert kernel == "cudnn_varlen", (run, cudnn, fa2)
+        if kernel == "flash_varlen":
+            assert fa2 < cudnn, (run, cudnn, fa2)
         picked[comm] = picked.get(comm, 0) + (kernel == "cudnn_varlen")
-    assert picked == {"a2a": 18, "all_gather": 18}, picked
+    assert picked == {"a2a": 17, "all_gather": 16}, picked
 
 
 def test_comms_ranked_in_measured_order():
