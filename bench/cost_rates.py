@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
+from bench.gpu_layer import LLAMA3_8B, documents
 from bench.gpu_layer import cu_of as layer_cu
-from bench.gpu_layer import documents
+from bench.gpu_speed import SPEED_CP, SPEED_SEQ
 from bench.thd_cases import doc_lengths
 from cpcompile.comm.wire import WireShape
 from cpcompile.comms.registry import get_comm
@@ -177,9 +178,10 @@ def fit_host() -> dict:
     by_case: dict[tuple, dict] = {}
     for r in rows:
         by_case.setdefault((r["comm"], r["layout"], r["rank"]), {})[r["kernel"]] = r
-    seq, cp = 32768, 8  # the GPU check's layer (bench/gpu_speed.py SPEED_SEQ, SPEED_CP) and its document mix
+    seq, cp, layer = SPEED_SEQ, SPEED_CP, LLAMA3_8B  # the GPU check's layer and its document mix, as the probe ran
     cu = layer_cu(documents(seq, seed=3, unit=2 * cp)).long()
-    shape = SiteShape(PACKED, 1, seq // cp, 32, 8, 128, 128, 2, 4, True, cp, max_doc=int((cu[1:] - cu[:-1]).max()))
+    shape = SiteShape(PACKED, 1, seq // cp, layer.hq, layer.hkv, layer.head_dim, layer.head_dim, 2, 4, True, cp,
+                      max_doc=int((cu[1:] - cu[:-1]).max()))  # fmt: skip
     excess: dict[str, list[float]] = {}
     for (comm, layout, rank), kernels in sorted(by_case.items()):
         packed = get_packed_layout(layout)
