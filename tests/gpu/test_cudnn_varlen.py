@@ -4,7 +4,8 @@ Needs CUDA and cudnn-frontend's torch ops (`pip install 'cpcompile[cudnn]'`); sk
 As in tests/gpu/test_gpu.py, gloo ranks share one GPU and the collectives hop through host memory (kernel
 correctness, not comm timing). Every case runs even after one fails, failures carry their error, and each test
 prints its largest error / allowed, so one run diagnoses:
-- THD parity: every layout x comm on cudnn_varlen (all_gather: kernel="auto", which must pick it), causal, full
+- THD parity: every layout x comm on cudnn_varlen (named: at these 64-token ranks kernel="auto" rightly takes
+  flash_varlen, the cost model weighing cuDNN's ~1.2 ms host time a call; tests/unit/test_cost_ranking.py), causal, full
   and windows (top-left bands where a block's ranges are square: a2a, thd's rank 0),
   GQA, MHA and MLA (q/k 192, v 128), 1-token and empty documents; errors against per-document fp64 SDPA,
   allowed by the rounding-aware bf16 rule against single-GPU cudnn_varlen over the whole packed sequence.
@@ -110,11 +111,10 @@ def _dense_single_gpu(q, k, v, dout, causal, kernel="cudnn"):
 def _cp_varlen(q, k, v, dout, cu, *, strategy, comm, causal, window):
     shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=0, cu_seqlens=cu).to(torch.bfloat16)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
-    # all_gather on kernel="auto", which must pick cudnn_varlen (the cost model does, at these shapes too); a2a
-    # names it: at these 64-token ranks the model rightly prefers FA2 there (the cuDNN a2a region's measured ~1 ms
-    # fixed cost), while at the benchmark's shapes auto takes cuDNN (tests/unit/test_cost_ranking.py)
-    kernel = "cudnn_varlen" if comm == "a2a" else "auto"
-    be = cpcompile.backend(strategy=strategy, comm=comm, kernel=kernel, inner="aot_eager")
+    # named on every comm: at these 64-token ranks kernel="auto" rightly prefers FA2 (cuDNN's measured host time a
+    # call, cost/rates.host_call_ms, outweighs its GPU time here); where auto takes cuDNN is the cost model's test
+    # (tests/unit/test_cost_ranking.py)
+    be = cpcompile.backend(strategy=strategy, comm=comm, kernel="cudnn_varlen", inner="aot_eager")
     torch._dynamo.reset()
     longest = int((cu[1:] - cu[:-1]).max())
     out = torch.compile(_varlen_fn(causal, window), backend=be, fullgraph=True)(*leaves, cu.to(CUDA), longest)
