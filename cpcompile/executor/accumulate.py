@@ -33,18 +33,36 @@ def _fused(*tensors: torch.Tensor) -> bool:
     )
 
 
+def _padded(part: torch.Tensor, start: int, total: int, dim: int, fill: float) -> torch.Tensor:
+    """`part` over rows [start, start + its length) of `total` along `dim`, `fill` elsewhere (the torch-ops
+    path only: the fused kernel reads a partial over some rows as it is)."""
+    n = part.shape[dim]
+    if start == 0 and n == total:
+        return part
+    shape = list(part.shape)
+    pieces = []
+    for length in (start, total - start - n):
+        shape[dim] = length
+        pieces.append(part.new_full(shape, fill))
+    return torch.cat([pieces[0], part, pieces[1]], dim)
+
+
 @triton_op("cpcompile::merge_partial", mutates_args=())
 def merge_partial(
-    acc: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor, lse_last: bool
+    acc: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor, lse_last: bool, start: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(acc, lse) merged with one more partial (out, out_lse) over other keys, by LSE, in acc's dtype.
-    `lse_last`: lse is out's shape without its last dim (dense); else out is (T, H, D) and lse (H, T)."""
+    `lse_last`: lse is out's shape without its last dim (dense); else out is (T, H, D) and lse (H, T). The partial
+    may cover only rows [start, start + its rows) of acc (a ring step that reaches some q rows): the rest of acc
+    is kept as it is, and on CUDA the partial is read where it lies, never padded."""
     new_acc, new_lse = torch.empty_like(acc), torch.empty_like(lse)
     dst, dst_lse = _as_bhsd(new_acc, new_lse, lse_last)
     (a, la), (o, lo) = _as_bhsd(acc, lse, lse_last), _as_bhsd(out, out_lse, lse_last)
     if _fused(dst, a, o):
-        merge_triton.merge(dst, dst_lse, [a, o], [la, lo])
+        merge_triton.merge(dst, dst_lse, [a, o], [la, lo], start)
         return new_acc, new_lse
+    total = a.shape[-2]
+    o, lo = _padded(o, start, total, -2, 0.0), _padded(lo, start, total, -1, float("-inf"))
     merged_out, merged_lse = merged([a, o], [la, lo], acc.dtype)
     if lse_last:
         return merged_out, merged_lse
@@ -52,10 +70,12 @@ def merge_partial(
 
 
 @triton_op("cpcompile::add_partial", mutates_args=())
-def add_partial(total: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-    """total + part in total's dtype (the accumulation dtype), rounded once."""
+def add_partial(total: torch.Tensor, part: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """total + part in total's dtype (the accumulation dtype), rounded once; `part` may cover only rows
+    [start, start + its rows) of total (dim -2)."""
     if _fused(total, part):
         out = torch.empty_like(total)
-        merge_triton.add(out, [total, part])
+        merge_triton.add(out, [total, part], start)
         return out
+    part = _padded(part, start, total.shape[-2], -2, 0.0)
     return (total.to(acc_dtype(total.dtype)) + part.to(acc_dtype(total.dtype))).to(total.dtype)

@@ -25,7 +25,7 @@ if triton is not None:
 
     @triton.jit
     def _merge_kernel(
-        o0, o1, o2, o3, l0, l1, l2, l3, out, lout, H, N, D,
+        o0, o1, o2, o3, l0, l1, l2, l3, out, lout, H, N, D, S1, N1,
         o0b, o0h, o0s, o1b, o1h, o1s, o2b, o2h, o2s, o3b, o3h, o3s,
         l0b, l0h, l0s, l1b, l1h, l1s, l2b, l2h, l2s, l3b, l3h, l3s,
         ob, oh, osq, lb, lh, lsq,
@@ -40,7 +40,11 @@ if triton is not None:
         mask = rmask[:, None] & (cols[None, :] < D)
         r2, c2 = rows[:, None], cols[None, :]
         p0 = tl.load(o0 + b * o0b + h * o0h + r2 * o0s + c2, mask=mask, other=0.0).to(tl.float32)
-        p1 = tl.load(o1 + b * o1b + h * o1h + r2 * o1s + c2, mask=mask, other=0.0).to(tl.float32)
+        # partial 1 covers rows [S1, S1 + N1) only: elsewhere it reads as no keys (0, lse -inf), an exact no-op
+        r1 = rows - S1
+        m1 = rmask & (r1 >= 0) & (r1 < N1)
+        mask1 = m1[:, None] & (cols[None, :] < D)
+        p1 = tl.load(o1 + b * o1b + h * o1h + r1[:, None] * o1s + c2, mask=mask1, other=0.0).to(tl.float32)
         if K > 2:
             p2 = tl.load(o2 + b * o2b + h * o2h + r2 * o2s + c2, mask=mask, other=0.0).to(tl.float32)
         if K > 3:
@@ -48,7 +52,7 @@ if triton is not None:
         if WEIGHTED:
             ninf = float("-inf")
             x0 = tl.load(l0 + b * l0b + h * l0h + rows * l0s, mask=rmask, other=ninf).to(tl.float32)
-            x1 = tl.load(l1 + b * l1b + h * l1h + rows * l1s, mask=rmask, other=ninf).to(tl.float32)
+            x1 = tl.load(l1 + b * l1b + h * l1h + r1 * l1s, mask=m1, other=ninf).to(tl.float32)
             m = tl.maximum(x0, x1)
             if K > 2:
                 x2 = tl.load(l2 + b * l2b + h * l2h + rows * l2s, mask=rmask, other=ninf).to(tl.float32)
@@ -87,18 +91,23 @@ CONFIG = {"rows_x_dim": 8192, "num_warps": 4}
 """Tile size (rows * padded head dim) and warps of one program; see bench/probes/gpu_probe.py for the sweep."""
 
 
-def merge(out: torch.Tensor, lse: torch.Tensor, outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> None:
-    """dense_run.merged on CUDA in one pass, into out/lse; 2 <= len(outs) <= 4, unit last stride everywhere."""
-    _launch(out, lse, outs, lses, weighted=True)
+def merge(
+    out: torch.Tensor, lse: torch.Tensor, outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor], start: int = 0
+) -> None:
+    """dense_run.merged on CUDA in one pass, into out/lse; 2 <= len(outs) <= 4, unit last stride everywhere.
+    outs[1] / lses[1] may cover only rows [start, start + their length) of the others: rows outside are merged as
+    if it had no keys there (the others' merge, exactly), so a partial over some rows is never padded."""
+    _launch(out, lse, outs, lses, weighted=True, start=start)
 
 
-def add(out: torch.Tensor, parts: Sequence[torch.Tensor]) -> None:
-    """out = sum(parts) over (B, H, n, D) in fp32 registers, rounded once; 2 <= len(parts) <= 4."""
+def add(out: torch.Tensor, parts: Sequence[torch.Tensor], start: int = 0) -> None:
+    """out = sum(parts) over (B, H, n, D) in fp32 registers, rounded once; 2 <= len(parts) <= 4; parts[1] may
+    cover only rows [start, start + its length) (zeros elsewhere)."""
     dummy = out.new_empty(out.shape[:-1], dtype=torch.float32)
-    _launch(out, dummy, parts, [dummy] * len(parts), weighted=False)
+    _launch(out, dummy, parts, [dummy] * len(parts), weighted=False, start=start)
 
 
-def _launch(out, lse, outs, lses, weighted: bool) -> None:
+def _launch(out, lse, outs, lses, weighted: bool, start: int = 0) -> None:
     k = len(outs)
     os_ = list(outs) + [outs[0]] * (4 - k)
     ls_ = list(lses) + [lses[0]] * (4 - k)
@@ -109,6 +118,7 @@ def _launch(out, lse, outs, lses, weighted: bool) -> None:
     block_m = max(16, CONFIG["rows_x_dim"] // block_d)
     grid = (bsz * heads, triton.cdiv(n, block_m))
     wrap_triton(_merge_kernel)[grid](  # wrap_triton: traceable, so Inductor launches it
-        *os_, *ls_, out, lse, heads, n, d, *o_strides, *l_strides, *out.stride()[:3], *lse.stride(),
+        *os_, *ls_, out, lse, heads, n, d, start, outs[1].shape[2], *o_strides, *l_strides, *out.stride()[:3],
+        *lse.stride(),
         K=k, WEIGHTED=weighted, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=CONFIG["num_warps"],
     )  # fmt: skip

@@ -289,8 +289,8 @@ def test_inductor_forward_runs_each_node_step_while_the_next_chunk_travels():
     kernel = "_scaled_dot_product_flash_attention_for_cpu"
     events = re.findall(rf"(all_to_all_single|wait_tensor|{kernel})\.default\(", codes[0])
     exchange = ["all_to_all_single", "wait_tensor"]
-    # step 0: its causal squares (batched) and one rectangle; step 1: one call; the merge is pointwise (CPU)
-    ring = ["all_to_all_single", kernel, kernel, "wait_tensor", kernel]
+    # step 0: one causal call over the node's two chunks; step 1: one call; the merge is pointwise (CPU)
+    ring = ["all_to_all_single", kernel, "wait_tensor", kernel]
     assert events == [*exchange, *ring, *exchange], events
 
 

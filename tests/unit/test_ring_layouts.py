@@ -8,8 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpcompile.comms.ring.schedule import held_rank, packed_step_blocks, ring_blocks, step_blocks
+from cpcompile.comms.ring.schedule import causal_square, held_rank, packed_step_blocks, ring_blocks, step_blocks
 from cpcompile.layouts import LAYOUTS
+from cpcompile.layouts.block import Block
 from cpcompile.layouts.thd import THD_LAYOUTS
 from tests.unit.test_thd_layouts import _block_pairs, _cu, _documents, _expected_mask
 
@@ -35,6 +36,8 @@ def test_dense_steps_cover_the_mask_exactly_once(name, cp, chunk, causal):
                 if b.causal:  # a causal square: the same tokens on both sides, only at step 0
                     assert step == 0 and torch.equal(rows, keys)
                     mask = rows[:, None] >= keys[None, :]
+                    local = torch.arange(b.q_len)[:, None] >= torch.arange(b.kv_len)[None, :]
+                    assert torch.equal(mask, local), "the kernel's causal mask (local order) is not the true one"
                 else:  # unmasked: never a future key under causal attention
                     assert not causal or bool((rows[:, None] >= keys[None, :]).all())
                     mask = torch.ones(len(rows), len(keys), dtype=torch.bool)
@@ -64,6 +67,31 @@ def test_zigzag_step_blocks_are_single_rectangles():
     for rank in range(4):
         for step in range(1, 4):
             assert len(step_blocks(layout, 4, rank, step, 3, True)) == 1
+
+
+def test_zigzag_step_zero_is_one_causal_call():
+    """Step 0's two causal squares and the back chunk's full square against the front one are, in local order,
+    the causal mask over both chunks: one causal call on every rank, no partials to merge."""
+    layout = LAYOUTS["zigzag"]
+    for cp in (2, 3, 8):
+        for rank in range(cp):
+            assert step_blocks(layout, cp, rank, 0, 5, True) == [Block(0, 10, 0, 0, 10, True)]
+
+
+def test_causal_square_only_where_the_blocks_are_its_mask():
+    square = [Block(0, 4, 0, 0, 4, True), Block(4, 4, 0, 0, 4, False), Block(4, 4, 0, 4, 4, True)]
+    assert causal_square(square) == [Block(0, 8, 0, 0, 8, True)]
+    assert causal_square(square[::-1]) == [Block(0, 8, 0, 0, 8, True)]
+    for kept in (
+        square[:2],  # the back chunk's own square missing
+        [square[0], Block(4, 4, 0, 0, 3, False), square[2]],  # a key of the front chunk missing
+        [square[0], Block(4, 4, 0, 1, 4, False), square[2]],  # a key right of the diagonal
+        [square[0], Block(4, 4, 0, 0, 4, False), Block(4, 4, 0, 4, 4, False)],  # the back square unmasked
+        [square[0], square[1], Block(4, 4, 1, 4, 4, True)],  # another source
+        [*square[:2], Block(4, 4, 0, 4, 4, False, (2, 0))],  # a window
+        [square[0], Block(4, 4, 0, 0, 4, False), Block(4, 4, 0, 0, 4, False), Block(4, 4, 0, 4, 4, True)],  # twice
+    ):
+        assert causal_square(kept) == kept
 
 
 def _packed_coverage(strategy: str, lengths: list[int], cp: int, causal: bool) -> list[list[float]]:

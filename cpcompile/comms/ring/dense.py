@@ -13,6 +13,8 @@ home from the last one (`schedule.step_gap`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ... import executor
@@ -30,33 +32,33 @@ class _RingAttention(torch.autograd.Function):
     """Ring forward and backward over one packed K/V buffer (L, 1, 2, B, Hkv, D) (MLA: K and V side by side)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, steps, visited, extras, scale, kernel, group_name, rank, world):
+    def forward(ctx, q, k, v, sinks, steps, rows, visited, extras, scale, kernel, group_name, rank, world):
         held = pack_slots(k, v, 1)
         mine = held
         acc = lse = None
-        for i, (blocks, extra) in enumerate(zip(steps, extras)):
+        for i, (blocks, span, extra) in enumerate(zip(steps, rows, extras)):
             gap = step_gap(visited, i, world)
             pending = start_shift(held, group_name, rank, world, gap) if i + 1 < len(visited) else None
-            if blocks:
-                o, l = executor.attend(q, [], [], blocks, scale, kernel, held, True, **extra)
-                acc, lse = merge_step(acc, lse, o, l)
+            if blocks:  # on the q rows the step's blocks reach (its blocks are relative to them)
+                o, l = executor.attend(_rows(q, span), [], [], blocks, scale, kernel, held, True, **extra)
+                acc, lse = merge_step(acc, lse, o, l, start=span[0])
             if pending is not None:
                 held = wait(pending).view(held.shape)
         if sinks is not None:  # after the last step: every key of every row has been merged
             acc, lse = fold_sinks(acc, lse, sinks)
         out = acc.to(q.dtype)
         ctx.save_for_backward(q, mine, out, lse, sinks)
-        ctx.args = (steps, visited, extras, scale, kernel, group_name, rank, world)
+        ctx.args = (steps, rows, visited, extras, scale, kernel, group_name, rank, world)
         ctx.kv_dtype = k.dtype
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, held, out, lse, sinks = ctx.saved_tensors
-        steps, visited, extras, scale, kernel, group_name, rank, world = ctx.args
+        steps, rows, visited, extras, scale, kernel, group_name, rank, world = ctx.args
         dout = dout.contiguous()
         dq = travel = pending_grad = None
-        for i, (blocks, extra) in enumerate(zip(steps, extras)):
+        for i, (blocks, span, extra) in enumerate(zip(steps, rows, extras)):
             # the first shift's input tied to dout keeps every K/V shift in the backward graph (comm/pending.py)
             sent = in_backward(held, dout) if i == 0 else held
             gap = step_gap(visited, i, world)
@@ -64,9 +66,10 @@ class _RingAttention(torch.autograd.Function):
             part = None
             if blocks:
                 dq_s, _, _, part = executor.attend_backward(
-                    dout, q, [], [], out, lse, blocks, scale, kernel, held, True, **extra
-                )
-                dq = add_part(dq, dq_s)
+                    _rows(dout, span), _rows(q, span), [], [], _rows(out, span), _rows(lse, span, -1), blocks,
+                    scale, kernel, held, True, **extra,
+                )  # fmt: skip
+                dq = add_part(dq, dq_s, span[0])
             if pending_grad is None:  # step 0: the rank's own K/V, nothing has arrived
                 travel = part
             else:  # the held chunk's gradient so far arrived with it; add this rank's part, send it on
@@ -79,7 +82,36 @@ class _RingAttention(torch.autograd.Function):
         home = travel if pending_grad is None else wait(pending_grad).view(held.shape)  # own K/V's, after a circle
         dk, dv = unpack_slots(home, q.shape[-1])
         dsinks = None if sinks is None else sinks_grad(dout, out, lse, sinks)
-        return dq.to(q.dtype), dk.to(ctx.kv_dtype), dv.to(ctx.kv_dtype), dsinks, *([None] * 8)
+        return dq.to(q.dtype), dk.to(ctx.kv_dtype), dv.to(ctx.kv_dtype), dsinks, *([None] * 9)
+
+
+Rows = tuple[int, int]
+"""A step's q rows [start, end)."""
+
+
+def step_rows(blocks: list[Block], total: int, first: bool) -> Rows:
+    """The q rows a step's blocks span, which it runs on (a view of q, dout, out, lse) and folds into the running
+    output and dq (the fused merge reads a partial over some rows where it lies: executor/merge_triton.py).
+    A zigzag step holding a later rank's chunks reaches only the back chunk: on rank 0 every step but the
+    first, so half the rows of every merge and dq sum, and no padded partial. The `first` step covers every row:
+    it starts the running sums."""
+    if first or not blocks:
+        return 0, total
+    return min(b.q_start for b in blocks), max(b.q_start + b.q_len for b in blocks)
+
+
+def _rows(t: torch.Tensor, span: Rows, dim: int = -2) -> torch.Tensor:
+    """t's rows `span` along `dim` (a view), or t itself where the span is all of them (nothing recorded)."""
+    if span == (0, t.shape[dim]):
+        return t
+    return t.narrow(dim, span[0], span[1] - span[0])
+
+
+def _relative(blocks: list[Block], span: Rows) -> list[Block]:
+    """A step's blocks with their q rows counted from the start of the rows they span."""
+    if span[0] == 0:
+        return blocks
+    return [dataclasses.replace(b, q_start=b.q_start - span[0]) for b in blocks]
 
 
 def ring_attention(
@@ -126,9 +158,11 @@ def ring_over(
     chunk = q.shape[-2] // lay.chunks_per_rank
     every = ring_blocks(lay, world, rank, chunk, causal, window)
     visited = visited_steps(lay, world, chunk, causal, window)
-    steps = tuple(encode_dense(every[s]) for s in visited)
+    rows = tuple(step_rows(every[s], q.shape[-2], i == 0) for i, s in enumerate(visited))
+    steps = tuple(encode_dense(_relative(every[s], span)) for s, span in zip(visited, rows))
     extras = tuple(executor_extra(every[s], softcap) for s in visited)
-    return _RingAttention.apply(q, k, v, sinks, steps, visited, extras, scale, kernel, group_name, rank, world)
+    args = (steps, rows, visited, extras, scale, kernel, group_name, rank, world)
+    return _RingAttention.apply(q, k, v, sinks, *args)
 
 
 def wire_bytes(shape: WireShape) -> tuple[int, int]:

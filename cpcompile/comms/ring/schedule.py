@@ -7,10 +7,12 @@ layouts' own chunk assignment (`rank_chunks`) or packed documents (cu_seqlens), 
 
 Dense (flat, zigzag): blocks read source 0, the held buffer. Causal: a held chunk strictly before a local
 chunk is an unmasked block, the rank's own chunk a causal square (step 0 only), a later chunk nothing.
-Zigzag steps are balanced: step 0 is two causal squares plus one full chunk-square, every later step two
-full chunk-squares (the held rank's front chunk for both local chunks, or the back local chunk for both held
-chunks), the same on every rank. A sliding window: the band's blocks of the local chunks against the held ones
-(layouts/window.py); `visited_steps` keeps only the steps some rank has blocks at, which the ring visits.
+Zigzag steps are balanced: step 0 is two causal squares plus one full chunk-square, which together are the
+causal mask over the rank's two chunks in local order, so they run as one causal call (`causal_square`); every
+later step two full chunk-squares (the held rank's front chunk for both local chunks, or the back local chunk
+for both held chunks), the same on every rank. A sliding window: the band's blocks of the local chunks against
+the held ones (layouts/window.py); `visited_steps` keeps only the steps some rank has blocks at, which the ring
+visits.
 
 Packed (thd, thd_zigzag): varlen blocks over the held buffer, as device ops on cu_seqlens. thd: step 0 is each
 local document piece against itself (bottom-right causal); later steps the piece against the held rank's
@@ -65,7 +67,7 @@ def step_blocks(
                 blocks.append(Block(i * chunk_len, chunk_len, HELD, j * chunk_len, chunk_len, False))
             elif held == c:  # the rank's own chunk: only at step 0
                 blocks.append(Block(i * chunk_len, chunk_len, HELD, j * chunk_len, chunk_len, True))
-    return _coalesce(blocks)
+    return causal_square(_coalesce(blocks))
 
 
 def ring_blocks(
@@ -95,6 +97,49 @@ def step_gap(visited: tuple[int, ...], i: int, world: int) -> int:
     """How far the held chunk moves after visited step i: to the next visited step, or after the last one the
     way home to its owner (world - step: 1 when every step is visited)."""
     return visited[i + 1] - visited[i] if i + 1 < len(visited) else world - visited[i]
+
+
+def causal_square(blocks: list[Block]) -> list[Block]:
+    """The blocks as ONE causal square when together they are exactly its mask, else as they are.
+
+    Zigzag's step 0 holds the rank's own chunks (c, c') with c < c': two causal squares and the full square of
+    c' against c. In local order that is the causal mask over the rank's 2 chunks (c's rows never see c', every
+    row of c' sees all of c), so one kernel call does the work of two (the batched squares a, the rectangle b),
+    with no partial outputs to merge and no partial gradients to sum:
+
+        q / keys   c     c'              q / keys   c     c'
+        c          a.                    c          x.
+        c'         bb    a.              c'         xx    x.
+                   (2 calls)                        (1 call)
+
+    The test: every block lies in the square's lower triangle (a causal block on its diagonal, a full block
+    wholly left of the diagonal), no two overlap, and their areas sum to the triangle's."""
+    if len(blocks) < 2 or any(b.window is not None for b in blocks) or len({b.source for b in blocks}) > 1:
+        return blocks
+    q0 = min(b.q_start for b in blocks)
+    k0 = min(b.kv_start for b in blocks)
+    n = max(b.q_start + b.q_len for b in blocks) - q0
+    if max(b.kv_start + b.kv_len for b in blocks) - k0 != n:
+        return blocks
+    area = 0
+    for b in blocks:
+        row, key = b.q_start - q0, b.kv_start - k0
+        if b.causal:
+            if row != key or b.q_len != b.kv_len:
+                return blocks
+            area += b.q_len * (b.q_len + 1) // 2
+        else:
+            if key + b.kv_len - 1 > row:  # some key right of the diagonal for the block's first row
+                return blocks
+            area += b.q_len * b.kv_len
+    overlap = any(
+        a.q_start < b.q_start + b.q_len and b.q_start < a.q_start + a.q_len
+        and a.kv_start < b.kv_start + b.kv_len and b.kv_start < a.kv_start + a.kv_len
+        for i, a in enumerate(blocks) for b in blocks[i + 1 :]
+    )  # fmt: skip
+    if overlap or area != n * (n + 1) // 2:
+        return blocks
+    return [Block(q0, n, blocks[0].source, k0, n, True)]
 
 
 def _coalesce(blocks: list[Block]) -> list[Block]:
