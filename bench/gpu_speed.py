@@ -53,10 +53,11 @@ def _single(layer, x, cu, longest):
     return _step(fn, x, extra, torch.randn(out_shape, device="cuda", dtype=DTYPE))
 
 
-def rank_step(layer, layout, comm, x, cu, rank, kernel: str = "auto"):
-    """(the compiled rank step, the kernel `kernel` resolved to) for `rank` of SPEED_CP on a fake group."""
+def rank_step(layer, layout, comm, x, cu, rank, kernel: str = "auto", **options):
+    """(the compiled rank step, the kernel `kernel` resolved to) for `rank` of SPEED_CP on a fake group;
+    `options`: more cpcompile.backend keywords (e.g. deferred_merge=True)."""
     local, model_cu, longest = layer_inputs(layout, x, cu)
-    be = cpcompile.backend(strategy=layout, comm=comm, kernel=kernel, inner="inductor")
+    be = cpcompile.backend(strategy=layout, comm=comm, kernel=kernel, inner="inductor", **options)
     fn = torch.compile(layer, backend=be, fullgraph=True, dynamic=False)
     extra = () if model_cu is None else (model_cu, longest)
     step = _step(fn, local, extra, torch.randn(local.shape, device="cuda", dtype=DTYPE))

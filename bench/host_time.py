@@ -10,7 +10,7 @@ For each comm x layout case, rank 0 (and the last rank for thd), four numbers a 
   pipelined_ms: steps back to back, timed over many (what a training loop sees when the host keeps up), each as an
   efficiency against the single-GPU layer / cp timed in the same process.
 
-    python -m bench.host_time [--cases all_gather:zigzag,a2a:zigzag,ring:zigzag] [--out results.json]
+    python -m bench.host_time [--cases all_gather:zigzag,a2a:zigzag,ring:zigzag] [--ranks 0,7] [--out results.json]
     python -m bench.host_time --tree old=path --tree new=path   # the same cases for two cpcompile trees, A B A B
 
 A tree is a directory holding a `cpcompile/` package; `bench/` is always this checkout's.
@@ -27,11 +27,15 @@ import tempfile
 
 import torch
 
+OPTIONS = {"deferred": ("deferred_merge", True), "regather": ("regather", True)}
+"""A case's third field, comm:layout:option, names a backend option (e.g. ring:zigzag:deferred)."""
+
 DEFAULT = "all_gather:zigzag,a2a:zigzag,ring:zigzag,all_gather:thd_zigzag,a2a:thd,ring:thd_zigzag"
 
 
-def measure(cases: list[tuple[str, str]]) -> list[dict]:
-    """One record a (case, rank): the numbers of the module docstring."""
+def measure(cases: list[tuple[str, str]], ranks: tuple[int, ...] | None = None) -> list[dict]:
+    """One record a (case, rank): the numbers of the module docstring. `ranks`: these ranks for every case
+    (default: rank 0, and the last rank too for thd)."""
     from bench.common import back_to_back_ms, host_and_gpu_ms, time_many_ms
     from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents
     from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, _single, fake_group, rank_step, refused_by_design
@@ -47,14 +51,15 @@ def measure(cases: list[tuple[str, str]]) -> list[dict]:
     for kind, fn in single.items():
         ref[kind] = (time_many_ms([fn], iters=7, warmup=2)[0], back_to_back_ms(fn))
     records = []
-    for comm, layout in cases:
+    for comm, layout, *opts in cases:
+        options = {OPTIONS[o][0]: OPTIONS[o][1] for o in opts}
         if refused_by_design(comm, layout):
             continue
         kind = "packed" if layout in PACKED else "dense"
         x = dense_x[0] if kind == "packed" else dense_x
-        for rank in (0, SPEED_CP - 1) if layout == "thd" else (0,):
+        for rank in ranks or ((0, SPEED_CP - 1) if layout == "thd" else (0,)):
             with fake_group(rank, SPEED_CP):
-                step, kernel = rank_step(layer, layout, comm, x, cu, rank)
+                step, kernel = rank_step(layer, layout, comm, x, cu, rank, **options)
                 for _ in range(3):
                     step()
                 host, gpu = host_and_gpu_ms(step)
@@ -62,26 +67,36 @@ def measure(cases: list[tuple[str, str]]) -> list[dict]:
                 piped = back_to_back_ms(step)
             ideal_one, ideal_piped = ref_one / SPEED_CP, ref[kind][1] / SPEED_CP
             records.append(
-                dict(comm=comm, layout=layout, rank=rank, kernel=kernel, S=SPEED_SEQ, cp=SPEED_CP,
+                dict(comm=comm, layout=layout, options=sorted(opts), rank=rank, kernel=kernel, S=SPEED_SEQ, cp=SPEED_CP,
                      host_ms=round(host, 3), gpu_ms=round(gpu, 3), host_ratio=round(host / gpu, 3),
                      step_ms=round(one, 3), step_efficiency=round(ideal_one / one, 4),
                      pipelined_ms=round(piped, 3), pipelined_efficiency=round(ideal_piped / piped, 4),
                      gpu_efficiency=round(ideal_one / gpu, 4), single_gpu_ms=round(ref_one, 3))
             )  # fmt: skip
             r = records[-1]
-            print(f"{comm}/{layout} rank {rank} ({kernel}): host {host:.2f} ms, GPU {gpu:.2f} ms, ratio "
+            name = ":".join([f"{comm}/{layout}", *opts])
+            print(f"{name} rank {rank} ({kernel}): host {host:.2f} ms, GPU {gpu:.2f} ms, ratio "
                   f"{r['host_ratio']:.2f}; one step {r['step_efficiency']:.3f}, back to back "
                   f"{r['pipelined_efficiency']:.3f}, GPU-only {r['gpu_efficiency']:.3f}", flush=True)  # fmt: skip
     return records
 
 
-def _run_tree(root: str, spec: str) -> dict:
+def _run_tree(root: str, spec: str, ranks: str | None) -> dict:
     env = dict(os.environ)
     here = os.path.abspath(os.getcwd())  # this checkout's bench/, after the tree so its cpcompile loses
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(root), here, env.get("PYTHONPATH", "")])
+    command = [
+        sys.executable,
+        "-m",
+        "bench.host_time",
+        "--child",
+        "--cases",
+        spec,
+        *(["--ranks", ranks] if ranks else []),
+    ]
     with tempfile.TemporaryDirectory() as cwd:  # `python -m` puts its cwd first on sys.path: not the checkout
         out = subprocess.run(
-            [sys.executable, "-m", "bench.host_time", "--child", "--cases", spec],
+            command,
             env=env, cwd=cwd, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
     sys.stderr.write(out.stderr[-2000:] if out.returncode else "")
@@ -94,17 +109,18 @@ def _run_tree(root: str, spec: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default=DEFAULT, help="comm:layout,...")
+    ap.add_argument("--cases", default=DEFAULT, help="comm:layout[:option],... (option: deferred, regather)")
     ap.add_argument("--tree", action="append", default=[], help="label=root (a directory holding cpcompile/)")
     ap.add_argument("--reps", type=int, default=1, help="rounds of A B ... per tree")
     ap.add_argument("--out", help="write the records here (JSON)")
+    ap.add_argument("--ranks", help="ranks to time in every case, e.g. 0,7 (default: 0, and the last for thd)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cases = [tuple(c.split(":")) for c in args.cases.split(",")]
     if args.child or not args.tree:
         import cpcompile
 
-        records = measure(cases)
+        records = measure(cases, tuple(int(r) for r in args.ranks.split(",")) if args.ranks else None)
         where = os.path.dirname(cpcompile.__file__)
         print("HOST-RESULT " + json.dumps({"cpcompile": where, "records": records}), flush=True)
         if args.out and not args.child:
@@ -115,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.reps):
         for label, root in (t.split("=", 1) for t in args.tree):
             print(f"== {label} ({root}) round {rep + 1}", flush=True)
-            got = _run_tree(root, args.cases)
+            got = _run_tree(root, args.cases, args.ranks)
             results.append({"label": label, "round": rep + 1, **got})
     if args.out:
         with open(args.out, "w") as f:

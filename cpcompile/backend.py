@@ -100,6 +100,15 @@ def check_choices(strategy: str, comm: str, kernel: str) -> None:
             raise CPCompileError(f"unknown {what} {value!r}. Fix: use one of {list(allowed)}.")
 
 
+def check_deferred_merge(comm: str, deferred_merge: bool) -> None:
+    """deferred_merge=True only with a comm whose regions merge partial outputs over steps (the ring)."""
+    if deferred_merge and (comm == "auto" or not COMMS[comm].capabilities.defers_merge):
+        raise CPCompileError(
+            f"deferred_merge=True with comm={comm!r}: only {comms_that(lambda c: c.capabilities.defers_merge)} merge "
+            "partial outputs over steps. Fix: drop deferred_merge, or use comm='ring'."
+        )
+
+
 def backend(
     strategy: str = "flat",
     comm: str = "all_gather",
@@ -111,6 +120,7 @@ def backend(
     regather: bool = False,
     mixer_layout: str = "same",
     check_batch: bool = True,
+    deferred_merge: bool = False,
 ) -> CPBackend:
     """A torch.compile backend that runs every attention node context-parallel.
 
@@ -130,7 +140,10 @@ def backend(
     where runs of token mixers run on flat chunks between two relayouts (all-to-alls of the tokens): "same" (never),
     "auto" (where that receives fewer bytes), "flat" (always; a run that cannot is refused); check_batch: check
     each step's batch against the layout on every rank (position ids, padding, an unsharded batch:
-    regions/batch_check.py; one all-gather of four int64 a graph and step, no host sync), False: off.
+    regions/batch_check.py; one all-gather of four int64 a graph and step, no host sync), False: off;
+    deferred_merge: with comm="ring", keep every step's partial output (and, backward, dq) and merge them once
+    after the last step instead of folding each into an fp32 running sum: less memory traffic, more memory alive
+    (explain() says how much; regions/deferred.py).
     """
     check_choices(strategy, comm, kernel)
     if not callable(inner) and inner not in INNER:
@@ -140,11 +153,12 @@ def backend(
             f"regather=True with comm={comm!r}: only {comms_that(lambda c: c.capabilities.regathers)} keep gathered "
             "K/V for backward. Fix: drop regather, or use comm='all_gather'."
         )
+    check_deferred_merge(comm, deferred_merge)
     check_mesh_or_group(mesh, group)
     check_mixer_layout(mixer_layout, strategy)
     config = CPConfig(
         strategy=strategy, comm=comm, kernel=kernel, mesh=mesh, group=group, regather=bool(regather),
-        mixer_layout=mixer_layout, check_batch=bool(check_batch),
+        mixer_layout=mixer_layout, check_batch=bool(check_batch), deferred_merge=bool(deferred_merge),
     )  # fmt: skip
     return CPBackend(config, inner=inner)
 

@@ -50,6 +50,8 @@ class Capabilities:
     turns off Inductor's peak-memory reordering, which would sink the collective to its wait: backend.py)."""
     regathers: bool = False
     """Whether its regions take `regather` (keep only the local K/V for backward, gather them again there)."""
+    defers_merge: bool = False
+    """Whether its regions take `deferred_merge` (keep every step's partial, merge them once at the end)."""
     levels: bool = False
     """Whether it runs on the two dims of a 2-D CP mesh (mesh.CP_LEVEL_NAMES): its region takes `levels`, its
     head split is over the intra dim, and a CP group without levels is refused (`levels_problem`)."""

@@ -21,6 +21,9 @@ class Region:
     rank_blocks: Callable | None = None
     """The blocks a rank runs (logs, explain, the cost model): sdpa (layout, causal, rank, world, local_len, window);
     varlen (..., local_len, cu_seqlens, max_doc, window); None where the family is not costed (flex)."""
+    deferred_bytes: Callable | None = None
+    """(plan) -> (forward, backward) bytes its deferred merge holds beyond the running one (explain()), for a comm
+    whose capabilities `defers_merge`."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import math
 import torch
 
 from .. import passes
-from ..backend import check_choices
+from ..backend import check_choices, check_deferred_merge
 from ..comms.registry import get_comm
 from ..cost import estimate, wire_shape
 from ..errors import CPCompileError, node_source
@@ -77,7 +77,16 @@ def _site_report(graph: int, plan: CPPlan, cu: torch.Tensor | None) -> SiteRepor
         window=getattr(plan, "window", None),
         estimate=_site_estimate(plan, cu),
         choice=getattr(plan, "choice", None),
+        deferred_bytes=_deferred_bytes(plan),
     )
+
+
+def _deferred_bytes(plan: CPPlan) -> tuple[int, int] | None:
+    """What backend(deferred_merge=True) holds beyond the running merge at this site (comm/entry.Region)."""
+    if not getattr(plan, "deferred_merge", False):
+        return None
+    memory = get_comm(plan.comm).regions[plan.site.kind].deferred_bytes
+    return None if memory is None else memory(plan)
 
 
 STEP_NAMES = {"find": "traced refusal", "mixers": "token mixer", "guard": "token guard"}
@@ -162,6 +171,7 @@ def explain(
     hf_loss: str | None = None,
     ignore_index: int = -100,
     mixer_layout: str = "same",
+    deferred_merge: bool = False,
     **example_kwargs,
 ) -> Report:
     """What cpcompile.backend(strategy=strategy, comm=comm, kernel=kernel) would do with `model` on `world` CP
@@ -175,15 +185,24 @@ def explain(
     process where CUDA is available, since the kernels' availability checks run here); hf_loss: as in shard_batch
     ("causal_lm": the example's `labels=` become the globally shifted `shift_labels`, `num_items_in_batch` and
     the global `position_ids` (when absent) are added: the batch a Hugging Face model gets under CP); mixer_layout:
-    as in backend() (token mixers on flat chunks between relayouts).
+    as in backend() (token mixers on flat chunks between relayouts); deferred_merge: as in backend() (the report
+    says the memory it holds).
     Unknown names and a world below 2 raise CPCompileError; everything the pass would refuse is a refusal.
     """
     check_choices(strategy, comm, kernel)
     check_mixer_layout(mixer_layout, strategy)
+    check_deferred_merge(comm, deferred_merge)
     report = Report(strategy=strategy, comm=comm, kernel=kernel, world=world)
     world, levels = _world(world)
     configs = [
-        CPConfig(strategy, comm, kernel, cp_group=stand_in_group(r, world, levels), mixer_layout=mixer_layout)
+        CPConfig(
+            strategy,
+            comm,
+            kernel,
+            cp_group=stand_in_group(r, world, levels),
+            mixer_layout=mixer_layout,
+            deferred_merge=deferred_merge,
+        )  # fmt: skip
         for r in range(world)
     ]
     try:

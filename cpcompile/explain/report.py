@@ -37,6 +37,9 @@ class SiteReport:
     flex_attention sites (not costed: the BlockMask sets their work)."""
     choice: Choice | None = None
     """What comm="auto" / kernel="auto" weighed (the planner's shape-only estimates); None: nothing to choose."""
+    deferred_bytes: tuple[int, int] | None = None
+    """(forward, backward) bytes backend(deferred_merge=True) holds beyond the running merge on the rank that holds
+    the most; None: no deferred merge."""
 
     @property
     def blocks(self) -> tuple[int, ...] | None:
@@ -214,6 +217,9 @@ def render(report: Report, details: bool = False) -> str:
                 extra.append(f"costed with {s.estimate.documents}")
             if s.estimate.rates != s.kernel and report.device != "cpu":  # on CPU the header says whose rates
                 extra.append(f"rates of {s.estimate.rates}")
+            if s.deferred_bytes is not None:
+                fwd, bwd = (format_bytes(b) for b in s.deferred_bytes)
+                extra.append(f"deferred merge holds {fwd} more in forward, {bwd} in backward (the most on a rank)")
             if s.estimate.levels:
                 sent = ", ".join(f"{lv.dim} ({lv.comm}) {format_bytes(lv.fwd)} / {format_bytes(lv.bwd)}"
                                  for lv in s.estimate.levels)  # fmt: skip

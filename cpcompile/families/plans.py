@@ -25,6 +25,8 @@ class CPConfig:
     `world` ranks this way, without any process group."""
     regather: bool = False
     """all_gather: keep only the local K/V for backward and gather them again there (backend(regather=...))."""
+    deferred_merge: bool = False
+    """ring: keep every step's partial and merge them once at the end (backend(deferred_merge=...))."""
     mixer_layout: str = "same"
     """Token mixers under zigzag: "same", "auto" or "flat" (mixers/relayout_plan.py; backend(mixer_layout=...))."""
     check_batch: bool = True
@@ -52,6 +54,8 @@ class CPPlan:
     """The cost model's cost.Choice when comm="auto" / kernel="auto" had several options (None: no choice)."""
     regather: bool = False
     """The region gathers K/V again in backward instead of saving them (comms whose capabilities `regathers`)."""
+    deferred_merge: bool = False
+    """The region merges its steps' partials once at the end (comms whose capabilities `defers_merge`)."""
     sinks: bool = False
     """The site's attention sinks (`site.sinks`, a graph tensor) go to the region (cpcompile.attention sites)."""
 
@@ -74,6 +78,8 @@ class CPPlan:
             kwargs["softcap"] = self.softcap
         if self.regather:
             kwargs["regather"] = True
+        if self.deferred_merge:
+            kwargs["deferred_merge"] = True
         if self.sinks:
             kwargs["sinks"] = self.site.sinks
         kwargs.update(self.level_kwargs())

@@ -56,6 +56,7 @@ def plan_summary(plan: CPPlan) -> str:
         s.kind, plan.layout, plan.comm, plan.kernel, plan.causal, plan.scale, plan.dtensor, _shape(s.q_shape),
         _shape(s.k_shape), _shape(s.v_shape), str(s.dtype), s.device.type, plan.group.size,
         getattr(plan, "window", None), getattr(plan, "max_doc", None), plan.softcap, plan.regather, plan.sinks,
+        plan.deferred_merge,
     ]  # fmt: skip
     return repr(tuple(fields))
 

@@ -48,4 +48,6 @@ def plan_site(site: AttentionSite, config: CPConfig) -> CPPlan:
     changes = {"dtensor": True} if dtensor else {}
     if config.regather:
         changes["regather"] = True
+    if config.deferred_merge:
+        changes["deferred_merge"] = True
     return dataclasses.replace(plan, **changes) if changes else plan

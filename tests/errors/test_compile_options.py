@@ -92,3 +92,12 @@ def test_unknown_option_is_one_clear_error(recorded):
         _run(cpcompile.backend(strategy="zigzag"), options={"no_such_option": 1})
     assert "not an Inductor option" in str(cp_error(excinfo))
     assert recorded == []
+
+
+def test_deferred_merge_only_with_the_ring():
+    for comm in ("all_gather", "a2a", "selective", "auto"):
+        with pytest.raises(
+            cpcompile.CPCompileError, match=rf"deferred_merge=True with comm='{comm}'.*Fix: drop deferred_merge"
+        ):
+            cpcompile.backend(strategy="zigzag" if comm != "selective" else "thd", comm=comm, deferred_merge=True)
+    cpcompile.backend(strategy="zigzag", comm="ring", deferred_merge=True)  # no error

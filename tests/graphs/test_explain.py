@@ -343,3 +343,18 @@ def test_hf_model_site_names_the_models_line_and_hf_loss_cuts_labels():
     )
     assert not report.refusals, str(report)
     assert [s.source.split(":")[0] for s in report.sites] == ["modeling_llama.py"]
+
+
+def test_deferred_merge_says_the_memory_it_holds():
+    """zigzag over 4 ranks, 16 fp32 rows a rank, 2 x 4 q heads of 8: the last rank keeps 4 partials of every row
+    (out 256 B + lse 32 B a row) against the running merge's fp32 output and lse plus one partial: 9216 B more
+    forward; backward 4 dq partials (256 B a row) against the running fp32 dq and one partial: 8192 B."""
+    report = cpcompile.explain(Attend(), torch.randn(2, 64, 32), strategy="zigzag", comm="ring", world=4,
+                               deferred_merge=True)  # fmt: skip
+    (site,) = report.sites
+    assert site.deferred_bytes == (9216, 8192)
+    assert "deferred merge holds 9.22 KB more in forward, 8.19 KB in backward" in str(report)
+    plain = cpcompile.explain(Attend(), torch.randn(2, 64, 32), strategy="zigzag", comm="ring", world=4)
+    assert plain.sites[0].deferred_bytes is None and "deferred merge" not in str(plain)
+    with pytest.raises(cpcompile.CPCompileError, match=r"deferred_merge=True with comm='a2a'.*use comm='ring'"):
+        cpcompile.explain(Attend(), torch.randn(2, 64, 32), strategy="zigzag", comm="a2a", deferred_merge=True)

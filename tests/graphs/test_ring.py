@@ -188,13 +188,17 @@ def test_collectives_per_step_and_saved_tensors(strategy):
     "the last shift after its step's kernel (2.13 keeps program order); on CUDA, where the merge is a Triton kernel, "
     "tests/gpu/test_ring_issue_order.py checks the order on the GPU machine's torch 2.11",
 )
-def test_inductor_forward_issues_each_shift_before_the_step():
+@pytest.mark.parametrize("deferred_merge", [False, True])
+def test_inductor_forward_issues_each_shift_before_the_step(deferred_merge):
+    """The running merge folds each step in as it comes; the deferred one merges once after the last step: in
+    both, no fused merge pulls a later step's kernel ahead of the shift it overlaps."""
     cfg = TinyConfig(layers=1)
     torch.manual_seed(0)
     model = TinyLlama(cfg)
     ids, pos = torch.randint(0, cfg.vocab, (1, 16)), torch.arange(16)[None]
     with fake_group(rank=1, world=4):
-        compiled = torch.compile(model, backend=cpcompile.backend(strategy="zigzag", comm="ring"), fullgraph=True)
+        be = cpcompile.backend(strategy="zigzag", comm="ring", deferred_merge=deferred_merge)
+        compiled = torch.compile(model, backend=be, fullgraph=True)
         _, codes = run_and_get_code(lambda: compiled(ids, pos).sum().backward())
     fwd = codes[0]
     events = re.findall(r"(all_to_all_single|wait_tensor|_scaled_dot_product_flash_attention_for_cpu)\.default\(", fwd)
@@ -202,6 +206,26 @@ def test_inductor_forward_issues_each_shift_before_the_step():
     # one call a step: step 0's blocks are one causal square (comms/ring/schedule.causal_square)
     assert events == [*step, *step, *step, step[1]], events
     assert shifts_overlap_kernels(launch_events(fwd)) is None
+
+
+def test_deferred_merge_runs_every_step_before_one_merge():
+    """backend(deferred_merge=True): the forward graph attends every step, then merges (the LSE merge's exp) once;
+    the running merge's first exp comes before the last step's kernel."""
+    kernel = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+    def order(deferred):
+        with fake_group(rank=1, world=4):
+            graphs = capture_graphs(gqa_attention, cpcompile.backend(
+                strategy="zigzag", comm="ring", inner="aot_eager", deferred_merge=deferred), *_qkv())  # fmt: skip
+        targets = [str(n.target) for n in graphs["fw"].graph.nodes if n.op == "call_function"]
+        kernels = [i for i, t in enumerate(targets) if t == kernel]
+        exps = [i for i, t in enumerate(targets) if t == "aten.exp.default"]
+        return len(kernels), kernels[-1], exps[0]
+
+    calls, last_kernel, first_exp = order(True)
+    assert calls == 4 and last_kernel < first_exp
+    calls, last_kernel, first_exp = order(False)
+    assert calls == 4 and first_exp < last_kernel
 
 
 def _checkpointed_block(x, wq, wk, wv):

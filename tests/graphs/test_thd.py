@@ -269,3 +269,14 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(count_ops(bwd, r"aten\.(index_add|scatter|scatter_add)[_.]"), 0)
         self.assertEqual(count_ops(bwd, r"reduce_scatter_tensor\.default\("), 1)
         self.assertEqual(count_ops(fwd + bwd, r"\.item\(|_local_scalar_dense"), 0)
+
+
+def test_packed_region_gets_the_options_asked_for():
+    """backend(regather=True) reaches the packed all-gather region and deferred_merge=True the packed ring (both
+    were once dropped by the varlen plan: the region ran without them, silently)."""
+    with fake_group(rank=1, world=4):
+        gathered = rewritten_graph(causal, *_inputs(), strategy="thd", comm="all_gather", regather=True)
+        ring = rewritten_graph(causal, *_inputs(), strategy="thd", comm="ring", deferred_merge=True)
+        plain = rewritten_graph(causal, *_inputs(), strategy="thd", comm="ring")
+    assert "regather = True)" in gathered and "deferred_merge = True)" in ring
+    assert "regather" not in plain and "deferred_merge" not in plain

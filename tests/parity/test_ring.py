@@ -1,4 +1,4 @@
-"""comm="ring" (and the all-gather's regather option) against single-process attention at cp 2, 3 and 4: every
+"""comm="ring" (with its deferred merge too, and the all-gather's regather option) against single-process attention at cp 2, 3 and 4: every
 layout, GQA and MHA, causal and full, fp64 and bf16 (under the rounding-aware rule), packed documents under
 causal sliding windows shorter than a rank's piece, between, and longer than every document, and a small transformer
 trained over the ring with per-block activation checkpointing. One spawn per cp: every case of a cp runs in it."""
@@ -22,12 +22,12 @@ SHAPES = {"gqa": (2, 4, 2, 48, 8), "mha": (1, 2, 2, 48, 8)}
 DOCS = {"thd": [5, 1, 20, 3, 7, 12, 24], "thd_zigzag": [24, 48]}  # totals divide by 2cp for cp 2, 3, 4
 
 
-def _dense(strategy, causal, dtype, shape, comm, regather=False) -> dict:
+def _dense(strategy, causal, dtype, shape, comm, options) -> dict:
     """Per tensor (error, allowed) of one dense case; bf16 allows the roundings the comm's blocks make."""
     q, k, v, dout = sdpa_case(0, *shape)
     exact = reference(q, k, v, dout, causal, torch.float64)
     low = reference(q, k, v, dout, causal, dtype) if dtype == torch.bfloat16 else exact
-    be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager", regather=regather)
+    be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager", **options)
     got = cp_attention(q, k, v, dout, strategy=strategy, causal=causal, dtype=dtype, backend=be)
     cp = torch.distributed.get_world_size()
     partials = dense_partials(strategy, comm, cp, causal, shape[1], shape[2])
@@ -50,6 +50,7 @@ def _cases(world: int) -> list[tuple]:
             ("packed", "ring", "thd", False),
             ("packed", "ring", "thd", True, (40, 0)),  # longer than every document (but max_doc 64): band blocks
             ("packed", "ring", "thd_zigzag", True, (5, 0)),  # shorter than a chunk (6, 12)
+            ("dense", "deferred", "zigzag", True, "gqa", "bf16"),
         ]
     if world == 3:
         return [
@@ -57,6 +58,8 @@ def _cases(world: int) -> list[tuple]:
             ("packed", "ring", "thd_zigzag", True),
             ("dense", "regather", "flat", True, "gqa", "fp64"),
             ("packed", "regather", "thd_zigzag", True),
+            ("dense", "deferred", "zigzag", True, "gqa", "fp64"),  # cp 3: steps over the back chunk only
+            ("packed", "deferred", "thd", True),
             ("packed", "ring", "thd", True, (30, 0)),  # between a rank's piece (24) and two: every step
             ("packed", "ring", "thd_zigzag", True, (13, 0)),  # longer than every chunk (4, 8), not a document
         ]
@@ -66,18 +69,20 @@ def _cases(world: int) -> list[tuple]:
         ("packed", "ring", "thd", True),
         ("packed", "ring", "thd_zigzag", False),
         ("packed", "ring", "thd", True, (5, 0)),  # shorter than a rank's piece (18): steps 0 and 1, home by 3
+        ("dense", "deferred", "flat", False, "mha", "fp64"),
+        ("packed", "deferred", "thd_zigzag", True, (5, 0)),
     ]
 
 
 def _run(case) -> dict:
     kind, comm, strategy, causal, *rest = case
-    regather = comm == "regather"
-    comm = "all_gather" if regather else comm
+    options = {"regather": True} if comm == "regather" else {"deferred_merge": True} if comm == "deferred" else {}
+    comm = {"regather": "all_gather", "deferred": "ring"}.get(comm, comm)
     if kind == "dense":
         shape, dtype = rest
         dtype = torch.bfloat16 if dtype == "bf16" else torch.float64
-        return _dense(strategy, causal, dtype, SHAPES[shape], comm, regather)
-    be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager", regather=regather)
+        return _dense(strategy, causal, dtype, SHAPES[shape], comm, options)
+    be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager", **options)
     window = rest[0] if rest else None  # a causal sliding window (w, 0): layouts/packed_band.py's blocks
     return compare_packed(strategy, causal, torch.float64, DOCS[strategy], backend=be, window=window)
 

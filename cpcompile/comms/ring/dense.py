@@ -23,6 +23,7 @@ from ...comm.wire import WireShape
 from ...executor.blocks import encode_dense
 from ...executor.sinks import fold_sinks, sinks_grad
 from ...layouts import Block, ChunkLayout, get_layout
+from ...regions.deferred import merge_all, sum_all
 from ...regions.partials import add_part, merge_step
 from ..all_gather.dense import executor_extra, pack_slots, unpack_slots
 from .schedule import packed_visited_steps, packed_window, ring_blocks, step_gap, visited_steps
@@ -32,32 +33,39 @@ class _RingAttention(torch.autograd.Function):
     """Ring forward and backward over one packed K/V buffer (L, 1, 2, B, Hkv, D) (MLA: K and V side by side)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, steps, rows, visited, extras, scale, kernel, group_name, rank, world):
+    def forward(ctx, q, k, v, sinks, steps, rows, visited, extras, scale, kernel, group_name, rank, world, deferred):
         held = pack_slots(k, v, 1)
         mine = held
         acc = lse = None
+        parts = []  # deferred: every step's partial, merged once after the last step (regions/deferred.py)
         for i, (blocks, span, extra) in enumerate(zip(steps, rows, extras)):
             gap = step_gap(visited, i, world)
             pending = start_shift(held, group_name, rank, world, gap) if i + 1 < len(visited) else None
             if blocks:  # on the q rows the step's blocks reach (its blocks are relative to them)
                 o, l = executor.attend(_rows(q, span), [], [], blocks, scale, kernel, held, True, **extra)
-                acc, lse = merge_step(acc, lse, o, l, start=span[0])
+                if deferred:
+                    parts.append((o, l, span[0]))
+                else:
+                    acc, lse = merge_step(acc, lse, o, l, start=span[0])
             if pending is not None:
                 held = wait(pending).view(held.shape)
+        if deferred:
+            acc, lse = merge_all(parts, q.shape[-2])
         if sinks is not None:  # after the last step: every key of every row has been merged
             acc, lse = fold_sinks(acc, lse, sinks)
         out = acc.to(q.dtype)
         ctx.save_for_backward(q, mine, out, lse, sinks)
-        ctx.args = (steps, rows, visited, extras, scale, kernel, group_name, rank, world)
+        ctx.args = (steps, rows, visited, extras, scale, kernel, group_name, rank, world, deferred)
         ctx.kv_dtype = k.dtype
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, held, out, lse, sinks = ctx.saved_tensors
-        steps, rows, visited, extras, scale, kernel, group_name, rank, world = ctx.args
+        steps, rows, visited, extras, scale, kernel, group_name, rank, world, deferred = ctx.args
         dout = dout.contiguous()
         dq = travel = pending_grad = None
+        dq_parts = []
         for i, (blocks, span, extra) in enumerate(zip(steps, rows, extras)):
             # the first shift's input tied to dout keeps every K/V shift in the backward graph (comm/pending.py)
             sent = in_backward(held, dout) if i == 0 else held
@@ -69,7 +77,10 @@ class _RingAttention(torch.autograd.Function):
                     _rows(dout, span), _rows(q, span), [], [], _rows(out, span), _rows(lse, span, -1), blocks,
                     scale, kernel, held, True, **extra,
                 )  # fmt: skip
-                dq = add_part(dq, dq_s, span[0])
+                if deferred:
+                    dq_parts.append((dq_s, span[0]))
+                else:
+                    dq = add_part(dq, dq_s, span[0])
             if pending_grad is None:  # step 0: the rank's own K/V, nothing has arrived
                 travel = part
             else:  # the held chunk's gradient so far arrived with it; add this rank's part, send it on
@@ -82,7 +93,8 @@ class _RingAttention(torch.autograd.Function):
         home = travel if pending_grad is None else wait(pending_grad).view(held.shape)  # own K/V's, after a circle
         dk, dv = unpack_slots(home, q.shape[-1])
         dsinks = None if sinks is None else sinks_grad(dout, out, lse, sinks)
-        return dq.to(q.dtype), dk.to(ctx.kv_dtype), dv.to(ctx.kv_dtype), dsinks, *([None] * 9)
+        dq = sum_all(dq_parts, q.shape[-2], q.dtype) if deferred else dq.to(q.dtype)
+        return dq, dk.to(ctx.kv_dtype), dv.to(ctx.kv_dtype), dsinks, *([None] * 10)
 
 
 Rows = tuple[int, int]
@@ -129,13 +141,16 @@ def ring_attention(
     window: tuple[int, int] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    deferred_merge: bool = False,
 ) -> torch.Tensor:
     """Causal or full attention of this rank's q over every rank's K/V, which arrive one rank at a time. A sliding
     `window` (left, right) over global positions runs only the band's blocks, on windowed kernels, and the ring
     visits only the steps some rank needs (comms/ring/schedule.visited_steps); `softcap` caps the scores; `sinks` (Hq,)
-    fold one logit a head into every row's denominator after the last step (executor/sinks.py)."""
+    fold one logit a head into every row's denominator after the last step (executor/sinks.py); `deferred_merge`:
+    keep every step's partial and merge them once after the last step (regions/deferred.py)."""
     return ring_over(q, k, v, get_layout(layout), causal=causal, scale=scale, kernel=kernel, group_name=group_name,
-                     rank=rank, world=world, window=window, softcap=softcap, sinks=sinks)  # fmt: skip
+                     rank=rank, world=world, window=window, softcap=softcap, sinks=sinks,
+                     deferred_merge=deferred_merge)  # fmt: skip
 
 
 def ring_over(
@@ -153,6 +168,7 @@ def ring_over(
     window: tuple[int, int] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    deferred_merge: bool = False,
 ) -> torch.Tensor:
     """ring_attention over any chunk layout object (the hierarchical region's nodes: comms/hierarchical/levels.py)."""
     chunk = q.shape[-2] // lay.chunks_per_rank
@@ -161,7 +177,7 @@ def ring_over(
     rows = tuple(step_rows(every[s], q.shape[-2], i == 0) for i, s in enumerate(visited))
     steps = tuple(encode_dense(_relative(every[s], span)) for s, span in zip(visited, rows))
     extras = tuple(executor_extra(every[s], softcap) for s in visited)
-    args = (steps, rows, visited, extras, scale, kernel, group_name, rank, world)
+    args = (steps, rows, visited, extras, scale, kernel, group_name, rank, world, bool(deferred_merge))
     return _RingAttention.apply(q, k, v, sinks, *args)
 
 

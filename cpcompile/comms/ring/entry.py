@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...comm.capabilities import Capabilities
 from ...comm.entry import Comm, Region
 from ...layouts import THD_LAYOUTS
-from . import dense, varlen
+from . import dense, memory, varlen
 
 PACKED = ("thd", "thd_zigzag")
 """The packed layouts schedule.py has steps for (none for thd_balanced's per-batch plans yet)."""
@@ -14,8 +14,8 @@ PACKED = ("thd", "thd_zigzag")
 RING = Comm(
     name="ring",
     regions={
-        "sdpa": Region(dense.ring_attention, dense.rank_blocks),
-        "varlen": Region(varlen.ring_varlen_attention, varlen.rank_blocks),
+        "sdpa": Region(dense.ring_attention, dense.rank_blocks, memory.dense_deferred_bytes),
+        "varlen": Region(varlen.ring_varlen_attention, varlen.rank_blocks, memory.varlen_deferred_bytes),
     },
     wire_bytes=dense.wire_bytes,
     auto_option=False,
@@ -31,5 +31,6 @@ RING = Comm(
         },
         packed_windows="sliding_causal",  # packed_band.py: exact on every varlen provider
         overlaps=True,  # each step's shift issued before its blocks, waited after (the backend keeps that order)
+        defers_merge=True,  # regions/deferred.py
     ),
 )

@@ -21,6 +21,7 @@ from ...executor.blocks import encode_varlen
 from ...executor.packed_kv import pack_kv, unpack_kv
 from ...executor.varlen_meta import prepare_blocks
 from ...layouts.block import NO_WINDOW
+from ...regions.deferred import merge_all, sum_all
 from ...regions.partials import add_part, merge_step
 from .schedule import packed_step_blocks, packed_visited_steps, packed_window, step_gap
 
@@ -39,30 +40,37 @@ class _RingVarlenAttention(torch.autograd.Function):
     the trailing tensors (0 ranges: no work), its metadata prepared once per batch (executor.varlen_meta)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, specs, counts, visited, scale, kernel, group_name, rank, world, *tensors):
+    def forward(ctx, q, k, v, specs, counts, visited, scale, kernel, group_name, rank, world, deferred, *tensors):
         held = mine = pack_kv(k, v, KV_DIM)
         d = q.shape[-1]
         acc = lse = None
+        parts = []  # deferred: every step's partial, merged once after the last step (regions/deferred.py)
         for i, (spec, (rs, meta)) in enumerate(zip(specs, _per_step(tensors, counts))):
             gap = step_gap(visited, i, world)
             pending = start_shift(held, group_name, rank, world, gap) if i + 1 < len(visited) else None
             if rs:
                 ks, vs, rl, spec = _step_inputs(spec, rs, held, d)
                 o, l = executor.attend_varlen(q, ks, vs, rl, spec, scale, kernel, list(meta))
-                acc, lse = merge_step(acc, lse, o, l, lse_last=False)
+                if deferred:
+                    parts.append((o, l, 0))
+                else:
+                    acc, lse = merge_step(acc, lse, o, l, lse_last=False)
             if pending is not None:
                 held = wait(pending).view(held.shape)
+        if deferred:
+            acc, lse = merge_all(parts, q.shape[0], lse_last=False)
         out = acc.to(q.dtype)
         ctx.save_for_backward(q, mine, out, lse, *tensors)
-        ctx.args = (specs, counts, visited, scale, kernel, group_name, rank, world)
+        ctx.args = (specs, counts, visited, scale, kernel, group_name, rank, world, deferred)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, held, out, lse, *tensors = ctx.saved_tensors
-        specs, counts, visited, scale, kernel, group_name, rank, world = ctx.args
+        specs, counts, visited, scale, kernel, group_name, rank, world, deferred = ctx.args
         dout, d = dout.contiguous(), q.shape[-1]
+        dq_parts = []
         held = in_backward(held, dout)  # keeps the K/V shifts in the backward graph (comm/pending.py)
         dq = travel = pending_grad = None
         for i, (spec, (rs, meta)) in enumerate(zip(specs, _per_step(tensors, counts))):
@@ -74,7 +82,11 @@ class _RingVarlenAttention(torch.autograd.Function):
                 dq_s, (dk,), (dv,) = executor.attend_varlen_backward(
                     dout, q, ks, vs, out, lse, rl, spec, scale, kernel, list(meta)
                 )
-                dq, part = add_part(dq, dq_s), add_part(None, pack_kv(dk, dv, KV_DIM))
+                if deferred:
+                    dq_parts.append((dq_s, 0))
+                else:
+                    dq = add_part(dq, dq_s)
+                part = add_part(None, pack_kv(dk, dv, KV_DIM))
             if pending_grad is None:  # step 0: the rank's own K/V
                 travel = part
             else:  # the held chunk's gradient so far arrived with it: add this rank's part, send it on
@@ -85,7 +97,8 @@ class _RingVarlenAttention(torch.autograd.Function):
                 held = wait(pending).view(held.shape)
         home = travel if pending_grad is None else wait(pending_grad).view(held.shape)
         dk, dv = unpack_kv(home.to(held.dtype), KV_DIM, d)
-        return dq.to(q.dtype), dk, dv, *([None] * (8 + len(tensors)))
+        dq = sum_all(dq_parts, None, q.dtype) if deferred else dq.to(q.dtype)
+        return dq, dk, dv, *([None] * (9 + len(tensors)))
 
 
 def _per_step(tensors: tuple, counts: tuple[tuple[int, int], ...]) -> list[tuple[tuple, tuple]]:
@@ -112,9 +125,11 @@ def ring_varlen_attention(
     world: int,
     max_doc: int | None = None,
     window: tuple[int, int] = NO_WINDOW,
+    deferred_merge: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """varlen_attn of this rank's packed q over every rank's K/V (same document only, causal when asked, within
-    a causal sliding `window` (w, -1) when given), the K/V arriving one rank at a time. Returns (out, lse
+    a causal sliding `window` (w, -1) when given), the K/V arriving one rank at a time; `deferred_merge`: every
+    step's partial kept and merged once after the last step (regions/deferred.py). Returns (out, lse
     (Hq, T_local) fp32, rng_state) like torch_attn._varlen_attn."""
     local = q.shape[0]
     window = packed_window(tuple(window), causal, max_doc, local * world)
@@ -127,7 +142,7 @@ def ring_varlen_attention(
         meta = prepare_blocks(ranges, spec, local, [k.shape[0]], kernel)
         tensors += ranges + meta
         counts.append((len(ranges), len(meta)))
-    args = (specs, tuple(counts), visited, scale, kernel, group_name, rank, world)
+    args = (specs, tuple(counts), visited, scale, kernel, group_name, rank, world, bool(deferred_merge))
     out, lse = _RingVarlenAttention.apply(q, k, v, *args, *tensors)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state

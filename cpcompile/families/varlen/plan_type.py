@@ -28,6 +28,10 @@ class VarlenPlan(CPPlan):
         extra = dict(max_doc=self.max_doc, window=self.window)
         if get_comm(self.comm).capabilities.lse_on_demand:
             extra["return_lse"] = self.return_lse
+        if self.regather:  # only where asked: graphs without them stay as they were
+            extra["regather"] = True
+        if self.deferred_merge:
+            extra["deferred_merge"] = True
         return {**self.common_kwargs(), **extra, **self.level_kwargs()}
 
     def block_count(self) -> int:
