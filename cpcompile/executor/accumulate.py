@@ -33,9 +33,9 @@ def _fused(*tensors: torch.Tensor) -> bool:
     )
 
 
-def _padded(part: torch.Tensor, start: int, total: int, dim: int, fill: float) -> torch.Tensor:
-    """`part` over rows [start, start + its length) of `total` along `dim`, `fill` elsewhere (the torch-ops
-    path only: the fused kernel reads a partial over some rows as it is)."""
+def padded_rows(part: torch.Tensor, start: int, total: int, dim: int, fill: float) -> torch.Tensor:
+    """`part` over rows [start, start + its length) of `total` along `dim`, `fill` elsewhere (torch ops: the
+    fused kernel reads a partial over some rows as it is; regions/deferred.py pads its partials with it)."""
     n = part.shape[dim]
     if start == 0 and n == total:
         return part
@@ -62,7 +62,7 @@ def merge_partial(
         merge_triton.merge(dst, dst_lse, [a, o], [la, lo], start)
         return new_acc, new_lse
     total = a.shape[-2]
-    o, lo = _padded(o, start, total, -2, 0.0), _padded(lo, start, total, -1, float("-inf"))
+    o, lo = padded_rows(o, start, total, -2, 0.0), padded_rows(lo, start, total, -1, float("-inf"))
     merged_out, merged_lse = merged([a, o], [la, lo], acc.dtype)
     if lse_last:
         return merged_out, merged_lse
@@ -77,5 +77,5 @@ def add_partial(total: torch.Tensor, part: torch.Tensor, start: int = 0) -> torc
         out = torch.empty_like(total)
         merge_triton.add(out, [total, part], start)
         return out
-    part = _padded(part, start, total.shape[-2], -2, 0.0)
+    part = padded_rows(part, start, total.shape[-2], -2, 0.0)
     return (total.to(acc_dtype(total.dtype)) + part.to(acc_dtype(total.dtype))).to(total.dtype)

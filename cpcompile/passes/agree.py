@@ -44,7 +44,7 @@ def _shape(shape: tuple) -> tuple:
 
 FIELDS = (
     "kind", "layout", "comm", "kernel", "causal", "scale", "dtensor", "q shape", "k shape", "v shape", "dtype",
-    "device", "cp", "window", "max_doc",
+    "device", "cp", "window", "max_doc", "softcap", "regather", "sinks", "deferred_merge",
 )  # fmt: skip
 """The names of plan_summary's fields, in order."""
 
@@ -135,9 +135,9 @@ def agree(group: dist.ProcessGroup, group_name: str, rank: int, summary: str) ->
             f"CP ranks planned graph #{index} differently: {differences(summary, theirs, rank, r)}"
             f"Rank {rank} has {summary}, rank {r} has {theirs} "
             "(per site: kind, layout, comm, kernel, causal, scale, dtensor, q/k/v local shapes, dtype, device, cp, "
-            "window, max_doc, softcap, regather, sinks). Fix: give every rank the same strategy/comm/kernel, dtype, "
-            "batch size and local length (shard with cpcompile.shard_batch, which cuts every rank's part of one global "
-            "batch)."
+            "window, max_doc, softcap, regather, sinks, deferred_merge). Fix: give every rank the same "
+            "strategy/comm/kernel, dtype, batch size and local length (shard with cpcompile.shard_batch, which cuts "
+            "every rank's part of one global batch)."
         )
 
 

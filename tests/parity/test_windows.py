@@ -26,10 +26,12 @@ CASES = [
     ("zigzag", "ring", True, (3, 0), 0.0),
     ("flat", "ring", False, (7, 2), 0.0),
     ("zigzag", "ring", True, (5, 0), 20.0),
+    ("zigzag", "ring+deferred", True, (5, 0), 20.0),  # backend(deferred_merge=True): steps over some rows
 ]
 RING_4 = [  # cp=4 (chunks of 6 flat, 3 zigzag): the ring skips the steps no window reaches
     ("flat", "ring", True, (3, 0), 0.0),  # visits steps 0 and 1
     ("zigzag", "ring", False, (2, 1), 0.0),  # 0, 1 and 3
+    ("zigzag", "ring+deferred", False, (2, 1), 0.0),
 ]
 
 
@@ -46,7 +48,8 @@ def _errors(strategy, comm, causal, window, softcap) -> list[float]:
     ref.backward(dout)
     shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=2)  # noqa: E731
     local = [shard(t).requires_grad_() for t in (q, k, v)]
-    be = cpcompile.backend(strategy=strategy, comm=comm, inner="eager")
+    comm, _, option = comm.partition("+")  # "ring+deferred": backend(deferred_merge=True)
+    be = cpcompile.backend(strategy=strategy, comm=comm, inner="eager", deferred_merge=option == "deferred")
     torch._dynamo.reset()
     out = torch.compile(attn, backend=be, fullgraph=True)(*local)
     out.backward(shard(dout))

@@ -34,3 +34,24 @@ def test_rank_disagreement_names_the_field():
     assert said == "site 0 differs in layout: rank 1 has 'thd', rank 0 'thd_zigzag'. "
     assert differences("sites:" + site.format(21), "sites:", 0, 1) == "rank 0 planned 1 attention sites, rank 1 0. "
     assert differences("error:x", "sites:", 0, 1) == ""
+
+
+def test_rank_disagreement_names_every_field():
+    """Every field of a plan's summary has a name (a mismatch in the last ones, e.g. deferred_merge, was once
+    left unnamed: the field names stopped at max_doc)."""
+    import ast
+
+    import cpcompile
+    from cpcompile.passes.agree import FIELDS, differences, plan_summary
+    from tests.graphs.test_ring import _qkv, gqa_attention
+    from tests.support.fake_pg import capture_graphs, fake_group
+
+    with fake_group(rank=1, world=2):
+        be = cpcompile.backend(strategy="zigzag", comm="ring", inner="aot_eager", deferred_merge=True)
+        capture_graphs(gqa_attention, be, *_qkv())
+    (plan,) = be.plans
+    mine = plan_summary(plan)
+    assert len(ast.literal_eval(mine)) == len(FIELDS)
+    theirs = mine.replace(", True)", ", False)")  # deferred_merge is the last field
+    said = differences("sites:" + mine, "sites:" + theirs, 0, 1)
+    assert said == "site 0 differs in deferred_merge: rank 0 has True, rank 1 False. ", said

@@ -148,3 +148,47 @@ def test_thd_zigzag_steps_cover_document_mask_and_are_balanced(case, causal):
         chunks = [n // (2 * cp) for n in lengths]
         later = {w for per_rank in work for w in per_rank[1:]}
         assert later == {sum(2 * c * c for c in chunks)}, f"unbalanced ring steps: {work}"
+
+
+def _coverage(blocks: list[Block], size: int = 12) -> torch.Tensor:
+    """How many times each (local q row, held key) pair is attended (a causal block: its top-left triangle)."""
+    hits = torch.zeros(size, size, dtype=torch.int64)
+    for b in blocks:
+        mask = torch.ones(b.q_len, b.kv_len, dtype=torch.int64)
+        hits[b.q_start : b.q_start + b.q_len, b.kv_start : b.kv_start + b.kv_len] += mask.tril() if b.causal else mask
+    return hits
+
+
+_BLOCK = st.tuples(st.integers(0, 6), st.integers(1, 5), st.integers(0, 6), st.integers(1, 5), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_BLOCK, min_size=2, max_size=4))
+def test_causal_square_never_changes_which_pairs_are_attended(raw):
+    """Any block set (overlaps, gaps, off-diagonal causal squares included): merged into one causal square only
+    when the square attends exactly the same (row, key) pairs, each as often."""
+    blocks = [Block(q0, qn, 0, q0 if causal else k0, qn if causal else kn, causal) for q0, qn, k0, kn, causal in raw]
+    merged = causal_square(blocks)
+    assert merged == blocks or torch.equal(_coverage(merged), _coverage(blocks))
+
+
+def test_hierarchical_node_steps_cover_the_mask_exactly_once():
+    """The hierarchical region's ring runs over node layouts (comms/hierarchical/levels.py) through the same step
+    blocks, causal_square included: every (q, key) pair of every node exactly once, by global positions."""
+    from cpcompile.comms.hierarchical.levels import level_layout
+
+    for name in ("flat", "zigzag"):
+        for nodes, per_node in ((2, 1), (2, 3), (3, 2), (4, 4)):
+            lay, chunk = level_layout(LAYOUTS[name], nodes, per_node), 2
+            seq = lay.num_chunks(nodes) * chunk
+            for node in range(nodes):
+                rows = lay.shard_index(seq, nodes, node)
+                hits = torch.zeros(len(rows), seq, dtype=torch.int64)
+                for step, blocks in enumerate(ring_blocks(lay, nodes, node, chunk, True)):
+                    held = lay.shard_index(seq, nodes, held_rank(node, step, nodes))
+                    for b in blocks:
+                        keys = held[b.kv_start : b.kv_start + b.kv_len]
+                        mask = torch.ones(b.q_len, b.kv_len, dtype=torch.int64)
+                        hits[b.q_start : b.q_start + b.q_len, keys] += mask.tril() if b.causal else mask
+                expected = (rows[:, None] >= torch.arange(seq)[None, :]).long()
+                assert torch.equal(hits, expected), f"{name} nodes={nodes} per_node={per_node} node {node}"
