@@ -202,7 +202,7 @@ def explain(
             cp_group=stand_in_group(r, world, levels),
             mixer_layout=mixer_layout,
             deferred_merge=deferred_merge,
-        )  # fmt: skip
+        )
         for r in range(world)
     ]
     try:

@@ -15,7 +15,7 @@ from .schedule import packed_visited_steps, packed_window, ring_blocks, visited_
 
 def _elt(dtype: torch.dtype) -> tuple[int, int]:
     """(bytes of the io dtype, bytes of its accumulation dtype)."""
-    return torch.empty((), dtype=dtype).element_size(), torch.empty((), dtype=acc_dtype(dtype)).element_size()
+    return dtype.itemsize, acc_dtype(dtype).itemsize
 
 
 def _one_call(blocks: list, span: tuple[int, int], kernel: str) -> bool:
