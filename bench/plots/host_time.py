@@ -16,11 +16,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _row(r: dict) -> str:
+    """comm/layout[:options] rank, e.g. ring/thd:deferred r7."""
+    options = "".join(f":{o}" for o in r.get("options", []))
+    return f"{r['comm']}/{r['layout']}{options} r{r['rank']}"
+
+
 def main(src: str = "bench/results/host_time_ab.json", png: str = "docs/host_time.png") -> None:
     data = json.load(open(src))
     last = max(r["device_call"] for r in data["runs"])
     runs = {r["label"]: r["records"] for r in data["runs"] if r["device_call"] == last}
-    rows = [f"{r['comm']}/{r['layout']} r{r['rank']}" for r in runs["new"]]
+    rows = [_row(r) for r in runs["new"]]
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.2
     for i, (label, field, color) in enumerate(
@@ -37,7 +43,7 @@ def main(src: str = "bench/results/host_time_ab.json", png: str = "docs/host_tim
     fig.savefig(png, dpi=120)
     for label in ("old", "new"):
         for r in runs[label]:
-            row = f"| {label} | {r['comm']}/{r['layout']} r{r['rank']} | {r['host_ms']:.2f} | {r['gpu_ms']:.2f} | "
+            row = f"| {label} | {_row(r)} | {r['host_ms']:.2f} | {r['gpu_ms']:.2f} | "
             print(row + f"{r['host_ratio']:.2f} | {r['step_efficiency']:.3f} | {r['pipelined_efficiency']:.3f} |")
 
 

@@ -15,7 +15,7 @@ from cpcompile.testing.distributed import run_ranks
 from cpcompile.testing.training import train
 from tests.support.parity import bf16_rule, cp_attention, max_err, reference, sdpa_case
 from tests.support.roundings import dense_partials, roundings
-from tests.support.thd_parity import compare_packed
+from tests.support.thd_parity import MAX_DOC, compare_packed
 from tests.support.training import CFG, _assert_matches, _batches
 
 SHAPES = {"gqa": (2, 4, 2, 48, 8), "mha": (1, 2, 2, 48, 8)}
@@ -59,7 +59,7 @@ def _cases(world: int) -> list[tuple]:
             ("dense", "regather", "flat", True, "gqa", "fp64"),
             ("packed", "regather", "thd_zigzag", True),
             ("dense", "deferred", "zigzag", True, "gqa", "fp64"),  # cp 3: steps over the back chunk only
-            ("packed", "deferred", "thd", True),
+            ("packed", "deferred", "thd", True, None, 24),  # documents <= 24 = a piece: steps 0 and 1, home by 2
             ("packed", "ring", "thd", True, (30, 0)),  # between a rank's piece (24) and two: every step
             ("packed", "ring", "thd_zigzag", True, (13, 0)),  # longer than every chunk (4, 8), not a document
         ]
@@ -69,6 +69,7 @@ def _cases(world: int) -> list[tuple]:
         ("packed", "ring", "thd", True),
         ("packed", "ring", "thd_zigzag", False),
         ("packed", "ring", "thd", True, (5, 0)),  # shorter than a rank's piece (18): steps 0 and 1, home by 3
+        ("packed", "ring", "thd", True, None, 24),  # documents <= 24 (pieces of 18): steps 0..2, home by 2
         ("dense", "deferred", "flat", False, "mha", "fp64"),
         ("packed", "deferred", "thd_zigzag", True, (5, 0)),
     ]
@@ -84,7 +85,8 @@ def _run(case) -> dict:
         return _dense(strategy, causal, dtype, SHAPES[shape], comm, options)
     be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager", **options)
     window = rest[0] if rest else None  # a causal sliding window (w, 0): layouts/packed_band.py's blocks
-    return compare_packed(strategy, causal, torch.float64, DOCS[strategy], backend=be, window=window)
+    max_doc = rest[1] if len(rest) > 1 else MAX_DOC  # varlen_attn's max_q/max_k: thd's far steps skipped
+    return compare_packed(strategy, causal, torch.float64, DOCS[strategy], backend=be, window=window, max_doc=max_doc)
 
 
 def _sweep(rank, world):

@@ -57,31 +57,37 @@ def doc_reference(q, k, v, dout, cu: torch.Tensor, causal: bool, dtype: torch.dt
     return [out.detach()] + [t.grad for t in leaves]
 
 
+MAX_DOC = 64
+"""varlen_attn's max_q/max_k in the packed parity cases: a bound above every document (and every rank's piece)."""
+
+
 def causal_attn(q, k, v, cu):
-    return varlen_attn(q, k, v, cu, cu, 64, 64, window_size=(-1, 0), **GQA)
+    return varlen_attn(q, k, v, cu, cu, MAX_DOC, MAX_DOC, window_size=(-1, 0), **GQA)
 
 
 def full_attn(q, k, v, cu):
-    return varlen_attn(q, k, v, cu, cu, 64, 64, **GQA)
+    return varlen_attn(q, k, v, cu, cu, MAX_DOC, MAX_DOC, **GQA)
 
 
-def attn(causal: bool):
+def attn(causal: bool, max_doc: int = MAX_DOC):
+    if max_doc != MAX_DOC:  # a tighter bound: what the ring's step skipping reads (comms/ring/schedule.thd_reach)
+        return windowed_attn((-1, 0) if causal else (-1, -1), max_doc)
     return causal_attn if causal else full_attn
 
 
-def windowed_attn(window: tuple[int, int]):
+def windowed_attn(window: tuple[int, int], max_doc: int = MAX_DOC):
     def fn(q, k, v, cu):
-        return varlen_attn(q, k, v, cu, cu, 64, 64, window_size=window, **GQA)
+        return varlen_attn(q, k, v, cu, cu, max_doc, max_doc, window_size=window, **GQA)
 
     return fn
 
 
-def cp_varlen(q, k, v, dout, cu, *, strategy, causal, dtype, backend=None, window=None):
+def cp_varlen(q, k, v, dout, cu, *, strategy, causal, dtype, backend=None, window=None, max_doc=MAX_DOC):
     """(out, dq, dk, dv) of the compiled CP region on this rank's shards, in local layout."""
     shard = lambda t: cpcompile.shard(t.to(dtype), strategy=strategy, seq_dim=0, cu_seqlens=cu)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
     be = backend or cpcompile.backend(strategy=strategy, inner="aot_eager")
-    fn = attn(causal) if window is None else windowed_attn(window)
+    fn = attn(causal, max_doc) if window is None else windowed_attn(window, max_doc)
     torch._dynamo.reset()
     model_cu = cpcompile.plan_documents(cu, strategy=strategy)  # thd_balanced: the offsets and the plan
     out = torch.compile(fn, backend=be, fullgraph=True)(*leaves, model_cu)
@@ -89,15 +95,20 @@ def cp_varlen(q, k, v, dout, cu, *, strategy, causal, dtype, backend=None, windo
     return [out.detach()] + [t.grad for t in leaves]
 
 
-def compare_packed(strategy, causal, dtype, lengths, heads=(4, 2), d=8, seed=0, backend=None, window=None) -> dict:
+def compare_packed(
+    strategy, causal, dtype, lengths, heads=(4, 2), d=8, seed=0, backend=None, window=None, max_doc=MAX_DOC
+) -> dict:
     """Per-tensor (cp error, allowed error) of one packed-document case on this rank.
 
-    window: a varlen window_size (left, right) other than causal/full; `causal` is then ignored."""
+    window: a varlen window_size (left, right) other than causal/full; `causal` is then ignored. max_doc:
+    varlen_attn's max_q/max_k (at least the longest document)."""
     cu = cu_of(lengths)
     q, k, v, dout = packed_case(seed, int(cu[-1]), *heads, d)
     exact = doc_reference(q, k, v, dout, cu, causal, torch.float64, window)
     low = doc_reference(q, k, v, dout, cu, causal, dtype, window) if dtype == torch.bfloat16 else exact
-    got = cp_varlen(q, k, v, dout, cu, strategy=strategy, causal=causal, dtype=dtype, backend=backend, window=window)
+    assert max_doc >= max(lengths), "max_q/max_k below a document: wrong on one device too"
+    kw = dict(backend=backend, window=window, max_doc=max_doc)
+    got = cp_varlen(q, k, v, dout, cu, strategy=strategy, causal=causal, dtype=dtype, **kw)
     shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=0, cu_seqlens=cu)  # noqa: E731
     report = {}
     for name, g, e, lo in zip(("out", "dq", "dk", "dv"), got, exact, low):

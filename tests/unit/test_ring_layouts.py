@@ -8,9 +8,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpcompile.comms.ring.schedule import causal_square, held_rank, packed_step_blocks, ring_blocks, step_blocks
+from cpcompile.comms.ring.schedule import (
+    causal_square,
+    held_rank,
+    packed_step_blocks,
+    packed_visited_steps,
+    ring_blocks,
+    step_blocks,
+)
 from cpcompile.layouts import LAYOUTS
-from cpcompile.layouts.block import Block
+from cpcompile.layouts.block import NO_WINDOW, Block
 from cpcompile.layouts.thd import THD_LAYOUTS
 from tests.unit.test_thd_layouts import _block_pairs, _cu, _documents, _expected_mask
 
@@ -94,12 +101,17 @@ def test_causal_square_only_where_the_blocks_are_its_mask():
         assert causal_square(kept) == kept
 
 
-def _packed_coverage(strategy: str, lengths: list[int], cp: int, causal: bool) -> list[list[float]]:
-    """Assert exact coverage over all ranks and steps; return each rank's work per step."""
+def _packed_coverage(
+    strategy: str, lengths: list[int], cp: int, causal: bool, max_doc: int | None = None
+) -> list[list[float]]:
+    """Assert exact coverage over all ranks and the steps the ring visits (documents of at most `max_doc` tokens,
+    default the longest); return each rank's work per step (0 for a step the ring skips)."""
     layout = THD_LAYOUTS[strategy]
     cu = _cu(lengths)
     total = int(cu[-1])
     local = total // cp
+    max_doc = max(lengths) if max_doc is None else max_doc
+    visited = packed_visited_steps(strategy, local, cp, NO_WINDOW, causal, max_doc)
     index = [layout.shard_index(cu, total, cp, r) for r in range(cp)]
     got = torch.zeros(total, total, dtype=torch.int64)
     work = []
@@ -108,7 +120,9 @@ def _packed_coverage(strategy: str, lengths: list[int], cp: int, causal: bool) -
         for step in range(cp):
             keys = index[held_rank(r, step, cp)]  # the held rank's local tokens
             step_work = 0
-            for b in packed_step_blocks(strategy, cu, local, cp, r, step, causal, max(lengths)):
+            blocks = packed_step_blocks(strategy, cu, local, cp, r, step, causal, max_doc)
+            assert step in visited or not blocks, f"step {step} is skipped but rank {r} has blocks there"
+            for b in blocks:
                 qs, qe, ks, ke = b.ranges
                 assert b.source == 0 and (b.causal is False or step == 0)
                 ordered = (qs[1:] >= qe[:-1]).all() and (ks[1:] >= ke[:-1]).all()
@@ -132,11 +146,41 @@ def _packed_coverage(strategy: str, lengths: list[int], cp: int, causal: bool) -
     return work
 
 
-@settings(max_examples=25, deadline=None)
-@given(_documents(0), st.booleans())
-def test_thd_steps_cover_document_mask(case, causal):
+@settings(max_examples=40, deadline=None)
+@given(_documents(0), st.booleans(), st.integers(0, 6))
+def test_thd_steps_cover_document_mask(case, causal, slack):
+    """Over the steps the ring visits: the longest document (or a looser bound) keeps the far steps out, and
+    what they skip holds no pair of one document (the mask is still covered exactly once)."""
     cp, lengths = case
-    _packed_coverage("thd", lengths, cp, causal)
+    _packed_coverage("thd", lengths, cp, causal, max(lengths) + slack)
+
+
+def test_thd_ring_visits_only_the_steps_a_document_reaches():
+    """A document of n tokens spans pieces at most 1 + (n - 2) // L apart: the held pieces further back (and,
+    both ways, further ahead) are never visited; a window and max_doc each bound it, the smaller wins."""
+    assert packed_visited_steps("thd", 8, 4, NO_WINDOW, True, None) == (0, 1, 2, 3)
+    assert packed_visited_steps("thd", 8, 4, NO_WINDOW, True, 1) == (0,)
+    assert packed_visited_steps("thd", 8, 4, NO_WINDOW, True, 2) == (0, 1)
+    assert packed_visited_steps("thd", 8, 4, NO_WINDOW, True, 9) == (0, 1)
+    assert packed_visited_steps("thd", 8, 4, NO_WINDOW, True, 10) == (0, 1, 2)
+    assert packed_visited_steps("thd", 8, 8, NO_WINDOW, False, 9) == (0, 1, 7)
+    assert packed_visited_steps("thd", 8, 4, (3, -1), True, 30) == (0, 1)
+    assert packed_visited_steps("thd", 8, 4, (30, -1), True, 3) == (0, 1)
+    assert packed_visited_steps("thd_zigzag", 8, 4, NO_WINDOW, True, 2) == (0, 1, 2, 3)
+    cu = _cu([3, 9, 4, 8, 8])  # L = 8, cp = 4: the 9-token document spans pieces 0 and 1 only
+    assert packed_step_blocks("thd", cu, 8, 4, 3, 2, True, 9) == []
+    assert len(packed_step_blocks("thd", cu, 8, 4, 1, 1, True, 9)) == 1
+
+
+def test_thd_zigzag_ring_step_zero_is_one_causal_call():
+    """Per document, the two local chunks in local order: their causal squares and the back chunk against the
+    front are that pair's causal mask, so step 0 is one causal square call (no partials to merge)."""
+    cu = _cu([8, 16, 24])
+    for rank in range(2):
+        (block,) = packed_step_blocks("thd_zigzag", cu, 24, 2, rank, 0, True, 24)
+        qs, qe, ks, ke = block.ranges
+        assert block.causal and block.square and block.covers_rows and block.covers_keys
+        assert torch.equal(qs, ks) and torch.equal(qe, ke) and (qe - qs).tolist() == [4, 8, 12]
 
 
 @settings(max_examples=20, deadline=None)

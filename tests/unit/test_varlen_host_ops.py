@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.host_ops import count_region
+from cpcompile.comms.ring.schedule import packed_visited_steps
+from cpcompile.layouts.block import NO_WINDOW
+from tests.support.host_ops import LENGTHS, count_region
 
 METADATA_OPS = ("scatter", "cumsum", "arange", "stack", "cat", "clamp", "unbind", "index.Tensor")
 """What building block metadata dispatches (range_ids, cu_seqlens, lse slots); an op call must run none."""
@@ -42,8 +44,11 @@ def test_each_kernel_call_reads_prepared_metadata(comm, layout, rank, monkeypatc
     later, first = BUDGETS[(comm, layout, rank)]
     count = count_region(comm, layout, world=8, rank=rank)
     forward, backward = count.per_call("attend_varlen_blocks"), count.per_call("attend_varlen_blocks_backward")
-    steps = 8 if comm == "ring" else 1
-    assert len(forward) == len(backward) == steps, (forward, backward)  # every step has blocks at these ranks
+    # every visited step has blocks at these ranks (thd: the steps its longest document reaches, 5 of 8)
+    steps = (
+        len(packed_visited_steps(layout, sum(LENGTHS) // 8, 8, NO_WINDOW, True, max(LENGTHS))) if comm == "ring" else 1
+    )
+    assert len(forward) == len(backward) == steps, (forward, backward)
     built = {name for names in count.call_names for name in names if any(op in name for op in METADATA_OPS)}
     assert not built, f"an executor op built block metadata on the host: {sorted(built)}"
     assert forward[0] <= first[0] and backward[0] <= first[1], f"the first step: {forward}, {backward}"

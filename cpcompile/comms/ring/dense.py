@@ -186,8 +186,9 @@ def wire_bytes(shape: WireShape) -> tuple[int, int]:
     of `tokens` tokens once per visited step but the last; backward, the K/V again and the travelling fp32 K/V
     gradient once per visited step (it comes home from the last one). Every step is visited (world - 1 K/V
     shifts, world gradient shifts) unless `dense_mask` (layout, causal, window) has a window that keeps some
-    steps from every rank (comms/ring/schedule.visited_steps), or `packed_mask` a causal sliding window that thd's steps
-    do not all reach (comms/ring/schedule.packed_visited_steps): then only those. The lse never travels."""
+    steps from every rank (comms/ring/schedule.visited_steps), or thd's steps are not all in reach of a
+    document (a causal sliding window in `packed_mask`, or `max_doc`: comms/ring/schedule.packed_visited_steps):
+    then only those. The lse never travels."""
     s = shape
     lay = None
     if s.dense_mask is not None and s.dense_mask[2] is not None:
@@ -195,7 +196,7 @@ def wire_bytes(shape: WireShape) -> tuple[int, int]:
     if s.packed_mask is not None:
         layout, causal, window = s.packed_mask
         window = packed_window(window, causal, s.max_doc, s.tokens * s.world)
-        return _shift_bytes(shape, len(packed_visited_steps(layout, s.tokens, s.world, window)))
+        return _shift_bytes(shape, len(packed_visited_steps(layout, s.tokens, s.world, window, causal, s.max_doc)))
     return layout_wire_bytes(shape, lay)
 
 

@@ -59,8 +59,9 @@ def dense_deferred_bytes(plan) -> tuple[int, int]:
 
 
 def varlen_deferred_bytes(plan) -> tuple[int, int]:
-    """(forward, backward) bytes, at most: every visited step's partial over all T rows (a step whose held pieces
-    share no document with this rank's has none; that depends on the batch, so every step is counted); its output
+    """(forward, backward) bytes, at most: every visited step's partial over all T rows (a visited step whose
+    held pieces share no document with this rank's has none; that depends on the batch, so every visited step is
+    counted); its output
     in the io dtype (the varlen executor rounds its blocks' merge once), its dq in fp32 (several blocks a step
     sum in fp32; one block's dq would be the io dtype, so this is the bound)."""
     t, hq, d = plan.site.q_shape
@@ -68,7 +69,7 @@ def varlen_deferred_bytes(plan) -> tuple[int, int]:
     elt, acc = _elt(plan.site.dtype)
     world = plan.group.size
     window = packed_window(tuple(plan.window), plan.causal, plan.max_doc, t * world)
-    steps = len(packed_visited_steps(plan.layout, t, world, window))
+    steps = len(packed_visited_steps(plan.layout, t, world, window, plan.causal, plan.max_doc))
     part_fwd, part_bwd = t * hq * (dv * elt + 4), t * hq * d * acc
     fwd = extra_bytes([part_fwd] * steps, t * hq * (dv * acc + 4) + part_fwd)
     bwd = extra_bytes([part_bwd] * steps, t * hq * d * acc + part_bwd)

@@ -20,8 +20,10 @@ piece of the same document, unmasked (all of it precedes this rank's tokens), an
 under causal attention. thd_zigzag: every rank's local offsets of a document are the same, so a held front
 chunk (rank p < r) is seen by both local chunks, a held rank p > r is seen (both chunks) by the back chunk:
 per document the same work every step on every rank. A causal sliding window: the squares keep it, every held
-piece before a local piece becomes packed_band.py's two blocks (one window for every document), and thd's ring
-visits only the steps the window reaches (`packed_visited_steps`).
+piece before a local piece becomes packed_band.py's two blocks (one window for every document). thd's ring
+visits only the steps a document can reach (`packed_visited_steps`): those within the window, or within the
+longest document (varlen_attn's max_q/max_k). thd_zigzag's step 0 is one causal square per document: its two
+local chunks in local order, whose causal mask is both chunks' squares plus the back chunk against the front.
 """
 
 from __future__ import annotations
@@ -181,17 +183,35 @@ def packed_window(window: tuple[int, int], causal: bool, max_doc: int | None, to
 
 
 def packed_visited_steps(
-    strategy: str, local_len: int, cp: int, window: tuple[int, int] = NO_WINDOW
+    strategy: str,
+    local_len: int,
+    cp: int,
+    window: tuple[int, int] = NO_WINDOW,
+    causal: bool = True,
+    max_doc: int | None = None,
 ) -> tuple[int, ...]:
-    """The ring steps some rank has packed blocks at, under `packed_window`'s window: thd's held rank s steps
-    back is at least (s - 1) * local_len + 1 tokens before every local row, so a causal window w reaches steps
-    0 .. 1 + (w - 1) // local_len only (w shorter than a rank's piece: the neighbour's step). thd_zigzag's
-    chunks are a share of each document, as short as it, so no step is provably out of reach: every step."""
-    left = window[0]
-    if left < 0 or strategy != "thd":
+    """The ring steps some rank has packed blocks at (step 0 always). thd's pieces are contiguous: the piece
+    held s steps back is at least (s - 1) * local_len + 1 tokens from every local row, so a step is out of reach
+    when no same-document pair can be that far apart (`thd_reach`: under `packed_window`'s causal window, or
+    documents of at most `max_doc` tokens, varlen_attn's static max_q/max_k, which the token guard enforces).
+    Causal: steps 0 .. reach; both ways: also the steps whose held piece is at most reach pieces AFTER a rank's
+    (s >= cp - reach). thd_zigzag's chunks are a share of each document, as short as it, so no step is provably
+    out of reach: every step."""
+    reach = thd_reach(local_len, window, max_doc) if strategy == "thd" else None
+    if reach is None or reach >= cp - 1:
         return tuple(range(cp))
-    last = 0 if left == 0 else 1 + (left - 1) // local_len
-    return tuple(range(min(cp - 1, last) + 1))
+    return tuple(s for s in range(cp) if s <= reach or (not causal and cp - s <= reach))
+
+
+def thd_reach(local_len: int, window: tuple[int, int], max_doc: int | None) -> int | None:
+    """How many pieces apart (under thd) a row and a key of one document can be, at most: None when nothing
+    bounds it. A pair d tokens apart spans pieces at most 1 + (d - 1) // local_len apart (0 when d = 0); d is
+    bounded by a sliding window's left w and by the longest document's max_doc - 1."""
+    bounds = [w for w in (window[0], -1 if max_doc is None else max_doc - 1) if w >= 0]
+    if not bounds:
+        return None
+    d = min(bounds)
+    return 0 if d == 0 else 1 + (d - 1) // local_len
 
 
 def packed_step_blocks(
@@ -216,7 +236,8 @@ def packed_step_blocks(
 
 def _thd_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc, window):
     held = held_rank(rank, step, cp)
-    if causal and held > rank:
+    reach = thd_reach(local_len, window, max_doc)
+    if (causal and held > rank) or (reach is not None and abs(held - rank) > reach):
         return []
     cu = cu_seqlens.long()
     piece = lambda r: ((cu[:-1] - r * local_len).clamp(0, local_len), (cu[1:] - r * local_len).clamp(0, local_len))  # noqa: E731
@@ -243,13 +264,10 @@ def _thd_zigzag_step(cu_seqlens, local_len, cp, rank, step, causal, max_doc, win
     if window[0] >= 0:
         bounds = (one, local_len)
         return _thd_zigzag_band(start, mid, end, chunk, cu_seqlens.long()[:-1], cp, rank, held, window, bounds)
-    if step == 0:  # two causal squares (front, back), then the back chunk against the front chunk
-        squares = qk_ranges(interleave(start, mid), interleave(mid, end), interleave(start, mid), interleave(mid, end))
-        back_front = qk_ranges(mid, end, start, mid)
-        return [
-            VarlenBlock(HELD, True, squares, one, one, NO_WINDOW, **full, square=True),
-            VarlenBlock(HELD, False, back_front, one, one),
-        ]
+    if step == 0:  # per document the causal mask over its two local chunks (front, back) in local order: the
+        # two chunks' causal squares and the back chunk against the whole front one, as ONE causal square call
+        square = qk_ranges(start, end, start, end)
+        return [VarlenBlock(HELD, True, square, 2 * one, 2 * one, NO_WINDOW, **full, square=True)]
     if held < rank:  # the held front chunk precedes both local chunks; its back chunk follows both
         return [VarlenBlock(HELD, False, qk_ranges(start, end, start, mid), 2 * one, one, NO_WINDOW, covers_rows=True)]
     # held > rank: both held chunks precede the local back chunk and follow the local front chunk

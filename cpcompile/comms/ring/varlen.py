@@ -133,7 +133,7 @@ def ring_varlen_attention(
     (Hq, T_local) fp32, rng_state) like torch_attn._varlen_attn."""
     local = q.shape[0]
     window = packed_window(tuple(window), causal, max_doc, local * world)
-    visited = packed_visited_steps(layout, local, world, window)
+    visited = packed_visited_steps(layout, local, world, window, causal, max_doc)
     steps = [packed_step_blocks(layout, cu_seqlens, local, world, rank, s, causal, max_doc, window) for s in visited]
     specs = tuple(encode_varlen(blocks) for blocks in steps)
     tensors, counts = [], []
@@ -162,6 +162,6 @@ def rank_blocks(
     window = packed_window(tuple(window), causal, max_doc, local_len * world)
     return [
         block
-        for step in packed_visited_steps(layout, local_len, world, window)
+        for step in packed_visited_steps(layout, local_len, world, window, causal, max_doc)
         for block in packed_step_blocks(layout, cu_seqlens, local_len, world, rank, step, causal, max_doc, window)
     ]
