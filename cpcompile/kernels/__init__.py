@@ -43,10 +43,13 @@ reference for softcapped scores).
 Optional-package providers are only used when named."""
 FEATURES = {"window": "sliding windows", "softcap": "softcapped scores"}
 """Optional dense-block features (kernels/base.py): name -> what a refusal calls it."""
-VARLEN_AUTO_ORDER = ("cudnn_varlen", "flash_varlen", "cpu_varlen_ref")
-"""What kernel="auto" tries for varlen blocks, fastest first: cuDNN THD on CUDA when cudnn-frontend's torch ops
-import (on the H200: 0.95-1.07x FA2 over a whole packed sequence, faster on a rank's short calls), else FA2
-varlen; the CPU reference on CPU."""
+VARLEN_AUTO_ORDER = ("flash_varlen", "cudnn_varlen", "cpu_varlen_ref")
+"""The varlen providers kernel="auto" weighs (cost/choose.py), in the order that breaks a tie: aten's FA2 varlen
+first, then cuDNN THD (when cudnn-frontend's torch ops import), the CPU reference on CPU. cuDNN's kernels are
+faster on the GPU, but each call runs ~1-2 ms of cudnn-frontend's Python (docs/benchmarks.md, "cudnn_varlen vs
+flash_varlen in the compiled packed layer": FA2 one step at a time ahead in all nine rows at 4K tokens a rank),
+so where the model cannot tell them apart FA2 wins; cuDNN keeps the sites where its GPU time wins by more than
+the tie (long shards)."""
 
 
 def unsupported_reason(

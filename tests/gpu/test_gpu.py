@@ -132,7 +132,7 @@ def _thd_mixes(world: int, gen: torch.Generator) -> dict[str, list[list[int]]]:
 def _thd_cp(q, k, v, dout, cu, *, strategy, causal, comm="all_gather", window=None):
     shard = lambda t: cpcompile.shard(t, strategy=strategy, seq_dim=0, cu_seqlens=cu).to("cuda", torch.bfloat16)  # noqa: E731
     leaves = [shard(t).detach().requires_grad_() for t in (q, k, v)]
-    # FA2 varlen by name: kernel="auto" takes cudnn_varlen where cudnn-frontend is installed (its own tests:
+    # FA2 varlen by name, whatever kernel="auto" weighs at these shapes (cudnn_varlen's own tests:
     # tests/gpu/test_cudnn_varlen.py)
     be = cpcompile.backend(strategy=strategy, comm=comm, kernel="flash_varlen", inner="aot_eager")
     torch._dynamo.reset()

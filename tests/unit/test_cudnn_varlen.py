@@ -17,7 +17,7 @@ import torch
 
 from cpcompile import CPCompileError
 from cpcompile.executor import encode_varlen, prepare_blocks
-from cpcompile.kernels import VARLEN_AUTO_ORDER, get_varlen_kernel, resolve_kernel
+from cpcompile.kernels import VARLEN_AUTO_ORDER, get_varlen_kernel, resolve_kernel, supported_kernels
 from cpcompile.kernels import cudnn_varlen as cv
 from cpcompile.kernels.cpu_varlen_ref import _mask
 from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
@@ -47,8 +47,9 @@ def cuda_here(monkeypatch):
     forget()
 
 
-def test_registered_first_for_auto_and_nothing_imports_the_package():
-    assert VARLEN_AUTO_ORDER[0] == "cudnn_varlen" and IMPL.supports_window
+def test_weighed_by_auto_after_fa2_and_nothing_imports_the_package():
+    # ties go to flash_varlen: cudnn-frontend's per-call host time (kernels.VARLEN_AUTO_ORDER's docstring)
+    assert VARLEN_AUTO_ORDER == ("flash_varlen", "cudnn_varlen", "cpu_varlen_ref") and IMPL.supports_window
     assert "cudnn" not in sys.modules or importlib.util.find_spec("cudnn") is not None
     assert "CUDA tensors only" in IMPL.supports(torch.device("cpu"), torch.bfloat16)
     assert resolve_kernel("auto", torch.device("cpu"), torch.float32, 8, varlen=True) == "cpu_varlen_ref"
@@ -73,9 +74,12 @@ def test_a_frontend_without_the_torch_ops_says_which_version(cuda_here, monkeypa
     assert "nvidia-cudnn-frontend>=1.32" in IMPL.supports(CUDA, torch.bfloat16)
 
 
-def test_auto_takes_it_where_it_runs_and_mla_head_dims(cuda_here, monkeypatch):
+def test_auto_weighs_it_where_it_runs_and_takes_it_alone_for_mla_head_dims(cuda_here, monkeypatch):
     monkeypatch.setattr(cv, "_import_problem", lambda: None)
-    assert resolve_kernel("auto", CUDA, torch.bfloat16, 128, varlen=True) == "cudnn_varlen"
+    assert supported_kernels(CUDA, torch.bfloat16, 128, varlen=True) == ["flash_varlen", "cudnn_varlen"]
+    assert resolve_kernel("auto", CUDA, torch.bfloat16, 128, varlen=True) == "flash_varlen"  # the tie-break
+    # MLA: FA2 varlen takes one head dim for q/k/v, so cuDNN is the only CUDA option
+    assert supported_kernels(CUDA, torch.bfloat16, 192, varlen=True, v_head_dim=128) == ["cudnn_varlen"]
     assert resolve_kernel("auto", CUDA, torch.bfloat16, 192, varlen=True, v_head_dim=128) == "cudnn_varlen"
     with pytest.raises(CPCompileError, match="multiple of 8"):
         resolve_kernel("cudnn_varlen", CUDA, torch.bfloat16, 12, varlen=True)
