@@ -126,8 +126,11 @@ def main(argv=None) -> int:
 
     rows: list[tuple[str, bool, str]] = []
     records: list[dict] = []
+    floor: dict = {}
     try:
-        rows.extend(layer_speeds(CASES, before_timing=wait_for_workers, deadline=deadline, records=records))
+        rows.extend(
+            layer_speeds(CASES, before_timing=wait_for_workers, deadline=deadline, records=records, floor=floor)
+        )
     except Exception as e:  # a crash is one failed row; the other sections still report
         rows.append(("layer speed", False, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
         traceback.print_exc()
@@ -144,6 +147,11 @@ def main(argv=None) -> int:
         "one rank on a fake process group (compute only); efficiency = single-GPU time / cp / rank time, one step at "
         "a time (a ~1 ms head start) and back to back; host = CPU time to enqueue a step (fwd+bwd), GPU = its busy "
         "time, and their ratio (above 0.5: the host, not the GPU, nearly sets the pace)",
+        *(
+            f"host floor ({kind}): the layer compiled without cpcompile on one rank's {f['tokens']} tokens: host "
+            f"{f['host_ms']:.2f} ms / GPU {f['gpu_ms']:.2f} ms a step"
+            for kind, f in floor.items()
+        ),
         f"wall time: {time.perf_counter() - start:.0f} s",
         "",
         *(f"{name:<{width}}  {'PASS' if ok else 'FAIL'}  {detail}" for name, ok, detail in rows),
@@ -154,6 +162,7 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     meta = dict(commit=_commit(args.commit), torch=torch.__version__, device=torch.cuda.get_device_name(0))
+    meta["host_floor"] = floor  # gpu_speed.host_floor: the layer without CP on one rank's tokens
     with open(os.path.join(report_dir, "compiled_layer.json"), "w") as f:  # the speed rows as records
         json.dump({"meta": meta, "records": records}, f, indent=1)
     print("\n".join(lines))

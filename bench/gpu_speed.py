@@ -53,6 +53,26 @@ def _single(layer, x, cu, longest):
     return _step(fn, x, extra, torch.randn(out_shape, device="cuda", dtype=DTYPE))
 
 
+def host_floor(layer, dense_x, packed_x, cu) -> dict[str, dict[str, float]]:
+    """The same layer compiled without cpcompile on one rank's share of the tokens (S / cp; packed: the documents
+    clipped there): its host and GPU time a step. No CP region runs, so its host time is what Inductor's code, the
+    projections and autograd cost a step: the floor a rank's host time cannot go below."""
+    tokens = SPEED_SEQ // SPEED_CP
+    clipped = torch.cat([cu[cu < tokens], cu.new_tensor([tokens])])
+    longest = int((clipped[1:] - clipped[:-1]).max())
+    steps = {
+        "dense": _single(layer, dense_x[:, :tokens].contiguous(), None, 0),
+        "packed": _single(layer, packed_x[:tokens].contiguous(), clipped, longest),
+    }
+    floor = {}
+    for kind, step in steps.items():
+        for _ in range(3):
+            step()
+        host, gpu = host_and_gpu_ms(step)
+        floor[kind] = dict(tokens=tokens, host_ms=round(host, 3), gpu_ms=round(gpu, 3))
+    return floor
+
+
 def rank_step(layer, layout, comm, x, cu, rank, kernel: str = "auto", **options):
     """(the compiled rank step, the kernel `kernel` resolved to) for `rank` of SPEED_CP on a fake group;
     `options`: more cpcompile.backend keywords (e.g. deferred_merge=True)."""
@@ -74,10 +94,12 @@ def layer_speeds(
     before_timing=lambda: None,
     deadline: float = float("inf"),
     records: list[dict] | None = None,
+    floor: dict | None = None,
 ) -> list[tuple[str, bool, str]]:
     """Compile every case for rank 0 (and thd, whose work is unbalanced, for the last rank too), call
     `before_timing` (the check waits there for its other GPU work), then time each against the single-GPU layer.
-    `records` (given): one dict a timed rank appended (bench/results/compiled_layer.json's rows)."""
+    `records` (given): one dict a timed rank appended (bench/results/compiled_layer.json's rows); `floor` (given):
+    filled with `host_floor`'s numbers, timed after the rows."""
     torch._dynamo.config.cache_size_limit = 256  # one module compiled with many backends
     torch._dynamo.config.accumulated_cache_size_limit = 1024
     rows: dict[tuple[str, str], list] = {}
@@ -143,4 +165,9 @@ def layer_speeds(
                     rows[key][1] += f", {eff}"
                 else:
                     rows[key] = [True, f"kernel {kernel}; efficiency {eff}"]
+    if floor is not None and time.perf_counter() < deadline - 20:
+        try:  # a reference, not a row: its failure is printed and leaves the rows standing
+            floor.update(host_floor(layer, dense_x, packed_x, cu))
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
     return [(f"layer speed {c}/{lay}", *rows[(c, lay)]) for c, lay in cases if (c, lay) in rows]
