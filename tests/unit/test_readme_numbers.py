@@ -93,7 +93,24 @@ def flex_claims() -> list[str]:
     return [f"FlexAttention with causal masks at {_span(causal)}", f"unbalanced ({_span(documents)})"]
 
 
-@pytest.mark.parametrize("claims", [dense_claims, packed_claims, multi_gpu_claims, flex_claims])
+def compiled_layer_claims() -> list[str]:
+    """The GPU check's compiled layer (compiled_layer.json: one rank, 4K tokens, one step at a time) and the CUDA
+    graphs probe on the traced executor (cudagraph_layer_h100.json)."""
+    rows = _records("compiled_layer")
+    zigzag = {r["comm"]: r["efficiency"] for r in rows if r["layout"] == "zigzag" and r["rank"] == 0}
+    packed = [r["efficiency"] for r in rows if r["layout"] != "zigzag"]
+    ratios = [r["host_ratio"] for r in rows]
+    graphs = _records("cudagraph_layer_h100")
+    skips = sum(r["cudagraph_skips"] for r in graphs if r["mode"] != "default")
+    return [
+        f"zigzag + a2a at {zigzag['a2a']:.2f}, all_gather {zigzag['all_gather']:.2f}, ring {zigzag['ring']:.2f}",
+        f"packed documents {_span(packed)}",
+        f"host time {_span(ratios)} of the GPU time",
+        f"{skips} cudagraph skips on {len({(r['comm'], r['layout']) for r in graphs})} rows",
+    ]
+
+
+@pytest.mark.parametrize("claims", [dense_claims, packed_claims, multi_gpu_claims, flex_claims, compiled_layer_claims])
 def test_readme_quotes_the_records(claims):
     readme = " ".join((ROOT / "README.md").read_text().split())  # line breaks as spaces
     missing = [claim for claim in claims() if claim not in readme]
