@@ -53,7 +53,8 @@ def _ring_coverage(strategy: str, lengths: list[int], cp: int, w: int) -> None:
     index = [layout.shard_index(cu, total, cp, r) for r in range(cp)]
     got = {name: torch.zeros(total, total, dtype=torch.int64) for name in ("cpu", "fa2", "cudnn")}
     for r in range(cp):
-        for step in packed_visited_steps(strategy, local, cp, window):
+        # the steps the region visits: the window's reach and max_doc's (the longest document), as ring/varlen.py
+        for step in packed_visited_steps(strategy, local, cp, window, True, max(lengths)):
             keys = index[held_rank(r, step, cp)]
             for b in packed_step_blocks(strategy, cu, local, cp, r, step, True, max(lengths), window):
                 qs, qe, ks, ke = b.ranges
