@@ -7,7 +7,8 @@ over the varlen executor, through heads.PackedHeads. Packing, the exchange and G
 (T, H, D) tensors seen as (1, H, T, D).
 thd_balanced's ranks hold pieces, so the received buffer is put in global order first (one index_select of
 q, k and v each, from the plan) and the output back in rank-major order after (one of the output and lse):
-it works, but a2a balances causal work by itself, so thd_balanced only adds these copies over thd.
+it works, but a2a balances causal work by itself, so thd_balanced only adds these copies over thd. Both are
+permutations, so each one's gradient is a gather through the other (reorder.permute_rows), not a scatter-add.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ...layouts.heads import HeadSplit
 from ...layouts.thd import get_packed_layout, whole_sequence_blocks
 from .head_parallel import head_parallel
 from .heads import PackedHeads, replicate_kv, thd_as_bhsd, tokens_as_thd
+from .reorder import permute_rows
 
 
 def rank_blocks(
@@ -77,7 +79,7 @@ def a2a_varlen_attention(
         if lay.carries_plan:  # the global position of each rank-major token, and its inverse
             where = torch.cat([lay.shard_index(cu, total, world, p) for p in range(world)])
             order = torch.empty_like(where).scatter_(0, where, torch.arange(total, device=where.device))
-            q_b, k_b, v_b = (t.index_select(0, order) for t in (q_b, k_b, v_b))
+            q_b, k_b, v_b = (permute_rows(t, order, where) for t in (q_b, k_b, v_b))
             cu = lay.offsets(cu, world)
         blocks = whole_sequence_blocks(cu, total, causal, tuple(window), max_doc)
         spec, ranges = encode_varlen(blocks), [b.ranges for b in blocks]
@@ -92,7 +94,7 @@ def a2a_varlen_attention(
             prepare_blocks(ranges, spec, total, [total], kernel),
         )
         if where is not None:  # back to rank-major order
-            out, lse = out.index_select(0, where), lse.index_select(1, where)
+            out, lse = permute_rows(out, where, order), permute_rows(lse, where, order, dim=1)
         return out, lse
 
     exchange = PackedHeads(split, group_name, q.shape[1], return_lse)
