@@ -92,3 +92,31 @@ def test_packed_auto_kernel_under_every_comm(cuda_stand_ins, comm, layout):
     assert plan.comm == comm and plan.choice is not None, plan
     assert {o.kernel for o in plan.choice.options} == {"cudnn_varlen", "flash_varlen", "cpu_varlen_ref"}
     assert plan.kernel == plan.choice.chosen.kernel
+
+
+@pytest.mark.parametrize("comm", [c for c in COMMS if "thd_balanced" in COMMS[c].capabilities.packed_layouts])
+def test_thd_balanced_auto_kernel_is_costed(cuda_stand_ins, comm):
+    """thd_balanced's blocks come from each batch's plan, and the planner costs its kernels with the plan of the
+    assumed documents, as it does its comms: it once took the first provider in VARLEN_AUTO_ORDER uncosted, so
+    the FA2-first order ran FA2 at every shard length, where cuDNN is faster on long shards."""
+    g = torch.Generator().manual_seed(0)
+    cu = torch.tensor([0, 16, 48, 64], dtype=torch.int32)
+    with fake_group(RANK, WORLD):
+        model_cu = cpcompile.plan_documents(cu, strategy="thd_balanced")
+        x = torch.randn(64, 8, 16, generator=g)
+        q, k, v = (
+            cpcompile.shard(t[:, :h].contiguous(), strategy="thd_balanced", seq_dim=0, cu_seqlens=model_cu)
+            .detach()
+            .requires_grad_()
+            for t, h in ((x, 8), (x, 4), (x * 0.5, 4))
+        )
+
+        def fn(q, k, v, cu):
+            return varlen_attn(q, k, v, cu, cu, 32, 32, window_size=(-1, 0), **GQA)
+
+        be = cpcompile.backend(strategy="thd_balanced", comm=comm, inner="aot_eager")
+        plans = _compile_and_run(fn, be, q, k, v, model_cu)
+    (plan,) = plans
+    assert plan.comm == comm and plan.choice is not None, plan
+    assert {o.kernel for o in plan.choice.options} == {"cudnn_varlen", "flash_varlen", "cpu_varlen_ref"}
+    assert plan.kernel == plan.choice.chosen.kernel

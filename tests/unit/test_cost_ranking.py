@@ -17,6 +17,7 @@ import pytest
 from cpcompile.cost import TIE, SiteShape, estimate
 from cpcompile.cost.choose import choose
 from cpcompile.families.sdpa.costing import DENSE
+from cpcompile.families.varlen.costing import PACKED
 from cpcompile.kernels import VARLEN_AUTO_ORDER
 from tests.support.measured import cases, cu_of, measured_ms, shape_of
 
@@ -100,6 +101,23 @@ def test_auto_weighs_cudnn_thd_gpu_time_against_its_host_time():
         ("all_gather", 131072, 4, "docs-median-8K"),
     ], losses
     assert picked == {"a2a": 15, "all_gather": 7}, picked  # cuDNN kept at the longer shards
+
+
+@pytest.mark.parametrize("comm", ["all_gather", "a2a", "selective"])
+def test_thd_balanced_auto_kernel_follows_the_shard(comm):
+    """thd_balanced is costed between the CUDA varlen kernels like thd (with the plan of the assumed documents):
+    at 4K tokens a rank (the GPU check's packed site, S 32K on cp 8, documents up to 9136 tokens) cuDNN's host
+    time a call outweighs its GPU time and FA2 runs; at 16K a rank with 36K-token documents cuDNN's faster
+    kernel wins (the thd records: FA2 7-34% slower there)."""
+
+    def picked(tokens: int, world: int, max_doc: int) -> str:
+        shape = SiteShape(PACKED, batch=1, tokens=tokens, q_heads=32, kv_heads=8, head_dim=128, v_head_dim=128,
+                          elt=2, acc_elt=4, causal=True, world=world, max_doc=max_doc, return_lse=False)  # fmt: skip
+        options = [(comm, k) for k in VARLEN_AUTO_ORDER if k != "cpu_varlen_ref"]
+        return choose(shape, "thd_balanced", options).chosen.kernel
+
+    assert picked(4096, 8, 9136) == "flash_varlen"
+    assert picked(16384, 8, 36576) == "cudnn_varlen"
 
 
 def test_comms_ranked_in_measured_order():

@@ -15,7 +15,7 @@ from ...kernels import get_varlen_kernel
 from ...layouts import THD_LAYOUTS
 from ...layouts.block import NO_WINDOW
 from ...mesh import CPGroup
-from ..auto import AUTO, resolve, site_comms, site_kernels
+from ..auto import resolve, site_comms, site_kernels
 from ..checks import is_static
 from ..cost_shape import site_shape
 from ..plans import CPConfig
@@ -194,10 +194,8 @@ def plan_varlen_site(site: AttentionSite, config: CPConfig, group: CPGroup) -> V
         return_lse=lse,
         levels=group.level_sizes,
     )
-    if layout.carries_plan and config.comm != AUTO:  # its blocks come from each batch's plan
-        comm, kernel, choice = comms[0], kernels[0], None  # kernel="auto": the first provider, today's order
-    else:  # a plan layout is costed with the plan of the assumed documents (costing.py)
-        comm, kernel, choice = resolve(shape, layout.name, comms, kernels[:1] if layout.carries_plan else kernels)
+    # a plan layout's blocks come from each batch's plan: it is costed with the plan of the assumed documents
+    comm, kernel, choice = resolve(shape, layout.name, comms, kernels)  # (costing.py), like every other layout
     return VarlenPlan(
         site=site,
         layout=layout.name,
