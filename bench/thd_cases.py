@@ -26,6 +26,7 @@ from cpcompile.kernels.base import range_ids
 from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens
 from cpcompile.layouts import get_packed_layout
 from cpcompile.layouts.block import NO_WINDOW
+from cpcompile.layouts.thd import narrow_keys
 
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
 SCALE = 1 / math.sqrt(D)
@@ -79,7 +80,9 @@ def model_cu(layout: str, lengths: list[int], cp: int) -> tuple[torch.Tensor, fl
 def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
     """A rank's packed q/dout, the gathered K/V exactly as the region's all-gather delivers them ((T, 2, Hkv, D),
     rank-major), the layout's key-buffer index (thd_zigzag, thd_balanced) and its block, bounded by the longest
-    document as the region does with varlen_attn's max_q/max_k."""
+    document as the region does with varlen_attn's max_q/max_k. Under thd the region reads only the slice of
+    keys the rank reaches (layouts.thd.key_window), here too: `gathered` is then that slice (the region's
+    zero-fill of the rest of the gradient before the reduce-scatter is not timed)."""
     total = sum(lengths)
     local = total // cp
     q, dout = packed(local, HQ), packed(local, HQ)
@@ -87,6 +90,9 @@ def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
     lay, cu = get_packed_layout(layout), model_cu(layout, lengths, cp)[0]
     blocks = lay.blocks(cu, local, cp, rank, True, max(lengths))
     key_maps = lay.key_buffer(cu, local, cp, rank, True) or (None, None)
+    read = lay.key_window(local, cp, rank, True, max(lengths), NO_WINDOW) if key_maps[0] is None else None
+    if read is not None:
+        gathered, blocks = gathered[read[0] : read[1]], narrow_keys(blocks, *read)
     return q, gathered, key_maps, dout, [b.ranges for b in blocks], encode_varlen(blocks)
 
 

@@ -21,7 +21,7 @@ its back chunk (chunks 0..r and 0..2cp-1-r, in global order): (2cp+1)/(2cp) of T
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -155,6 +155,14 @@ class PackedLayout:
         (fewer copies, or not read). A gather, not a scatter-add: no atomics, deterministic."""
         return None
 
+    def key_window(
+        self, local_len: int, cp: int, rank: int, causal: bool, max_doc: int | None, window: tuple[int, int]
+    ) -> tuple[int, int] | None:
+        """The static positions [start, stop) of the all-gather buffer that rank `rank`'s blocks can read, when
+        the blocks read that buffer itself (no `key_buffer`) and the bounds make it narrower (None: all of it).
+        The region then hands the kernel only that slice (`narrow_keys`), and its gradient is padded back."""
+        return None
+
     def blocks(
         self,
         cu_seqlens: torch.Tensor,
@@ -201,6 +209,33 @@ class ThdLayout(PackedLayout):
         # Causal, rank 0's pieces all start their documents: each attends its own tokens, a square
         square = causal and rank == 0
         return [VarlenBlock(0, causal, qk_ranges(q0, q1, start, k1), *bounds, window, covers_rows=True, square=square)]
+
+    def key_window(self, local_len, cp, rank, causal, max_doc, window):
+        # A key read by row t is in t's document, so within max_doc - 1 of t (varlen_attn's contract, which the
+        # run-time guard checks), and within the window's reach; causal rows read nothing after the rank's end.
+        lo, hi, total = rank * local_len, (rank + 1) * local_len, cp * local_len
+        left = _reach(max_doc, window[0])
+        right = 0 if causal else _reach(max_doc, window[1])
+        start = 0 if left is None else max(0, lo - left)
+        stop = total if right is None else min(total, hi + right)
+        return None if (start, stop) == (0, total) else (start, stop)
+
+
+def _reach(max_doc: int | None, side: int) -> int | None:
+    """How far a row's keys can lie on one side of it: the window's side (-1: unbounded) and max_doc - 1."""
+    bounds = [b for b in (None if max_doc is None else max_doc - 1, None if side < 0 else side) if b is not None]
+    return min(bounds) if bounds else None
+
+
+def narrow_keys(blocks: list[VarlenBlock], start: int, stop: int) -> list[VarlenBlock]:
+    """`blocks` over keys [start, stop) of their source, as blocks over that slice: key ranges shifted by
+    -start. Every key range with q rows must lie inside (`key_window` says where they do); the empty key
+    ranges of documents with no rows here are clamped into it, which keeps the ranges in increasing order."""
+    out = []
+    for b in blocks:
+        ranges = torch.cat((b.ranges[:2], (b.ranges[2:] - start).clamp(0, stop - start)))
+        out.append(replace(b, ranges=ranges, max_k=min(b.max_k, stop - start)))
+    return out
 
 
 class ThdZigzagLayout(PackedLayout):

@@ -2,7 +2,8 @@
 
 One spawn per world size runs several seeded random document mixes (1-token documents, documents spanning
 3+ ranks, empty padding documents), causal, full and sliding causal windows, fp64 and bf16, GQA and MHA,
-outputs and q/k/v grads.
+outputs and q/k/v grads; under thd also a tight max_q/max_k (the all-gather region then hands the kernel only the
+keys each rank can reach: layouts.thd.key_window).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def _sweep(rank, world):
         for left in (0, 3):  # sliding causal windows (left, 0): the rank's single block carries the window
             key = (strategy, tuple(lengths), f"window({left}, 0)", "fp64")
             results[key] = compare_packed(strategy, True, torch.float64, lengths, seed=3, window=(left, 0))
+        if strategy == "thd":  # a tight max_q/max_k: the all-gather region reads only the keys it reaches
+            tight = [1, 2 * world, 3, world + 1, 2, 2 * world - 1]
+            tight += [1] * (-sum(tight) % world)
+            for causal in (True, False):
+                key = (strategy, tuple(tight), causal, "max_doc", "fp64")
+                results[key] = compare_packed(strategy, causal, torch.float64, tight, seed=5, max_doc=max(tight))
         for causal in (True, False):
             key = (strategy, tuple(lengths), causal, "bf16-mha")
             results[key] = compare_packed(strategy, causal, torch.bfloat16, lengths, heads=(2, 2), seed=7)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cpcompile.kernels.base import range_ids
 from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens, tiled_cu_seqlens
-from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
+from cpcompile.layouts.thd import THD_LAYOUTS, narrow_keys, whole_sequence_blocks
 
 
 def _cu(lengths: list[int]) -> torch.Tensor:
@@ -72,6 +72,10 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
         key_index, fold = layout.key_buffer(cu, local, cp, r, causal) or (None, None)
         keys = gathered if key_index is None else gathered[key_index]
         blocks = layout.blocks(cu, local, cp, r, causal, max(lengths), window)  # bounds from the longest doc
+        # the all-gather region hands the kernel only the keys the bounds let the rank reach (thd), as here
+        read = layout.key_window(local, cp, r, causal, max(lengths), window) if key_index is None else None
+        if read is not None:
+            keys, blocks = keys[read[0] : read[1]], narrow_keys(blocks, *read)
         used = keys.numel() if not layout.carries_plan else int(blocks[0].ranges[3].max())
         _check_fold(fold, key_index, total, used)
         assert len(blocks) == 1, "one kernel call a rank: nothing to merge"
@@ -245,3 +249,20 @@ def test_whole_sequence_block_bounds_the_grid_by_max_doc():
     assert (b.max_q, b.max_k) == (27, 27)
     (b,) = whole_sequence_blocks(cu, 40, True)
     assert (b.max_q, b.max_k) == (40, 40)
+
+
+def test_thd_key_window_is_the_reach_of_the_bounds():
+    """The all-gather region's key slice under thd: causal rows read nothing past the rank's end; max_doc - 1
+    and a window's left side bound how far back, max_doc - 1 how far ahead under full attention; no bound, the
+    whole buffer (None). Other layouts read a key buffer of their own (None). The coverage tests above check
+    that the slice loses no key pair; this one that it is as narrow as the bounds allow."""
+    thd, local, cp = THD_LAYOUTS["thd"], 4096, 8
+    assert thd.key_window(local, cp, 0, True, None, (-1, 0)) == (0, local)
+    assert thd.key_window(local, cp, 3, True, 1000, (-1, 0)) == (3 * local - 999, 4 * local)
+    assert thd.key_window(local, cp, 3, True, 1000, (100, 0)) == (3 * local - 100, 4 * local)
+    assert thd.key_window(local, cp, 3, True, None, (100, 0)) == (3 * local - 100, 4 * local)
+    assert thd.key_window(local, cp, 3, False, 1000, (-1, -1)) == (3 * local - 999, 4 * local + 999)
+    assert thd.key_window(local, cp, 7, False, 1000, (-1, -1)) == (7 * local - 999, 8 * local)
+    assert thd.key_window(local, cp, 7, True, None, (-1, 0)) is None
+    assert thd.key_window(local, cp, 3, False, None, (-1, -1)) is None
+    assert THD_LAYOUTS["thd_zigzag"].key_window(local, cp, 3, True, 1000, (-1, 0)) is None

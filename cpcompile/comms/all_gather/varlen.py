@@ -18,14 +18,27 @@ from ...executor.blocks import decode_varlen, encode_varlen
 from ...executor.packed_kv import pack_kv, unpack_kv
 from ...executor.varlen_meta import prepare_blocks
 from ...layouts.block import NO_WINDOW
-from ...layouts.thd import get_packed_layout
+from ...layouts.thd import get_packed_layout, narrow_keys
 from ...precision import acc_dtype
 
 
-def read_keys(gathered: torch.Tensor, key_index: torch.Tensor | None) -> torch.Tensor:
+def read_keys(
+    gathered: torch.Tensor, key_index: torch.Tensor | None, window: tuple[int, int] | None = None
+) -> torch.Tensor:
     """The key buffer the block reads: the gathered (T, 2, Hkv, D) K/V itself (MLA: (T, Hkv, D + Dv),
-    executor.packed_kv), or its copy through key_index."""
-    return gathered if key_index is None else gathered.index_select(0, key_index)
+    executor.packed_kv), the slice [start, stop) of it that the rank can read (`window`, layouts' key_window:
+    a view), or its copy through key_index."""
+    if key_index is not None:
+        return gathered.index_select(0, key_index)
+    return gathered if window is None else gathered[window[0] : window[1]]
+
+
+def widen_key_grads(dkeys: torch.Tensor, window: tuple[int, int] | None, total: int) -> torch.Tensor:
+    """The gradient of a `window` slice of the gathered buffer as the whole buffer's: zeros outside it."""
+    if window is None:
+        return dkeys
+    pad = [0, 0] * (dkeys.dim() - 1) + [window[0], total - window[1]]
+    return torch.nn.functional.pad(dkeys, pad)
 
 
 def fold_key_grads(dk: torch.Tensor, dv: torch.Tensor, key_fold: torch.Tensor | None) -> torch.Tensor:
@@ -54,10 +67,10 @@ def _cut(spec: list[int], tensors) -> tuple[list[torch.Tensor], list[torch.Tenso
     return list(tensors[:n]), list(tensors[n:])
 
 
-def attend_gathered(q, gathered, key_index, tensors, spec, scale, kernel):
+def attend_gathered(q, gathered, key_index, tensors, spec, scale, kernel, window=None):
     """(out, lse, keys) of the rank's block over the gathered K/V (no communication); `tensors`: the ranges and
     metadata of `gathered_blocks`."""
-    keys = read_keys(gathered, key_index)
+    keys = read_keys(gathered, key_index, window)
     k, v = unpack_kv(keys, 1, q.shape[-1])
     ranges, meta = _cut(spec, tensors)
     out, lse = executor.attend_varlen(q, [k], [v], ranges, spec, scale, kernel, meta)
@@ -79,13 +92,14 @@ class _GatherAttend(torch.autograd.Function):
     the K/V gradient in fp32 from the kernel through the reduce-scatter and rounds once."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_index, key_fold, spec, scale, kernel, group_name, regather, *tensors):
+    def forward(ctx, q, k, v, key_index, key_fold, window, spec, scale, kernel, group_name, regather, *tensors):
         packed = pack_kv(k, v, 1)  # (L, 2, Hkv, D); MLA: (L, Hkv, D + Dv)
         gathered = _gather(packed, group_name)
-        out, lse, keys = attend_gathered(q, gathered, key_index, tensors, spec, scale, kernel)
-        # regather: only the local K/V stay alive until backward (keys: the key buffer, T or more tokens)
+        out, lse, keys = attend_gathered(q, gathered, key_index, tensors, spec, scale, kernel, window)
+        # regather: only the local K/V stay alive until backward (keys: the key buffer or the read slice)
         ctx.save_for_backward(q, packed if regather else keys, out, lse, key_index, key_fold, *tensors)
         ctx.spec, ctx.scale, ctx.kernel, ctx.group_name, ctx.regather = spec, scale, kernel, group_name, regather
+        ctx.window, ctx.total = window, gathered.shape[0]
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -93,11 +107,12 @@ class _GatherAttend(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, keys, out, lse, key_index, key_fold, *tensors = ctx.saved_tensors  # None index/fold: saved as None
         if ctx.regather:  # the local K/V tied to a backward value, or the partitioner saves the forward's gather
-            keys = read_keys(_gather(in_backward(keys, dout), ctx.group_name), key_index)
+            keys = read_keys(_gather(in_backward(keys, dout), ctx.group_name), key_index, ctx.window)
         args = (tensors, ctx.spec, ctx.scale, ctx.kernel)
         dq, dkeys = attend_gathered_backward(dout, q, keys, out, lse, key_fold, *args)
+        dkeys = widen_key_grads(dkeys, ctx.window, ctx.total)
         dkv = _reduce(dkeys, ctx.group_name).to(keys.dtype)  # (L, 2, Hkv, D): this rank's K/V gradient
-        return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (7 + len(tensors))))
+        return (dq.to(q.dtype), *unpack_kv(dkv, 1, q.shape[-1]), *([None] * (8 + len(tensors))))
 
 
 def rank_blocks(
@@ -145,8 +160,14 @@ def all_gather_varlen_attention(
     local = q.shape[0]
     blocks = rank_blocks(layout, causal, rank, world, local, cu_seqlens, max_doc, window)
     key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)
-    spec, tensors = gathered_blocks(blocks, local, world * local if key_index is None else key_index.shape[0], kernel)
-    args = (key_index, key_fold, spec, scale, kernel, group_name, regather)
+    # thd: only the keys the rank can reach (max_doc, window, causal) go to the kernel, whose backward then
+    # zero-fills and reduces (GQA) dK/dV over that slice, not over all T keys
+    read = lay.key_window(local, world, rank, causal, max_doc, tuple(window)) if key_index is None else None
+    if read is not None:
+        blocks = narrow_keys(blocks, *read)
+    keys_len = world * local if key_index is None else key_index.shape[0]
+    spec, tensors = gathered_blocks(blocks, local, keys_len if read is None else read[1] - read[0], kernel)
+    args = (key_index, key_fold, read, spec, scale, kernel, group_name, regather)
     out, lse = _GatherAttend.apply(q, k, v, *args, *tensors)
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
     return out, lse.to(torch.float32), rng_state
