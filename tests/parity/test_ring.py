@@ -1,7 +1,8 @@
 """comm="ring" (with its deferred merge too, and the all-gather's regather option) against single-process attention at cp 2, 3 and 4: every
 layout, GQA and MHA, causal and full, fp64 and bf16 (under the rounding-aware rule), packed documents under
 causal sliding windows shorter than a rank's piece, between, and longer than every document, and a small transformer
-trained over the ring with per-block activation checkpointing. One spawn per cp: every case of a cp runs in it."""
+trained over the ring with per-block activation checkpointing; thd under a tight max_q/max_k, causal and full (the ring
+skips the steps out of reach). One spawn per cp: every case of a cp runs in it."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def _cases(world: int) -> list[tuple]:
         ("packed", "ring", "thd_zigzag", False),
         ("packed", "ring", "thd", True, (5, 0)),  # shorter than a rank's piece (18): steps 0 and 1, home by 3
         ("packed", "ring", "thd", True, None, 24),  # documents <= 24 (pieces of 18): steps 0..2, home by 2
+        ("packed", "ring", "thd", False, None, 18, (5, 1, 18, 3, 7, 12, 18, 8)),  # full, docs <= 18: steps 0, 1, 3
         ("dense", "deferred", "flat", False, "mha", "fp64"),
         ("packed", "deferred", "thd_zigzag", True, (5, 0)),
     ]
@@ -86,7 +88,8 @@ def _run(case) -> dict:
     be = cpcompile.backend(strategy=strategy, comm=comm, inner="aot_eager", **options)
     window = rest[0] if rest else None  # a causal sliding window (w, 0): layouts/packed_band.py's blocks
     max_doc = rest[1] if len(rest) > 1 else MAX_DOC  # varlen_attn's max_q/max_k: thd's far steps skipped
-    return compare_packed(strategy, causal, torch.float64, DOCS[strategy], backend=be, window=window, max_doc=max_doc)
+    docs = list(rest[2]) if len(rest) > 2 else DOCS[strategy]
+    return compare_packed(strategy, causal, torch.float64, docs, backend=be, window=window, max_doc=max_doc)
 
 
 def _sweep(rank, world):
