@@ -59,6 +59,8 @@ def _cases(world: int) -> list[tuple]:
             ("packed", "ring", "thd_zigzag", True),
             ("dense", "regather", "flat", True, "gqa", "fp64"),
             ("packed", "regather", "thd_zigzag", True),
+            # full, documents <= 24: rank 1 reads keys [1, 71), documents reaching both ends of that slice
+            ("packed", "regather", "thd", False, None, 24, (1, 24, 22, 24, 1)),
             ("dense", "deferred", "zigzag", True, "gqa", "fp64"),  # cp 3: steps over the back chunk only
             ("packed", "deferred", "thd", True, None, 24),  # documents <= 24 = a piece: steps 0 and 1, home by 2
             ("packed", "ring", "thd", True, (30, 0)),  # between a rank's piece (24) and two: every step
