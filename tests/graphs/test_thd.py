@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import expecttest
+import pytest
 import torch
 from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
+import cpcompile
 from cpcompile.testing.varlen_model import GQA
 from tests.support.fake_pg import aot_graphs, count_ops, fake_group, rewritten_graph
 from tests.support.graphs import on_snapshot_torch
@@ -280,3 +282,38 @@ def test_packed_region_gets_the_options_asked_for():
         plain = rewritten_graph(causal, *_inputs(), strategy="thd", comm="ring")
     assert "regather = True)" in gathered and "deferred_merge = True)" in ring
     assert "regather" not in plain and "deferred_merge" not in plain
+
+
+def constant_offsets(q, k, v):
+    cu = torch.tensor([0, 3, 16, 32], dtype=torch.int32)
+    return varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-1, 0))
+
+
+def constant_offsets_too_long(q, k, v):
+    cu = torch.tensor([0, 3, 32], dtype=torch.int32)  # a 29-token document: longer than max_q/max_k
+    return varlen_attn(q, k, v, cu, cu, 16, 16, window_size=(-1, 0))
+
+
+class WithOffsetsBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cu", torch.tensor([0, 3, 16, 32], dtype=torch.int32))
+
+    def forward(self, q, k, v):
+        return varlen_attn(q, k, v, self.cu, self.cu, 16, 16, window_size=(-1, 0))
+
+
+def test_constant_offsets_are_checked_before_the_region():
+    """cu_seqlens built in the model (a constant, or a buffer) goes through the packed check like an input: the
+    regions read a document only up to max_q/max_k (all_gather/thd's key slice), so a longer one must be refused,
+    never attended over a cut key range."""
+    q, k, v, _ = _inputs()
+    with fake_group(rank=1, world=4):
+        for model in (constant_offsets, WithOffsetsBuffer()):
+            code = rewritten_graph(model, q, k, v, strategy="thd")
+            assert count_ops(code, r"= cpcompile_regions_guards_check_packed_metadata\(") == 1, code
+            assert "all_gather_varlen_attention(l_q_, l_k_, l_v_, check_packed_metadata," in code, code
+        torch._dynamo.reset()
+        be = cpcompile.backend(inner="aot_eager", strategy="thd")
+        with pytest.raises(RuntimeError, match=r"bad cu_seqlens.*docs <= max_q/max_k=16"):
+            torch.compile(constant_offsets_too_long, backend=be, fullgraph=True)(q, k, v)
