@@ -26,7 +26,6 @@ from cpcompile.kernels.base import range_ids
 from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens
 from cpcompile.layouts import get_packed_layout
 from cpcompile.layouts.block import NO_WINDOW
-from cpcompile.layouts.thd import narrow_keys
 
 torch._dynamo.config.cache_size_limit = 256  # the fold recompiles per key-buffer shape (layout x S x cp)
 SCALE = 1 / math.sqrt(D)
@@ -88,11 +87,10 @@ def rank_case(layout: str, lengths: list[int], cp: int, rank: int):
     q, dout = packed(local, HQ), packed(local, HQ)
     gathered = torch.randn(total, 2, HKV, D, device=DEVICE, dtype=DTYPE)
     lay, cu = get_packed_layout(layout), model_cu(layout, lengths, cp)[0]
-    blocks = lay.blocks(cu, local, cp, rank, True, max(lengths))
+    blocks, read = lay.kernel_blocks(cu, local, cp, rank, True, max(lengths))
     key_maps = lay.key_buffer(cu, local, cp, rank, True) or (None, None)
-    read = lay.key_window(local, cp, rank, True, max(lengths), NO_WINDOW) if key_maps[0] is None else None
     if read is not None:
-        gathered, blocks = gathered[read[0] : read[1]], narrow_keys(blocks, *read)
+        gathered = gathered[read[0] : read[1]]
     return q, gathered, key_maps, dout, [b.ranges for b in blocks], encode_varlen(blocks)
 
 

@@ -159,9 +159,27 @@ class PackedLayout:
         self, local_len: int, cp: int, rank: int, causal: bool, max_doc: int | None, window: tuple[int, int]
     ) -> tuple[int, int] | None:
         """The static positions [start, stop) of the all-gather buffer that rank `rank`'s blocks can read, when
-        the blocks read that buffer itself (no `key_buffer`) and the bounds make it narrower (None: all of it).
+        the bounds make it narrower (None: all of it). Only a layout whose blocks read that buffer itself (no
+        `key_buffer`) may give one.
         The region then hands the kernel only that slice (`narrow_keys`), and its gradient is padded back."""
         return None
+
+    def kernel_blocks(
+        self,
+        cu_seqlens: torch.Tensor,
+        local_len: int,
+        cp: int,
+        rank: int,
+        causal: bool,
+        max_doc: int | None = None,
+        window: tuple[int, int] = NO_WINDOW,
+    ) -> tuple[list[VarlenBlock], tuple[int, int] | None]:
+        """Rank `rank`'s blocks as the all-gather region hands them to the kernel, and the slice [start, stop) of
+        the all-gather buffer they read (`key_window`; None: the whole key buffer). One place for the region,
+        the benchmarks and the coverage test, so those time and check the region's own blocks."""
+        blocks = self.blocks(cu_seqlens, local_len, cp, rank, causal, max_doc, window)
+        read = self.key_window(local_len, cp, rank, causal, max_doc, window)
+        return (blocks, None) if read is None else (narrow_keys(blocks, *read), read)
 
     def blocks(
         self,
@@ -214,15 +232,17 @@ class ThdLayout(PackedLayout):
         # A key read by row t is in t's document, so within max_doc - 1 of t (varlen_attn's contract, which the
         # run-time guard checks), and within the window's reach; causal rows read nothing after the rank's end.
         lo, hi, total = rank * local_len, (rank + 1) * local_len, cp * local_len
-        left = _reach(max_doc, window[0])
-        right = 0 if causal else _reach(max_doc, window[1])
+        left = token_reach(max_doc, window[0])
+        right = 0 if causal else token_reach(max_doc, window[1])
         start = 0 if left is None else max(0, lo - left)
         stop = total if right is None else min(total, hi + right)
         return None if (start, stop) == (0, total) else (start, stop)
 
 
-def _reach(max_doc: int | None, side: int) -> int | None:
-    """How far a row's keys can lie on one side of it: the window's side (-1: unbounded) and max_doc - 1."""
+def token_reach(max_doc: int | None, side: int) -> int | None:
+    """How many tokens a row's keys can lie away from it on one side, at most (None: unbounded): within the
+    window's side (-1: unbounded) and within its document, max_doc - 1 (varlen_attn's max_q/max_k, which the
+    run-time guard checks). The all-gather key slice and the ring's skipped steps both follow from it."""
     bounds = [b for b in (None if max_doc is None else max_doc - 1, None if side < 0 else side) if b is not None]
     return min(bounds) if bounds else None
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cpcompile.kernels.base import range_ids
 from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens, tiled_cu_seqlens
-from cpcompile.layouts.thd import THD_LAYOUTS, narrow_keys, whole_sequence_blocks
+from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
 
 
 def _cu(lengths: list[int]) -> torch.Tensor:
@@ -71,11 +71,12 @@ def _coverage(strategy: str, lengths: list[int], cp: int, causal: bool, left: in
     for r in range(cp):
         key_index, fold = layout.key_buffer(cu, local, cp, r, causal) or (None, None)
         keys = gathered if key_index is None else gathered[key_index]
-        blocks = layout.blocks(cu, local, cp, r, causal, max(lengths), window)  # bounds from the longest doc
-        # the all-gather region hands the kernel only the keys the bounds let the rank reach (thd), as here
-        read = layout.key_window(local, cp, r, causal, max(lengths), window) if key_index is None else None
+        # the blocks as the all-gather region hands them to the kernel: bounds from the longest document, and
+        # (thd) over only the keys the bounds let the rank reach
+        blocks, read = layout.kernel_blocks(cu, local, cp, r, causal, max(lengths), window)
         if read is not None:
-            keys, blocks = keys[read[0] : read[1]], narrow_keys(blocks, *read)
+            assert key_index is None, "a key window is a slice of the all-gather buffer, not of a key buffer"
+            keys = keys[read[0] : read[1]]
         used = keys.numel() if not layout.carries_plan else int(blocks[0].ranges[3].max())
         _check_fold(fold, key_index, total, used)
         assert len(blocks) == 1, "one kernel call a rank: nothing to merge"

@@ -18,7 +18,7 @@ from ...executor.blocks import decode_varlen, encode_varlen
 from ...executor.packed_kv import pack_kv, unpack_kv
 from ...executor.varlen_meta import prepare_blocks
 from ...layouts.block import NO_WINDOW
-from ...layouts.thd import get_packed_layout, narrow_keys
+from ...layouts.thd import get_packed_layout
 from ...precision import acc_dtype
 
 
@@ -158,13 +158,10 @@ def all_gather_varlen_attention(
     """
     lay = get_packed_layout(layout)
     local = q.shape[0]
-    blocks = rank_blocks(layout, causal, rank, world, local, cu_seqlens, max_doc, window)
-    key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)
     # thd: only the keys the rank can reach (max_doc, window, causal) go to the kernel, whose backward then
     # zero-fills and reduces (GQA) dK/dV over that slice, not over all T keys
-    read = lay.key_window(local, world, rank, causal, max_doc, tuple(window)) if key_index is None else None
-    if read is not None:
-        blocks = narrow_keys(blocks, *read)
+    blocks, read = lay.kernel_blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
+    key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)
     keys_len = world * local if key_index is None else key_index.shape[0]
     spec, tensors = gathered_blocks(blocks, local, keys_len if read is None else read[1] - read[0], kernel)
     args = (key_index, key_fold, read, spec, scale, kernel, group_name, regather)

@@ -35,7 +35,7 @@ import torch
 from ...layouts.base import Block, ChunkLayout
 from ...layouts.block import NO_WINDOW
 from ...layouts.packed_band import earlier_keys_band
-from ...layouts.thd import VarlenBlock, doc_bound, get_packed_layout, interleave, qk_ranges
+from ...layouts.thd import VarlenBlock, doc_bound, get_packed_layout, interleave, qk_ranges, token_reach
 from ...layouts.window import ring_window_blocks
 
 HELD = 0
@@ -206,11 +206,10 @@ def packed_visited_steps(
 def thd_reach(local_len: int, window: tuple[int, int], max_doc: int | None) -> int | None:
     """How many pieces apart (under thd) a row and a key of one document can be, at most: None when nothing
     bounds it. A pair d tokens apart spans pieces at most 1 + (d - 1) // local_len apart (0 when d = 0); d is
-    bounded by a sliding window's left w and by the longest document's max_doc - 1."""
-    bounds = [w for w in (window[0], -1 if max_doc is None else max_doc - 1) if w >= 0]
-    if not bounds:
+    at most `token_reach` (a sliding window's left w, the longest document's max_doc - 1)."""
+    d = token_reach(max_doc, window[0])
+    if d is None:
         return None
-    d = min(bounds)
     return 0 if d == 0 else 1 + (d - 1) // local_len
 
 
