@@ -9,6 +9,7 @@ Per case (layout:mix:S:cp), every rank, kernels alone (fwd+bwd, CUDA events, int
   fa2        the same block on flash_varlen
   split      bench/thd_cases.split_kernels_fn: square ranges top-left, the rest bottom-right
   rect       the square parts top-left + the rectangles unmasked, with the merge and gradient sums (torch ops)
+  fa2_rect   the same two calls on flash_varlen (what the split costs a kernel with one anchor)
 against ideal = cuDNN top-left over the whole packed sequence / cp (the single-GPU reference). Prints one line a
 case and checks rect's out/lse/dq/dk/dv against one's (bf16 tolerance). Nothing is written; log it by hand.
 
@@ -104,7 +105,7 @@ def main() -> None:
         seq, cp = int(seq), int(cp)
         lengths = thd_cases.doc_lengths(seq, mix)
         ideal = time_many_ms([thd_cases.provider_full_fn(lengths, "cudnn_varlen")], args.iters, 2)[0] / cp
-        worst = {m: 0.0 for m in ("one", "fa2", "split", "rect")}
+        worst = {m: 0.0 for m in ("one", "fa2", "split", "rect", "fa2_rect")}
         err = 0.0
         for rank in range(cp):
             q, gathered, key_maps, dout, ranges, enc = thd_cases.rank_case(layout, lengths, cp, rank)
@@ -116,6 +117,7 @@ def main() -> None:
                 one_fn(q, keys, dout, r, b, "flash_varlen", scale),
                 thd_cases.split_kernels_fn(q, gathered, key_maps, dout, ranges, enc, "cudnn_varlen"),
                 rect_fn(q, keys, dout, r, b, "cudnn_varlen", scale),
+                rect_fn(q, keys, dout, r, b, "flash_varlen", scale),
             ]
             for m, t in zip(worst, time_many_ms(fns, args.iters, 2)):
                 worst[m] = max(worst[m], t)
