@@ -6,6 +6,7 @@ as the fastest, one of them from superseded records)."""
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -66,6 +67,13 @@ def packed_claims() -> list[str]:
     claims.append(f"thd_zigzag + all_gather at the other {len(best) - a2a} (all at S = {zigzag.pop() // 1024}K)")
     long_docs = [r["efficiency"] for r in rows["thd + a2a"] if r["mix"] == "docs-median-8K" and r["S"] >= 65536]
     claims.append(f"{_span(long_docs)} with documents of ~8K tokens at S >= 64K")
+    fa2 = {(lay, comm, r["mix"], r["S"], r["cp"]): r["efficiency"] for lay, comm in THD_PATHS.values()
+           for r in _single_gpu(lay, "flash_varlen", comm)}  # fmt: skip
+    both = {(lay, comm, r["mix"], r["S"], r["cp"]): (fa2[(lay, comm, r["mix"], r["S"], r["cp"])], r["efficiency"])
+            for name, (lay, comm) in THD_PATHS.items() for r in rows[name] if (lay, comm, r["mix"], r["S"], r["cp"]) in fa2}  # fmt: skip
+    faster = [f / c for f, c in both.values() if f > c]
+    margin = f"{math.ceil(100 * (max(faster) - 1))}%" if faster else "0%"
+    claims.append(f"is faster at {len(faster)} of the {len(both)} points, by at most {margin}")
     return claims
 
 
