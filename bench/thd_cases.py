@@ -98,7 +98,7 @@ _fold = torch.compile(fold_key_grads, fullgraph=True)
 """Inductor-compiled, as in the region's backward graph under the default backend (one fused kernel)."""
 
 
-def _block_tensors(q, gathered, key_index, ranges, spec, kernel) -> list[torch.Tensor]:
+def block_tensors(q, gathered, key_index, ranges, spec, kernel) -> list[torch.Tensor]:
     """The ranges and metadata `attend_gathered` takes (comms.all_gather.varlen.gathered_blocks' tensors)."""
     keys = gathered.shape[0] if key_index is None else key_index.shape[0]
     return list(ranges) + prepare_blocks(ranges, spec, q.shape[0], [keys], kernel)
@@ -112,7 +112,7 @@ def region_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     ops = torch.ops.cpcompile
 
     def run():
-        tensors = _block_tensors(q, gathered, key_index, ranges, spec, kernel)
+        tensors = block_tensors(q, gathered, key_index, ranges, spec, kernel)
         out, lse, keys = attend_gathered(q, gathered, key_index, tensors, spec, SCALE, kernel)
         ks, vs, meta = [keys[:, 0]], [keys[:, 1]], tensors[len(ranges) :]
         args = (ranges, spec, SCALE, kernel, meta)
@@ -126,7 +126,7 @@ def kernels_only_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     """The executor's kernel calls alone, on a ready key buffer: no copy, masking, merging or gradient fold."""
     impl = get_varlen_kernel(kernel)
     blocks = decode_varlen(spec)
-    tensors = _block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
+    tensors = block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
     out, lse, keys = attend_gathered(q, gathered, key_maps[0], tensors, spec, SCALE, kernel)
     ks, vs = [keys[:, 0]], [keys[:, 1]]
 
@@ -145,7 +145,7 @@ def split_kernels_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     top-left, the rest bottom-right (the other call's rows and keys left out of each), with the selects that
     put the two calls' rows and keys together: the alternative to one bottom-right call over a mixed block."""
     impl, (b,), (r,) = get_varlen_kernel(kernel), decode_varlen(spec), ranges
-    tensors = _block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
+    tensors = block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
     out, lse, keys = attend_gathered(q, gathered, key_maps[0], tensors, spec, SCALE, kernel)
     k, v = keys[:, 0], keys[:, 1]
     qs, qe, ks, ke = r
