@@ -165,6 +165,7 @@ def _sweep(rank, world_all, world):
     results |= _run(group, world, (-1, 0), torch.float64, short=False)
     results |= _run(group, world, (-1, 0), torch.float64, short=True, strategy="thd")
     results |= _run(group, world, (-1, -1), torch.float64, short=False, strategy="thd")
+    results |= _run(group, world, (-1, -1), torch.float64, short=True, strategy="thd")  # the key slice both ways
     if world == 2:
         results |= _run(group, world, (3, 0), torch.float64, short=True)
         results |= _run(group, world, (-1, 0), torch.float32, short=True)
