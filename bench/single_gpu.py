@@ -15,7 +15,9 @@ every document in full (cuDNN THD top-left over the whole packed sequence, the d
 FA2 varlen, timed together: `ideal_source`; FA2's and cuDNN's bottom-right times kept as columns), / cp.
 cudnn_varlen all_gather rows also time the rank's block split by shape (`kernels_split_ms`). all_gather rows
 also record the balance ceiling (mean / max rank work); thd_balanced rows the host time of its per-batch plan
-(`plan_ms`). Its rows alone (about 2 minutes on an H200):
+(`plan_ms`). --thd-comms a2a (thd, thd_balanced): the a2a region with its all-to-alls as identity, one rank;
+selective (thd, thd_balanced): its region with its exchange as identity, every rank. thd_balanced's
+all_gather rows alone (about 2 minutes on an H200):
 
     python -m bench.single_gpu --layouts thd_balanced --seqs 32768,65536,131072 --cps 2,4,8 \
         --mixes docs-median-1K,docs-median-8K --thd-comms all_gather --thd-kernels cudnn_varlen
@@ -127,7 +129,7 @@ def main() -> None:
     ap.add_argument("--layouts", default="zigzag,flat,thd,thd_zigzag")
     ap.add_argument("--mixes", default=",".join(thd_cases.MIXES))
     ap.add_argument("--thd-kernels", default="auto", help="varlen providers; auto = what kernel='auto' picks")
-    ap.add_argument("--thd-comms", default="all_gather,a2a", help="a2a: thd only (thd_zigzag+a2a is refused)")
+    ap.add_argument("--thd-comms", default="all_gather,a2a", help="all_gather, a2a, selective (as each allows)")
     ap.add_argument("--kernels", default="cudnn,flash")
     ap.add_argument("--iters", type=int)
     ap.add_argument("--warmup", type=int, default=2)
@@ -202,6 +204,12 @@ WINDOW = (4096, -1)
 """The sliding window (flash's left, causal) whose two cuDNN anchors are timed over whole documents."""
 
 
+A2A_LAYOUTS = ("thd", "thd_balanced")
+"""Packed layouts comm="a2a" serves (thd_zigzag + a2a is refused)."""
+SELECTIVE_LAYOUTS = ("thd", "thd_balanced")
+"""Packed layouts comm="selective" serves."""
+
+
 def thd_ideal(lengths: list[int], args, with_cudnn: bool) -> dict:
     """Single-GPU fwd+bwd of every document in full, timed together: FA2 varlen and, where cuDNN THD runs, its
     top-left call over the whole packed sequence and the documents cut into <= 8K chunks. The ideal is the
@@ -244,12 +252,17 @@ def _varlen_kernels(names: str) -> list[str]:
 def _thd_rank_times(layout: str, comm: str, lengths: list[int], cp: int, kernel: str, args) -> dict:
     """Per rank: the region's time, its kernel calls alone, its rank work (all_gather), a2a's eager region."""
     per_rank, kernels_only, eager, work, split = [], [], [], [], []
-    for rank in range(cp if comm == "all_gather" else 1):  # a2a: every rank the same
+    for rank in range(1 if comm == "a2a" else cp):  # a2a: every rank the same
         if comm == "a2a":  # region compiled by Inductor (as in a model), kernel alone, eager
-            case = thd_cases.a2a_rank_case(lengths, cp)
-            fns = [thd_cases.a2a_region_fn(*case, cp, kernel, compiled=True)]
-            fns.append(thd_cases.a2a_kernels_only_fn(*case, cp, kernel))
-            fns.append(thd_cases.a2a_region_fn(*case, cp, kernel))
+            case = thd_cases.a2a_rank_case(lengths, cp, layout)
+            fns = [thd_cases.a2a_region_fn(*case, cp, kernel, compiled=True, layout=layout)]
+            fns.append(thd_cases.a2a_kernels_only_fn(*case, cp, kernel, layout))
+            fns.append(thd_cases.a2a_region_fn(*case, cp, kernel, layout=layout))
+        elif comm == "selective":  # the region (eager, exchange as identity), and all_gather's kernel call
+            case = thd_cases.rank_case(layout, lengths, cp, rank)
+            fns = [thd_cases.selective_region_fn(layout, lengths, cp, rank, kernel)]
+            fns.append(thd_cases.kernels_only_fn(*case, kernel))
+            work.append(thd_cases.rank_work(case[4]))
         else:
             case = thd_cases.rank_case(layout, lengths, cp, rank)
             fns = [thd_cases.region_fn(*case, kernel), thd_cases.kernels_only_fn(*case, kernel)]
@@ -278,7 +291,8 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                   f"({tflops:.0f} TFLOP/s)", flush=True)  # fmt: skip
             for cp in [int(c) for c in args.cps.split(",")]:
                 runs = [(lay, "all_gather") for lay in layouts if "all_gather" in comms]
-                runs += [("thd", "a2a")] if "thd" in layouts and "a2a" in comms else []
+                runs += [(lay, "a2a") for lay in layouts if lay in A2A_LAYOUTS and "a2a" in comms]
+                runs += [(lay, "selective") for lay in layouts if lay in SELECTIVE_LAYOUTS and "selective" in comms]
                 for (layout, comm), kernel in [(run, k) for run in runs for k in kernels]:
                     t0 = time.time()
                     t = _thd_rank_times(layout, comm, lengths, cp, kernel, args)

@@ -98,7 +98,7 @@ _fold = torch.compile(fold_key_grads, fullgraph=True)
 """Inductor-compiled, as in the region's backward graph under the default backend (one fused kernel)."""
 
 
-def _block_tensors(q, gathered, key_index, ranges, spec, kernel) -> list[torch.Tensor]:
+def block_tensors(q, gathered, key_index, ranges, spec, kernel) -> list[torch.Tensor]:
     """The ranges and metadata `attend_gathered` takes (comms.all_gather.varlen.gathered_blocks' tensors)."""
     keys = gathered.shape[0] if key_index is None else key_index.shape[0]
     return list(ranges) + prepare_blocks(ranges, spec, q.shape[0], [keys], kernel)
@@ -112,7 +112,7 @@ def region_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     ops = torch.ops.cpcompile
 
     def run():
-        tensors = _block_tensors(q, gathered, key_index, ranges, spec, kernel)
+        tensors = block_tensors(q, gathered, key_index, ranges, spec, kernel)
         out, lse, keys = attend_gathered(q, gathered, key_index, tensors, spec, SCALE, kernel)
         ks, vs, meta = [keys[:, 0]], [keys[:, 1]], tensors[len(ranges) :]
         args = (ranges, spec, SCALE, kernel, meta)
@@ -126,7 +126,7 @@ def kernels_only_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     """The executor's kernel calls alone, on a ready key buffer: no copy, masking, merging or gradient fold."""
     impl = get_varlen_kernel(kernel)
     blocks = decode_varlen(spec)
-    tensors = _block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
+    tensors = block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
     out, lse, keys = attend_gathered(q, gathered, key_maps[0], tensors, spec, SCALE, kernel)
     ks, vs = [keys[:, 0]], [keys[:, 1]]
 
@@ -145,7 +145,7 @@ def split_kernels_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     top-left, the rest bottom-right (the other call's rows and keys left out of each), with the selects that
     put the two calls' rows and keys together: the alternative to one bottom-right call over a mixed block."""
     impl, (b,), (r,) = get_varlen_kernel(kernel), decode_varlen(spec), ranges
-    tensors = _block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
+    tensors = block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
     out, lse, keys = attend_gathered(q, gathered, key_maps[0], tensors, spec, SCALE, kernel)
     k, v = keys[:, 0], keys[:, 1]
     qs, qe, ks, ke = r
@@ -275,29 +275,31 @@ def _identity_exchange(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return x  # one GPU: the all-to-all delivers buffers of the same shape; timing excludes communication
 
 
-def a2a_rank_case(lengths: list[int], cp: int):
-    """A rank's local q/k/v (thd: T/cp tokens, every head, as leaves) and dout, and the global cu_seqlens.
-    Every rank does the same work under a2a (all T tokens, Hq/cp heads), so one rank stands for all."""
+def a2a_rank_case(lengths: list[int], cp: int, layout: str = "thd"):
+    """A rank's local q/k/v (T/cp tokens, every head, as leaves) and dout, and what the model passes as
+    cu_seqlens (`model_cu`: thd_balanced's plan). Every rank does the same work under a2a (all T tokens, Hq/cp
+    heads), so one rank stands for all."""
     total = sum(lengths)
     leaves = [packed(total // cp, h).requires_grad_() for h in (HQ, HKV, HKV)]
-    return (*leaves, packed(total // cp, HQ), cu_seqlens(lengths))
+    return (*leaves, packed(total // cp, HQ), model_cu(layout, lengths, cp)[0])
 
 
-def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str, compiled: bool = False):
-    """The a2a region itself (comms/a2a/varlen.py, eager: its head pack, the varlen executor ops over the whole
-    packed sequence with Hq/cp heads, the output unpack, and their backward), with the all-to-alls replaced by
-    identity: what a rank does besides communicating. Eager (compiled=False) runs every pack as its own copy,
-    an upper bound; compiled=True runs the region under Inductor."""
+def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str, compiled: bool = False, layout: str = "thd"):
+    """The a2a region itself (comms/a2a/varlen.py, eager: its head pack, thd_balanced's reorder into global order
+    and back, the varlen executor ops over the whole packed sequence with Hq/cp heads, the output unpack, and
+    their backward), with the all-to-alls replaced by identity: what a rank does besides communicating. Eager
+    (compiled=False) runs every pack as its own copy, an upper bound; compiled=True runs it under Inductor."""
     from cpcompile.comms.a2a import head_parallel, heads
     from cpcompile.comms.a2a import varlen as a2a_varlen
 
     # every all-to-all of the region: the q/k/v one (head_parallel), the output's and the lse's (heads)
     head_parallel.exchange_first = heads.exchange_first = _identity_exchange
-    longest = int((cu[1:] - cu[:-1]).max())  # varlen_attn's max_q/max_k, which the planner hands the region
+    offsets = get_packed_layout(layout).offsets(cu, cp)
+    longest = int((offsets[1:] - offsets[:-1]).max())  # varlen_attn's max_q/max_k, which the planner hands it
 
     def region(q, k, v, cu):
         return a2a_varlen.a2a_varlen_attention(
-            q, k, v, cu, layout="thd", causal=True, scale=SCALE, kernel=kernel, group_name="", rank=0, world=cp,
+            q, k, v, cu, layout=layout, causal=True, scale=SCALE, kernel=kernel, group_name="", rank=0, world=cp,
             return_lse=False, max_doc=longest,
         )[0]  # fmt: skip
 
@@ -319,11 +321,12 @@ def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str, compiled: bool = Fals
     return run
 
 
-def a2a_kernels_only_fn(q, k, v, dout, cu, cp: int, kernel: str):
+def a2a_kernels_only_fn(q, k, v, dout, cu, cp: int, kernel: str, layout: str = "thd"):
     """The one varlen kernel call each way that an a2a rank makes: all T tokens, Hq/cp and Hkv/cp heads."""
     from cpcompile.layouts.thd import whole_sequence_blocks
 
     impl, total = get_varlen_kernel(kernel), q.shape[0] * cp
+    cu = get_packed_layout(layout).offsets(cu, cp)
     qh, kh, vh, dh = (
         packed(total, HQ // cp),
         packed(total, HKV // cp),
@@ -339,5 +342,25 @@ def a2a_kernels_only_fn(q, k, v, dout, cu, cp: int, kernel: str):
     def run():
         impl.forward(qh, kh, vh, *args, **kw)
         impl.backward(dh, qh, kh, vh, out, lse, *args, **kw)
+
+    return run
+
+
+def selective_region_fn(layout: str, lengths: list[int], cp: int, rank: int, kernel: str):
+    """comm="selective"'s region itself for rank `rank` (comms/selective/varlen.py, eager: the slots it sends,
+    its held buffer, its key buffer (thd: the slice it reaches), the kernel call, the fold and the sum of the
+    returned gradient, forward and backward) with its all-to-all replaced by identity (the slots it sends come
+    back as the ones it receives: the same shapes, other values): what a rank does besides communicating."""
+    from cpcompile.comms.selective import varlen as selective
+
+    selective.exchange_slots = lambda x, splits, group_name: x
+    total = sum(lengths)
+    q, k, v = (packed(total // cp, h).requires_grad_() for h in (HQ, HKV, HKV))
+    dout, cu = packed(total // cp, HQ), model_cu(layout, lengths, cp)[0]
+    kw = dict(layout=layout, causal=True, scale=SCALE, kernel=kernel, group_name="", rank=rank, world=cp)
+
+    def run():
+        selective.selective_varlen_attention(q, k, v, cu, **kw, max_doc=max(lengths))[0].backward(dout)
+        q.grad = k.grad = v.grad = None
 
     return run

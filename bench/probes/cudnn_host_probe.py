@@ -65,7 +65,7 @@ def main() -> None:
     lengths = thd_cases.doc_lengths(32768, "docs-median-1K")
     q, gathered, key_maps, dout, ranges, enc = thd_cases.rank_case("thd", lengths, 8, 7)
     (b,), (r,) = decode_varlen(enc), ranges
-    tensors = thd_cases._block_tensors(q, gathered, key_maps[0], ranges, enc, "cudnn_varlen")
+    tensors = thd_cases.block_tensors(q, gathered, key_maps[0], ranges, enc, "cudnn_varlen")
     keys = attend_gathered(q, gathered, key_maps[0], tensors, enc, scale, "cudnn_varlen")[2]
     k, v = keys[:, 0], keys[:, 1]
     kw = b.kernel_kwargs()

@@ -110,7 +110,7 @@ def main() -> None:
         for rank in range(cp):
             q, gathered, key_maps, dout, ranges, enc = thd_cases.rank_case(layout, lengths, cp, rank)
             (b,), (r,) = decode_varlen(enc), ranges
-            tensors = thd_cases._block_tensors(q, gathered, key_maps[0], ranges, enc, "cudnn_varlen")
+            tensors = thd_cases.block_tensors(q, gathered, key_maps[0], ranges, enc, "cudnn_varlen")
             keys = attend_gathered(q, gathered, key_maps[0], tensors, enc, scale, "cudnn_varlen")[2]
             fns = [
                 one_fn(q, keys, dout, r, b, "cudnn_varlen", scale),
