@@ -86,14 +86,22 @@ def test_slots_deliver_exactly_what_each_rank_reads(seed, strategy):
                     }
                     # the region's slice of it: the keys the rank's rows can reach (the longest document bounds
                     # how far back, causal rows stop at the rank's end), every read key inside it
-                    window = THD.key_window(local, cp, r, causal, max(lengths), NO_WINDOW) or (0, cp * local)
-                    start, stop = window
-                    assert all(start <= g < stop for g in reads[r] | set(pos[r]))
-                    index_w, fold_w = global_key_buffer(sels[r], size, window)
-                    assert torch.equal(index_w, index[start:stop])
-                    assert {(int(fold_w[0, h]), h) for h in range(size) if fold_w[0, h] >= 0} == {
-                        (g - start, int(index[g])) for g in mask if start <= g < stop
-                    }
+                    # the region's slice of it: the keys the rank's rows can reach (the longest document bounds
+                    # how far back, and a causal window's left side; causal rows stop at the rank's end), every
+                    # key a row reads inside it; held tokens before it (a window) fold to nothing
+                    for left in (-1, 1, 3) if causal else (-1,):
+                        attn = (left, 0) if left >= 0 else NO_WINDOW
+                        key_slice = THD.key_window(local, cp, r, causal, max(lengths), attn) or (0, cp * local)
+                        start, stop = key_slice
+                        seen = {
+                            k for k in reads[r] | set(pos[r]) if left < 0 or any(0 <= t - k <= left for t in pos[r])
+                        }
+                        assert all(start <= g < stop for g in seen)
+                        index_w, fold_w = global_key_buffer(sels[r], size, key_slice)
+                        assert torch.equal(index_w, index[start:stop])
+                        assert {(int(fold_w[0, h]), h) for h in range(size) if fold_w[0, h] >= 0} == {
+                            (g - start, int(index[g])) for g in mask if start <= g < stop
+                        }
                 for i, p in enumerate(x for x in range(cp) if x != r):  # p returns the gradient of r's tokens
                     for j, g in enumerate(pos[r]):
                         slot = int(sels[r].back[i, j])

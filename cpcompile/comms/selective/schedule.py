@@ -148,15 +148,15 @@ def exchange(positions: torch.Tensor, read: torch.Tensor, local_len: int, cp: in
 
 
 def global_key_buffer(
-    sel: Selection, held: int, window: tuple[int, int] | None = None
+    sel: Selection, held: int, key_slice: tuple[int, int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """thd's key buffer over the held buffer: T tokens in GLOBAL order (the all-gather's own key buffer, so thd's
     blocks read it unchanged), copied through `held_position`; positions the rank does not hold are in no range
-    (any token fills them). `window` (layouts' key_window): only global positions [start, stop), the keys the
+    (any token fills them). `key_slice` (layouts' key_window): only global positions [start, stop), the keys the
     rank's rows can reach, at key-buffer positions 0.. (the blocks narrowed to it, PackedLayout.kernel_blocks);
     held tokens outside it are read by no row and fold to nothing. (index, fold) as PackedLayout.key_buffer,
     fold (1, held)."""
-    start, stop = (0, sel.held_position.numel()) if window is None else window
+    start, stop = (0, sel.held_position.numel()) if key_slice is None else key_slice
     g = torch.arange(start, stop, device=sel.held_position.device)
     position, mask = sel.held_position[start:stop], sel.held_mask[start:stop]
     target = torch.where(mask, position, held + g - start)  # all distinct
