@@ -47,6 +47,7 @@ from bench.common import (
     time_ms,
 )
 from cpcompile import executor  # (registers torch.ops.cpcompile.*)
+from cpcompile.comms.registry import get_comm
 from cpcompile.executor import streams
 from cpcompile.kernels import get_kernel, resolve_kernel
 from cpcompile.layouts import get_layout, get_packed_layout
@@ -204,12 +205,6 @@ WINDOW = (4096, -1)
 """The sliding window (flash's left, causal) whose two cuDNN anchors are timed over whole documents."""
 
 
-A2A_LAYOUTS = ("thd", "thd_balanced")
-"""Packed layouts comm="a2a" serves (thd_zigzag + a2a is refused)."""
-SELECTIVE_LAYOUTS = ("thd", "thd_balanced")
-"""Packed layouts comm="selective" serves."""
-
-
 def thd_ideal(lengths: list[int], args, with_cudnn: bool) -> dict:
     """Single-GPU fwd+bwd of every document in full, timed together: FA2 varlen and, where cuDNN THD runs, its
     top-left call over the whole packed sequence and the documents cut into <= 8K chunks. The ideal is the
@@ -281,6 +276,8 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
     """THD records: per mix x S, the single-GPU ideal once, then every cp x layout x varlen kernel."""
     kernels, with_cudnn = _varlen_kernels(args.thd_kernels), _varlen_kernels("cudnn_varlen") == ["cudnn_varlen"]
     comms = args.thd_comms.split(",")
+    if not set(comms) <= {"all_gather", "a2a", "selective"}:  # the comms _thd_rank_times has a rank's work for
+        raise SystemExit(f"--thd-comms: all_gather, a2a or selective, not {args.thd_comms!r}")
     for mix in args.mixes.split(","):
         for seq in [int(s) for s in args.seqs.split(",")]:
             lengths = thd_cases.doc_lengths(seq, mix)
@@ -290,9 +287,8 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                   f"{ {k: v for k, v in ideal.items() if k != 'ideal_source'} }; ideal {ideal['ideal_source']} "
                   f"({tflops:.0f} TFLOP/s)", flush=True)  # fmt: skip
             for cp in [int(c) for c in args.cps.split(",")]:
-                runs = [(lay, "all_gather") for lay in layouts if "all_gather" in comms]
-                runs += [(lay, "a2a") for lay in layouts if lay in A2A_LAYOUTS and "a2a" in comms]
-                runs += [(lay, "selective") for lay in layouts if lay in SELECTIVE_LAYOUTS and "selective" in comms]
+                # every comm asked for, on the layouts it serves (its registry entry's capabilities)
+                runs = [(lay, c) for c in comms for lay in layouts if lay in get_comm(c).capabilities.packed_layouts]
                 for (layout, comm), kernel in [(run, k) for run in runs for k in kernels]:
                     t0 = time.time()
                     t = _thd_rank_times(layout, comm, lengths, cp, kernel, args)
