@@ -12,6 +12,7 @@ For each comm x layout case, rank 0 (and the last rank for thd), four numbers a 
 
     python -m bench.host_time [--cases all_gather:zigzag,a2a:zigzag,ring:zigzag] [--ranks 0,7] [--out results.json]
     python -m bench.host_time --tree old=path --tree new=path   # the same cases for two cpcompile trees, A B A B
+    python -m bench.host_time --seq 131072 --cases all_gather:zigzag,a2a:zigzag,ring:zigzag   # 16K tokens a rank
 
 A tree is a directory holding a `cpcompile/` package; `bench/` is always this checkout's.
 """
@@ -33,18 +34,20 @@ OPTIONS = {"deferred": ("deferred_merge", True), "regather": ("regather", True)}
 DEFAULT = "all_gather:zigzag,a2a:zigzag,ring:zigzag,all_gather:thd_zigzag,a2a:thd,ring:thd_zigzag"
 
 
-def measure(cases: list[tuple[str, str]], ranks: tuple[int, ...] | None = None) -> list[dict]:
+def measure(cases: list[tuple[str, str]], ranks: tuple[int, ...] | None = None, seq: int | None = None) -> list[dict]:
     """One record a (case, rank): the numbers of the module docstring. `ranks`: these ranks for every case
-    (default: rank 0, and the last rank too for thd)."""
+    (default: rank 0, and the last rank too for thd); `seq`: the global sequence length (default: the GPU check's,
+    SPEED_SEQ), split over SPEED_CP ranks."""
     from bench.common import back_to_back_ms, host_and_gpu_ms, time_many_ms
     from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents
     from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, _single, fake_group, rank_step, refused_by_design
 
     torch._dynamo.config.cache_size_limit = 256
     torch._dynamo.config.accumulated_cache_size_limit = 1024
+    seq = seq or SPEED_SEQ
     layer = build(LLAMA3_8B, DTYPE)
-    dense_x = torch.randn(1, SPEED_SEQ, LLAMA3_8B.hidden, device="cuda", dtype=DTYPE)
-    cu = cu_of(documents(SPEED_SEQ, seed=3, unit=2 * SPEED_CP))
+    dense_x = torch.randn(1, seq, LLAMA3_8B.hidden, device="cuda", dtype=DTYPE)
+    cu = cu_of(documents(seq, seed=3, unit=2 * SPEED_CP))
     longest = int((cu[1:] - cu[:-1]).max())
     single = {"dense": _single(layer, dense_x, None, 0), "packed": _single(layer, dense_x[0], cu, longest)}
     ref = {}
@@ -71,7 +74,7 @@ def measure(cases: list[tuple[str, str]], ranks: tuple[int, ...] | None = None) 
                 piped = back_to_back_ms(step)
             ideal_one, ideal_piped = ref_one / SPEED_CP, ref[kind][1] / SPEED_CP
             records.append(
-                dict(comm=comm, layout=layout, options=sorted(opts), rank=rank, kernel=kernel, S=SPEED_SEQ, cp=SPEED_CP,
+                dict(comm=comm, layout=layout, options=sorted(opts), rank=rank, kernel=kernel, S=seq, cp=SPEED_CP,
                      host_ms=round(host, 3), gpu_ms=round(gpu, 3), host_ratio=round(host / gpu, 3),
                      step_ms=round(one, 3), step_efficiency=round(ideal_one / one, 4),
                      pipelined_ms=round(piped, 3), pipelined_efficiency=round(ideal_piped / piped, 4),
@@ -85,7 +88,7 @@ def measure(cases: list[tuple[str, str]], ranks: tuple[int, ...] | None = None) 
     return records
 
 
-def _run_tree(root: str, spec: str, ranks: str | None) -> dict:
+def _run_tree(root: str, spec: str, ranks: str | None, seq: int | None) -> dict:
     env = dict(os.environ)
     here = os.path.abspath(os.getcwd())  # this checkout's bench/, after the tree so its cpcompile loses
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(root), here, env.get("PYTHONPATH", "")])
@@ -97,6 +100,7 @@ def _run_tree(root: str, spec: str, ranks: str | None) -> dict:
         "--cases",
         spec,
         *(["--ranks", ranks] if ranks else []),
+        *(["--seq", str(seq)] if seq else []),
     ]
     with tempfile.TemporaryDirectory() as cwd:  # `python -m` puts its cwd first on sys.path: not the checkout
         out = subprocess.run(
@@ -118,13 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=1, help="rounds of A B ... per tree")
     ap.add_argument("--out", help="write the records here (JSON)")
     ap.add_argument("--ranks", help="ranks to time in every case, e.g. 0,7 (default: 0, and the last for thd)")
+    ap.add_argument("--seq", type=int, help="global sequence length (default: the GPU check's, 32768)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cases = [tuple(c.split(":")) for c in args.cases.split(",")]
     if args.child or not args.tree:
         import cpcompile
 
-        records = measure(cases, tuple(int(r) for r in args.ranks.split(",")) if args.ranks else None)
+        ranks = tuple(int(r) for r in args.ranks.split(",")) if args.ranks else None
+        records = measure(cases, ranks, args.seq)
         where = os.path.dirname(cpcompile.__file__)
         print("HOST-RESULT " + json.dumps({"cpcompile": where, "records": records}), flush=True)
         if args.out and not args.child:
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.reps):
         for label, root in (t.split("=", 1) for t in args.tree):
             print(f"== {label} ({root}) round {rep + 1}", flush=True)
-            got = _run_tree(root, args.cases, args.ranks)
+            got = _run_tree(root, args.cases, args.ranks, args.seq)
             results.append({"label": label, "round": rep + 1, **got})
     if args.out:
         with open(args.out, "w") as f:
