@@ -37,6 +37,7 @@ from cpcompile.comms.all_gather.varlen import attend_gathered
 from cpcompile.executor import decode_varlen
 from cpcompile.kernels import get_varlen_kernel
 from cpcompile.kernels.cudnn_varlen import band
+from cpcompile.kernels.varlen_ranges import cu_seqlens
 
 
 def host_us(fn, calls: int, reps: int) -> float:
@@ -72,7 +73,8 @@ def main() -> None:
     prepared = impl.prepare(r, q.shape[0], k.shape[0], b.max_q, b.window, square=b.square)
     call = (r, b.max_q, b.max_k, b.causal, scale)
     out, lse = impl.forward(q, k, v, *call, **kw, prepared=prepared)
-    op_args = dict(cu_seqlens_q=prepared[0], cu_seqlens_kv=prepared[1], max_seqlen_q=max(b.max_q, 1),
+    cu_q, cu_k = cu_seqlens(r, kw.get("tiled", False))  # the frontend op's own inputs
+    op_args = dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=max(b.max_q, 1),
                    max_seqlen_kv=max(b.max_k, 1), **band(b.causal, b.window, b.square))  # fmt: skip
     dev = q.device
 
@@ -86,7 +88,6 @@ def main() -> None:
     stats = torch.empty(t_q, h_q, 1, dtype=torch.float32, device=dev)
     workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=dev)
     q_strides = (q.stride(0), h_q * d_v, h_q)
-    cu_q, cu_k = op_args["cu_seqlens_q"], op_args["cu_seqlens_kv"]
     meta = varlen_metadata.prepare_varlen_metadata(cu_q, cu_k, q_strides, (k.stride(0), v.stride(0)))
     buffers = [q, k, v, o, stats, *meta]
 
