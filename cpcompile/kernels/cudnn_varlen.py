@@ -1,7 +1,9 @@
-"""CUDA varlen provider: cuDNN's packed (THD) attention through cudnn-frontend's torch ops.
+"""CUDA varlen provider: cuDNN's packed (THD) attention, the graphs of cudnn-frontend's torch ops run by our own.
 
-`torch.ops.cudnn.sdpa_fwd` / `sdpa_bwd` (registered by `cudnn.sdpa.fwd.torch_op`, nvidia-cudnn-frontend >= 1.32,
-which needs apache-tvm-ffi: `pip install 'cpcompile[cudnn]'`) take packed (T, H, D) q/k/v with cu_seqlens, GQA,
+cudnn-frontend's `torch.ops.cudnn.sdpa_fwd` / `sdpa_bwd` (`cudnn.sdpa.fwd.torch_op`, nvidia-cudnn-frontend >= 1.32,
+which needs apache-tvm-ffi: `pip install 'cpcompile[cudnn]'`) define the contract read here; the calls go to
+kernels/cudnn_graph.py's ops, which build the same graphs once a key and skip the frontend op's per-call Python.
+The graphs take packed (T, H, D) q/k/v with cu_seqlens, GQA,
 d_qk != d_v (MLA) and strided K/V views. Measured on an H200 over a whole packed sequence at 1.66-1.78x aten's
 FA2 varlen fwd+bwd with the top-left band, 0.95-1.07x with the bottom-right one (docs/benchmarks.md, "cuDNN
 THD"). Optional: nothing imports
@@ -19,11 +21,12 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
   call: split by shape into two calls measured slower in most rows (docs/benchmarks.md, "cuDNN THD").
 - LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
   takes it PADDED (sequences, Hq, max_q, 1): `padded_at` scatters the final lse to its `lse_slots`.
-- prepared metadata: cu_seqlens, the lse slots and a window's unseen keys depend on the ranges alone;
+- prepared metadata: the sequences' length and prefix columns (cudnn_graph.sequence_columns), the lse slots and
+  a window's unseen keys depend on the ranges alone;
   `prepare` computes them as device ops, which the regions run once per batch in their graph (Inductor), so a
   ring step's kernel call does only the kernel's own work on the host.
-- graphs: the op caches one graph per shape (sequence count, max lengths, strides; backward also the packed
-  totals rounded to 64). All are static per block (the ranges' length, the block's bounds), so new documents
+- graphs: cudnn_graph keeps one graph per key (sequence count, max lengths, strides, mask; backward also the
+  packed totals rounded to 64). All are static per block (the ranges' length, the block's bounds), so new documents
   never build a graph (checked on the GPU by tests/gpu/test_cudnn_varlen.py).
 - unseen keys: the contract wants dK/dV = 0 for keys of a range that no row sees. Without a left window every
   key of a range with rows is seen (bottom-right: the last row sees them all); with one, the leading keys of a
