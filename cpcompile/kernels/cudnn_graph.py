@@ -220,10 +220,22 @@ def _execute(g, ws: int, uids, inputs: list[torch.Tensor], outputs: list[torch.T
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the ops the provider records into the region's graph
+# the ops the provider records into the region's graph. Defined on a Library fragment with a CUDA kernel and a fake,
+# not with torch.library.custom_op: its autograd and aliasing wrappers cost a call ~25-100 us more of host in Python
+# (the provider runs under the region's own autograd.Function, so these ops need no autograd of their own)
+
+_lib = torch.library.Library("cpcompile", "FRAGMENT")
+_lib.define(
+    "cudnn_thd_fwd(Tensor q, Tensor k, Tensor v, Tensor[] meta, float scale, int max_q, int max_k, bool is_causal, "
+    "bool bottom_right, int left, int right) -> (Tensor, Tensor)"
+)
+_lib.define(
+    "cudnn_thd_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor stats, Tensor[] meta, float scale, "
+    "int max_q, int max_k, bool is_causal, bool bottom_right, int left, int right, bool deterministic) "
+    "-> (Tensor, Tensor, Tensor)"
+)
 
 
-@torch.library.custom_op("cpcompile::cudnn_thd_fwd", mutates_args=())
 def cudnn_thd_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: list[torch.Tensor], scale: float, max_q: int,
     max_k: int, is_causal: bool, bottom_right: bool, left: int, right: int,
@@ -242,13 +254,6 @@ def cudnn_thd_fwd(
     return out, stats
 
 
-@cudnn_thd_fwd.register_fake
-def _fwd_fake(q, k, v, meta, scale, max_q, max_k, is_causal, bottom_right, left, right):
-    tq, hq = q.shape[:2]
-    return q.new_empty((tq, hq, v.shape[2])), q.new_empty((tq, hq, 1), dtype=torch.float32)
-
-
-@torch.library.custom_op("cpcompile::cudnn_thd_bwd", mutates_args=())
 def cudnn_thd_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, stats: torch.Tensor,
     meta: list[torch.Tensor], scale: float, max_q: int, max_k: int, is_causal: bool, bottom_right: bool, left: int,
@@ -273,7 +278,17 @@ def cudnn_thd_bwd(
     return dq, dk, dv
 
 
-@cudnn_thd_bwd.register_fake
+_lib.impl("cudnn_thd_fwd", cudnn_thd_fwd, "CUDA")
+_lib.impl("cudnn_thd_bwd", cudnn_thd_bwd, "CUDA")
+
+
+@torch.library.register_fake("cpcompile::cudnn_thd_fwd")
+def _fwd_fake(q, k, v, meta, scale, max_q, max_k, is_causal, bottom_right, left, right):
+    tq, hq = q.shape[:2]
+    return q.new_empty((tq, hq, v.shape[2])), q.new_empty((tq, hq, 1), dtype=torch.float32)
+
+
+@torch.library.register_fake("cpcompile::cudnn_thd_bwd")
 def _bwd_fake(dout, q, k, v, out, stats, meta, scale, max_q, max_k, is_causal, bottom_right, left, right, det):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
