@@ -85,7 +85,7 @@ def band(causal: bool, window: tuple[int, int], square: bool = False) -> dict:
     return kw
 
 
-def _mask(causal: bool, window: tuple[int, int], square: bool) -> tuple[bool, bool, int, int]:
+def band_args(causal: bool, window: tuple[int, int], square: bool) -> tuple[bool, bool, int, int]:
     """`band`'s keywords as the graph ops take them: (is_causal, bottom_right, window_left, window_right)."""
     kw = band(causal, window, square)
     return (kw.get("is_causal", False), kw.get("causal_bottom_right", False), kw.get("window_left", -1),
@@ -164,7 +164,7 @@ class CuDNNVarlenKernel:
         hq, dv = q.shape[1], v.shape[2]
         meta = ragged_metadata(prepared[:4], (q.stride(0), hq * dv, hq), (k.stride(0), v.stride(0)))
         bounds = (max(max_q, 1), max(max_k, 1))
-        out, stats = _ops().cudnn_thd_fwd(q, k, v, meta, scale, *bounds, *_mask(causal, window, square))
+        out, stats = _ops().cudnn_thd_fwd(q, k, v, meta, scale, *bounds, *band_args(causal, window, square))
         return out, stats.squeeze(-1).t()  # (Tq, Hq, 1) token-major -> (Hq, Tq), a view
 
     def backward(
@@ -181,7 +181,7 @@ class CuDNNVarlenKernel:
         # q, o, dq | k, v, dk, dv: all packed here (shapes, not stride(0), which is arbitrary at one token)
         meta = ragged_metadata(prepared[:4], (hq * d, hq * dv, hq * d), (hk * d, hv * dv, hk * d, hv * dv))
         deterministic = torch.are_deterministic_algorithms_enabled()
-        mask = _mask(causal, window, square)
+        mask = band_args(causal, window, square)
         dq, dk, dv = _ops().cudnn_thd_bwd(dout, q, k, v, out, stats, meta, scale, *bounds, *mask, deterministic)
         if window[0] >= 0:  # leading keys of a range may be out of every row's reach: make them exact zeros
             unseen = prepared[6]

@@ -365,7 +365,7 @@ def test_gpu_graph_ops_equal_the_frontend_ops_bit_for_bit():
                 k, v = k[:128], v[:128]
             columns = cudnn_graph.sequence_columns(kq, kk)
             meta = cudnn_graph.ragged_metadata(columns, (q.stride(0), hq * dv, hq), (k.stride(0), v.stride(0)))
-            mask = cudnn_varlen._mask(causal, window, square)
+            mask = cudnn_varlen.band_args(causal, window, square)
             o, s = torch.ops.cpcompile.cudnn_thd_fwd(q, k, v, meta, 0.125, *bounds, *mask)
             stats = torch.full((4, hq, bounds[0], 1), 0.0, device=CUDA)
             for i in range(4):
