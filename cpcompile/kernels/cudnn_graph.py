@@ -98,9 +98,9 @@ def _cached(key: tuple, build) -> tuple:
     return hit
 
 
-def graph_count() -> int:
-    """How many graphs this process has built (tests: new documents must build none)."""
-    return len(_graphs)
+def graph_keys() -> frozenset:
+    """The keys of the graphs this process has built (tests: new documents must build none)."""
+    return frozenset(_graphs)
 
 
 def _desc(t: torch.Tensor, s_max: int) -> list[int]:

@@ -296,10 +296,9 @@ def _raw_unseen_report() -> None:
 
 def test_gpu_new_documents_build_no_cudnn_graph():
     """Two batches of different documents (same packed length and cu_seqlens length, a fixed max_doc): the second
-    builds no graph (kernels/cudnn_graph's cache does not grow) and runs without a build's delay."""
+    builds no graph (kernels/cudnn_graph.graph_keys does not grow); each batch's fwd+bwd time is printed."""
     from cpcompile.kernels import cudnn_graph
 
-    cache = cudnn_graph._graphs  # {key: graph}: what the provider's ops built
     total, cp, hq, hkv, d = 4096, 2, 8, 2, 128
     mixes = ([256] * 8 + [1024, 512, 512, 0], [64] * 4 + [2048, 1024, 512, 256, 0, 0, 0, 0])
     problems = []
@@ -326,14 +325,12 @@ def test_gpu_new_documents_build_no_cudnn_graph():
             OPS.attend_varlen_blocks_backward(do, q, [k], [v], out, lse, *args)
             torch.cuda.synchronize()
             times.append(1e3 * (time.perf_counter() - start))
-            sizes.append(None if cache is None else set(cache))
-        built = None if cache is None else len(sizes[1] - sizes[0])
+            sizes.append(cudnn_graph.graph_keys())
+        built = len(sizes[1] - sizes[0])
         print(f"{layout_name} rank {rank}: fwd+bwd ms first/new documents/first again "
               f"{[round(t, 2) for t in times]}, graphs built by the new documents: {built}")  # fmt: skip
-        if cache is not None and built:
+        if built:
             problems.append(f"{layout_name} rank {rank}: new documents built {built} graph(s)")
-        if cache is None and not times[1] < 0.5 * times[0]:
-            problems.append(f"{layout_name} rank {rank}: no graph cache to read, and {times[1]:.1f} ms is no faster")
     assert not problems, "\n".join(problems)
 
 
