@@ -1,4 +1,4 @@
-"""cuDNN THD attention from graphs cpcompile builds once per call site and executes with metadata made in its graph.
+"""cuDNN THD attention from graphs cpcompile builds once a key and executes with metadata made in its graph.
 
 Why: cudnn-frontend 1.32's torch ops (`torch.ops.cudnn.sdpa_fwd/_bwd`) do, in Python, on every call: validate
 their arguments, hash a ~23-field graph key, bind the stream, allocate, and rebuild the ragged lengths and
@@ -88,6 +88,11 @@ def _handle(device: torch.device):
     return handle
 
 
+GRAPHS_KEPT = 128
+"""Graphs kept at most (the oldest goes first, as the frontend op's cache): a model's call sites need a handful;
+recompiles with new packed totals (dynamic shapes) would otherwise add backward graphs without end."""
+
+
 def _cached(key: tuple, build) -> tuple:
     hit = _graphs.get(key)
     if hit is None:
@@ -95,12 +100,15 @@ def _cached(key: tuple, build) -> tuple:
             hit = _graphs.get(key)
             if hit is None:
                 hit = _graphs[key] = build()
+                while len(_graphs) > GRAPHS_KEPT:
+                    _graphs.pop(next(iter(_graphs)))
     return hit
 
 
 def graph_keys() -> frozenset:
     """The keys of the graphs this process has built (tests: new documents must build none)."""
-    return frozenset(_graphs)
+    with _build_lock:
+        return frozenset(_graphs)
 
 
 def _desc(t: torch.Tensor, s_max: int) -> list[int]:
@@ -206,42 +214,67 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     """An input as the kernels can read it: a base pointer off 16 bytes faults them, so such a tensor is copied
     into a fresh buffer with the SAME strides (the offsets in the metadata were computed from them). Rare: the
     regions' views start at token boundaries of 16-byte rows."""
-    assert t.stride(-1) == 1, "cuDNN THD operands need a dense last dim (the provider passes no other)"
     if t.data_ptr() % 16 == 0:
         return t
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
+def _column(t: torch.Tensor) -> torch.Tensor:
+    """A metadata column as the graph declares it: contiguous (stride 1 along the sequences), 16-byte aligned."""
+    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+
+
 def _execute(g, ws: int, uids, inputs: list[torch.Tensor], outputs: list[torch.Tensor], meta, device, handle) -> None:
     """Run a built graph: buffers in its uids' order (inputs, outputs, then the metadata columns)."""
     workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=device)
-    buffers = [_aligned(t) for t in inputs] + outputs + [_aligned(t) for t in meta]
+    buffers = [_aligned(t) for t in inputs] + outputs + [_column(t) for t in meta]
     g.execute(buffers, workspace, handle=handle, tensor_uids=uids)
+
+
+def _check(op: str, q: torch.Tensor, named: dict[str, torch.Tensor], tokens: list[int], meta, n_meta: int) -> None:
+    """The checks of the frontend op that matter here, on the host, cheaply: one io dtype and device, dense last
+    dims, the metadata's count, and each ragged input's token stride equal to the one its offsets were made with
+    (`tokens`, named's order): a layout pass that restrided an input between the trace and the call would
+    otherwise shift every sequence's base."""
+    if len(meta) != n_meta:
+        raise ValueError(f"{op}: {len(meta)} metadata columns, the graph reads {n_meta} (cudnn_graph.ragged_metadata)")
+    for (name, t), token in zip(named.items(), tokens):
+        if t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
+            raise ValueError(f"{op}: {name} is {t.dtype} on {t.device} with strides {t.stride()}; the graph reads "
+                             f"{q.dtype} on {q.device} with a dense last dim")  # fmt: skip
+        if t.shape[0] > 1 and t.stride(0) != token:
+            raise RuntimeError(f"{op}: {name}'s token stride is {t.stride(0)} at run time but its ragged offsets "
+                               f"were made for {token}: a pass changed the layout the trace saw")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the ops the provider records into the region's graph. Defined on a Library fragment with a CUDA kernel and a fake,
 # not with torch.library.custom_op: its autograd and aliasing wrappers cost a call ~25-100 us more of host in Python
-# (the provider runs under the region's own autograd.Function, so these ops need no autograd of their own)
+# (the provider runs under the region's own autograd.Function, so these ops need no autograd of their own). Tagged
+# needs_exact_strides: Inductor hands them the strides the trace saw, which `tokens` records and the kernels check.
 
 _lib = torch.library.Library("cpcompile", "FRAGMENT")
+_TAGS = (torch.Tag.needs_exact_strides,) if hasattr(torch.Tag, "needs_exact_strides") else ()
 _lib.define(
-    "cudnn_thd_fwd(Tensor q, Tensor k, Tensor v, Tensor[] meta, float scale, int max_q, int max_k, bool is_causal, "
-    "bool bottom_right, int left, int right) -> (Tensor, Tensor)"
+    "cudnn_thd_fwd(Tensor q, Tensor k, Tensor v, Tensor[] meta, int[] tokens, float scale, int max_q, int max_k, "
+    "bool is_causal, bool bottom_right, int left, int right) -> (Tensor, Tensor)",
+    tags=_TAGS,
 )
 _lib.define(
-    "cudnn_thd_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor stats, Tensor[] meta, float scale, "
-    "int max_q, int max_k, bool is_causal, bool bottom_right, int left, int right, bool deterministic) "
-    "-> (Tensor, Tensor, Tensor)"
+    "cudnn_thd_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor stats, Tensor[] meta, int[] tokens, "
+    "float scale, int max_q, int max_k, bool is_causal, bool bottom_right, int left, int right, bool deterministic) "
+    "-> (Tensor, Tensor, Tensor)",
+    tags=_TAGS,
 )
 
 
 def cudnn_thd_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: list[torch.Tensor], scale: float, max_q: int,
-    max_k: int, is_causal: bool, bottom_right: bool, left: int, right: int,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: list[torch.Tensor], tokens: list[int], scale: float,
+    max_q: int, max_k: int, is_causal: bool, bottom_right: bool, left: int, right: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(out (Tq, Hq, Dv), stats (Tq, Hq, 1) fp32 token-major) of packed q/k/v; `meta`: ragged_metadata's FWD_META
-    (its offsets for q/k/v are those tensors' token strides as passed here; O and stats are packed)."""
+    """(out (Tq, Hq, Dv), stats (Tq, Hq, 1) fp32 token-major) of packed q/k/v; `meta`: ragged_metadata's FWD_META,
+    its q/k/v offsets made with the token strides `tokens` (O and stats are ours, packed)."""
+    _check("cudnn_thd_fwd", q, {"q": q, "k": k, "v": v}, tokens, meta, len(FWD_META))
     b, device = meta[0].shape[0], q.device
     band = (is_causal, bottom_right, left, right)
     key = ("fwd", q.dtype, device.index, b, q.shape[1:], k.shape[1:], v.shape[1:], q.stride(), k.stride(),
@@ -256,13 +289,20 @@ def cudnn_thd_fwd(
 
 def cudnn_thd_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, stats: torch.Tensor,
-    meta: list[torch.Tensor], scale: float, max_q: int, max_k: int, is_causal: bool, bottom_right: bool, left: int,
-    right: int, deterministic: bool,
+    meta: list[torch.Tensor], tokens: list[int], scale: float, max_q: int, max_k: int, is_causal: bool,
+    bottom_right: bool, left: int, right: int, deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, dk, dv), packed, in the io dtype, for contiguous dout/q/k/v/out and the PADDED (B, Hq, max_q, 1) fp32
-    stats; `meta`: ragged_metadata's BWD_META."""
-    assert dout.stride() == out.stride(), "dO must be laid out as O (they share ragged offsets)"
+    """(dq, dk, dv), packed, in the io dtype, for dout/q/k/v/out and the PADDED (B, Hq, max_q, 1) fp32 stats;
+    `meta`: ragged_metadata's BWD_META, its q/o/k/v offsets made with the token strides `tokens` (dO shares O's
+    offsets, so it must be laid out as O; dq/dk/dv are ours, packed)."""
+    _check("cudnn_thd_bwd", q, {"q": q, "out": out, "k": k, "v": v, "dout": dout}, [*tokens, tokens[1]], meta,
+           len(BWD_META))  # fmt: skip
     b, device = meta[0].shape[0], q.device
+    if dout.stride() != out.stride():
+        raise ValueError(f"cudnn_thd_bwd: dout's strides {dout.stride()} differ from out's {out.stride()}")
+    if stats.dtype != torch.float32 or not stats.is_contiguous() or stats.shape != (b, q.shape[1], max_q, 1):
+        raise ValueError(f"cudnn_thd_bwd: stats must be contiguous fp32 {(b, q.shape[1], max_q, 1)}, not "
+                         f"{stats.dtype} {tuple(stats.shape)}")  # fmt: skip
     band = (is_causal, bottom_right, left, right)
     tq, tk = q.shape[0], k.shape[0]
     key = ("bwd", q.dtype, device.index, b, q.shape[1:], k.shape[1:], v.shape[1:], q.stride(), k.stride(),
@@ -283,13 +323,13 @@ _lib.impl("cudnn_thd_bwd", cudnn_thd_bwd, "CUDA")
 
 
 @torch.library.register_fake("cpcompile::cudnn_thd_fwd")
-def _fwd_fake(q, k, v, meta, scale, max_q, max_k, is_causal, bottom_right, left, right):
+def _fwd_fake(q, k, v, meta, tokens, scale, max_q, max_k, is_causal, bottom_right, left, right):
     tq, hq = q.shape[:2]
     return q.new_empty((tq, hq, v.shape[2])), q.new_empty((tq, hq, 1), dtype=torch.float32)
 
 
 @torch.library.register_fake("cpcompile::cudnn_thd_bwd")
-def _bwd_fake(dout, q, k, v, out, stats, meta, scale, max_q, max_k, is_causal, bottom_right, left, right, det):
+def _bwd_fake(dout, q, k, v, out, stats, meta, tokens, scale, max_q, max_k, is_causal, bottom_right, left, right, det):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 

@@ -162,9 +162,10 @@ class CuDNNVarlenKernel:
     ):
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
         hq, dv = q.shape[1], v.shape[2]
-        meta = ragged_metadata(prepared[:4], (q.stride(0), hq * dv, hq), (k.stride(0), v.stride(0)))
+        tokens = [q.stride(0), k.stride(0), v.stride(0)]  # the real layouts: q and k/v may be views
+        meta = ragged_metadata(prepared[:4], (tokens[0], hq * dv, hq), tokens[1:])
         bounds = (max(max_q, 1), max(max_k, 1))
-        out, stats = _ops().cudnn_thd_fwd(q, k, v, meta, scale, *bounds, *band_args(causal, window, square))
+        out, stats = _ops().cudnn_thd_fwd(q, k, v, meta, tokens, scale, *bounds, *band_args(causal, window, square))
         return out, stats.squeeze(-1).t()  # (Tq, Hq, 1) token-major -> (Hq, Tq), a view
 
     def backward(
@@ -180,9 +181,11 @@ class CuDNNVarlenKernel:
         (hq, d), (hk, hv, dv) = q.shape[1:], (k.shape[1], v.shape[1], v.shape[2])
         # q, o, dq | k, v, dk, dv: all packed here (shapes, not stride(0), which is arbitrary at one token)
         meta = ragged_metadata(prepared[:4], (hq * d, hq * dv, hq * d), (hk * d, hv * dv, hk * d, hv * dv))
+        tokens = [hq * d, hq * dv, hk * d, hv * dv]  # q, o, k, v as the offsets assume them (packed)
         deterministic = torch.are_deterministic_algorithms_enabled()
         mask = band_args(causal, window, square)
-        dq, dk, dv = _ops().cudnn_thd_bwd(dout, q, k, v, out, stats, meta, scale, *bounds, *mask, deterministic)
+        args = (meta, tokens, scale, *bounds, *mask, deterministic)
+        dq, dk, dv = _ops().cudnn_thd_bwd(dout, q, k, v, out, stats, *args)
         if window[0] >= 0:  # leading keys of a range may be out of every row's reach: make them exact zeros
             unseen = prepared[6]
             dk, dv = dk.masked_fill(unseen, 0), dv.masked_fill(unseen, 0)
