@@ -95,7 +95,8 @@ def main() -> None:
     buffers = [q, k, v, o, stats, *meta]
     # cpcompile's graph op alone, its metadata made once (as the region's graph makes it, once per call site)
     ours = ragged_metadata(prepared[:4], q_strides, (k.stride(0), v.stride(0)))
-    graph_args = (ours, scale, max(b.max_q, 1), max(b.max_k, 1), *band_args(b.causal, b.window, b.square))
+    tokens = [q.stride(0), k.stride(0), v.stride(0)]
+    graph_args = (ours, tokens, scale, max(b.max_q, 1), max(b.max_k, 1), *band_args(b.causal, b.window, b.square))
 
     stages = {
         "provider fwd": lambda: impl.forward(q, k, v, *call, **kw, prepared=prepared),

@@ -363,7 +363,8 @@ def test_gpu_graph_ops_equal_the_frontend_ops_bit_for_bit():
             columns = cudnn_graph.sequence_columns(kq, kk)
             meta = cudnn_graph.ragged_metadata(columns, (q.stride(0), hq * dv, hq), (k.stride(0), v.stride(0)))
             mask = cudnn_varlen.band_args(causal, window, square)
-            o, s = torch.ops.cpcompile.cudnn_thd_fwd(q, k, v, meta, 0.125, *bounds, *mask)
+            tokens = [q.stride(0), k.stride(0), v.stride(0)]
+            o, s = torch.ops.cpcompile.cudnn_thd_fwd(q, k, v, meta, tokens, 0.125, *bounds, *mask)
             stats = torch.full((4, hq, bounds[0], 1), 0.0, device=CUDA)
             for i in range(4):
                 a, z = int(kq[i]), int(kq[i + 1])
@@ -373,7 +374,9 @@ def test_gpu_graph_ops_equal_the_frontend_ops_bit_for_bit():
                                             max_seqlen_q=bounds[0], max_seqlen_kv=bounds[1], **band)  # fmt: skip
             bmeta = cudnn_graph.ragged_metadata(columns, (hq * d, hq * dv, hq * d), (hkv * d, hkv * dv, hkv * d,
                                                                                       hkv * dv))  # fmt: skip
-            got = torch.ops.cpcompile.cudnn_thd_bwd(do, q, kc, vc, want_o, stats, bmeta, 0.125, *bounds, *mask, False)
+            tokens = [hq * d, hq * dv, hkv * d, hkv * dv]
+            got = torch.ops.cpcompile.cudnn_thd_bwd(do, q, kc, vc, want_o, stats, bmeta, tokens, 0.125, *bounds, *mask,
+                                                    False)  # fmt: skip
             # compared where the contract defines them: rows of sequences with keys; keys of sequences with rows
             # that some row sees (both raw ops leave the rest as the kernel leaves it; the provider masks it)
             ranges = torch.stack((kq[:-1], kq[1:], kk[:-1], kk[1:])).long()
