@@ -32,17 +32,19 @@ BWD_META = ("len_q", "len_k", "q", "o", "dq", "k", "v", "dk", "dv")
 """The backward's metadata, as FWD_META (dO shares O's offsets: the provider hands both contiguous)."""
 
 
-class _Uid(IntEnum):
+class Uid(IntEnum):
+    """The graphs' tensor uids: what `execute` binds each buffer to (tests read the bindings by them)."""
+
     Q, K, V, O, STATS, DO, DQ, DK, DV = 1, 2, 3, 4, 5, 6, 7, 8, 9
     LEN_Q, LEN_K = 10, 11
     OFF_Q, OFF_K, OFF_V, OFF_O, OFF_STATS, OFF_DQ, OFF_DK, OFF_DV = 12, 13, 14, 15, 16, 17, 18, 19
 
 
-_FWD_UIDS = (_Uid.Q, _Uid.K, _Uid.V, _Uid.O, _Uid.STATS, _Uid.LEN_Q, _Uid.LEN_K, _Uid.OFF_Q, _Uid.OFF_O,
-             _Uid.OFF_STATS, _Uid.OFF_K, _Uid.OFF_V)  # fmt: skip
-_BWD_UIDS = (_Uid.Q, _Uid.K, _Uid.V, _Uid.O, _Uid.DO, _Uid.STATS, _Uid.DQ, _Uid.DK, _Uid.DV,
-             _Uid.LEN_Q, _Uid.LEN_K, _Uid.OFF_Q, _Uid.OFF_O, _Uid.OFF_DQ, _Uid.OFF_K, _Uid.OFF_V, _Uid.OFF_DK,
-             _Uid.OFF_DV)  # fmt: skip
+_FWD_UIDS = (Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.LEN_Q, Uid.LEN_K, Uid.OFF_Q, Uid.OFF_O,
+             Uid.OFF_STATS, Uid.OFF_K, Uid.OFF_V)  # fmt: skip
+_BWD_UIDS = (Uid.Q, Uid.K, Uid.V, Uid.O, Uid.DO, Uid.STATS, Uid.DQ, Uid.DK, Uid.DV,
+             Uid.LEN_Q, Uid.LEN_K, Uid.OFF_Q, Uid.OFF_O, Uid.OFF_DQ, Uid.OFF_K, Uid.OFF_V, Uid.OFF_DK,
+             Uid.OFF_DV)  # fmt: skip
 
 
 def sequence_columns(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[torch.Tensor]:
@@ -167,17 +169,17 @@ def _build_fwd(handle, q, k, v, b: int, s_q: int, s_k: int, scale: float, band: 
 
     g, io = _new_graph(handle, q.dtype)
     hq, hk, hv, d, dv = q.shape[1], k.shape[1], v.shape[1], q.shape[2], v.shape[2]
-    qt = g.tensor(name="q", dim=[b, hq, s_q, d], stride=_desc(q, s_q), data_type=io, uid=_Uid.Q)
-    kt = g.tensor(name="k", dim=[b, hk, s_k, d], stride=_desc(k, s_k), data_type=io, uid=_Uid.K)
-    vt = g.tensor(name="v", dim=[b, hv, s_k, dv], stride=_desc(v, s_k), data_type=io, uid=_Uid.V)
+    qt = g.tensor(name="q", dim=[b, hq, s_q, d], stride=_desc(q, s_q), data_type=io, uid=Uid.Q)
+    kt = g.tensor(name="k", dim=[b, hk, s_k, d], stride=_desc(k, s_k), data_type=io, uid=Uid.K)
+    vt = g.tensor(name="v", dim=[b, hv, s_k, dv], stride=_desc(v, s_k), data_type=io, uid=Uid.V)
     len_q, len_k, off_q, off_o, off_stats, off_k, off_v = _columns(g, b, _FWD_UIDS[5:])
     for t, off in ((qt, off_q), (kt, off_k), (vt, off_v)):
         t.set_ragged_offset(off)
     o, stats = g.sdpa(name="sdpa_fwd", q=qt, k=kt, v=vt, generate_stats=True, attn_scale=scale,
                       use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_k, **band)  # fmt: skip
-    o.set_uid(_Uid.O).set_output(True).set_dim([b, hq, s_q, dv]).set_stride(_packed(hq, s_q, dv)).set_data_type(io)
+    o.set_uid(Uid.O).set_output(True).set_dim([b, hq, s_q, dv]).set_stride(_packed(hq, s_q, dv)).set_data_type(io)
     o.set_ragged_offset(off_o)
-    stats.set_uid(_Uid.STATS).set_output(True).set_dim([b, hq, s_q, 1]).set_stride([s_q * hq, 1, hq, 1])
+    stats.set_uid(Uid.STATS).set_output(True).set_dim([b, hq, s_q, 1]).set_stride([s_q * hq, 1, hq, 1])
     stats.set_data_type(cudnn.data_type.FLOAT).set_ragged_offset(off_stats)
     return _finish(g, _FWD_UIDS)
 
@@ -187,14 +189,14 @@ def _build_bwd(handle, q, k, v, o, tq, tk, b, s_q, s_k, scale, band, determinist
 
     g, io = _new_graph(handle, q.dtype)
     hq, hk, hv, d, dv = q.shape[1], k.shape[1], v.shape[1], q.shape[2], v.shape[2]
-    qt = g.tensor(name="q", dim=[b, hq, s_q, d], stride=_desc(q, s_q), data_type=io, uid=_Uid.Q)
-    kt = g.tensor(name="k", dim=[b, hk, s_k, d], stride=_desc(k, s_k), data_type=io, uid=_Uid.K)
-    vt = g.tensor(name="v", dim=[b, hv, s_k, dv], stride=_desc(v, s_k), data_type=io, uid=_Uid.V)
-    ot = g.tensor(name="o", dim=[b, hq, s_q, dv], stride=_desc(o, s_q), data_type=io, uid=_Uid.O)
-    dot = g.tensor(name="dO", dim=[b, hq, s_q, dv], stride=_desc(o, s_q), data_type=io, uid=_Uid.DO)
+    qt = g.tensor(name="q", dim=[b, hq, s_q, d], stride=_desc(q, s_q), data_type=io, uid=Uid.Q)
+    kt = g.tensor(name="k", dim=[b, hk, s_k, d], stride=_desc(k, s_k), data_type=io, uid=Uid.K)
+    vt = g.tensor(name="v", dim=[b, hv, s_k, dv], stride=_desc(v, s_k), data_type=io, uid=Uid.V)
+    ot = g.tensor(name="o", dim=[b, hq, s_q, dv], stride=_desc(o, s_q), data_type=io, uid=Uid.O)
+    dot = g.tensor(name="dO", dim=[b, hq, s_q, dv], stride=_desc(o, s_q), data_type=io, uid=Uid.DO)
     # the stats stay PADDED (B, Hq, S_q, 1): the backend takes no ragged LSE in a THD backward
     st = g.tensor(name="stats", dim=[b, hq, s_q, 1], stride=[hq * s_q, s_q, 1, 1], data_type=cudnn.data_type.FLOAT,
-                  uid=_Uid.STATS)  # fmt: skip
+                  uid=Uid.STATS)  # fmt: skip
     len_q, len_k, off_q, off_o, off_dq, off_k, off_v, off_dk, off_dv = _columns(g, b, _BWD_UIDS[9:])
     for t, off in ((qt, off_q), (kt, off_k), (vt, off_v), (ot, off_o), (dot, off_o)):
         t.set_ragged_offset(off)
@@ -203,8 +205,8 @@ def _build_bwd(handle, q, k, v, o, tq, tk, b, s_q, s_k, scale, band, determinist
         seq_len_q=len_q, seq_len_kv=len_k, max_total_seq_len_q=round64(tq), max_total_seq_len_kv=round64(tk),
         use_deterministic_algorithm=deterministic, **band,
     )  # fmt: skip
-    for t, uid, h, s, dd, off in ((dq, _Uid.DQ, hq, s_q, d, off_dq), (dk, _Uid.DK, hk, s_k, d, off_dk),
-                                   (dv_, _Uid.DV, hv, s_k, dv, off_dv)):  # fmt: skip
+    for t, uid, h, s, dd, off in ((dq, Uid.DQ, hq, s_q, d, off_dq), (dk, Uid.DK, hk, s_k, d, off_dk),
+                                   (dv_, Uid.DV, hv, s_k, dv, off_dv)):  # fmt: skip
         t.set_uid(uid).set_output(True).set_dim([b, h, s, dd]).set_stride(_packed(h, s, dd)).set_data_type(io)
         t.set_ragged_offset(off)
     return _finish(g, _BWD_UIDS)

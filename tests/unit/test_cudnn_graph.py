@@ -106,7 +106,7 @@ def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(g
     cu_q, cu_k = prepared[2].view(-1), prepared[3].view(-1)
     out, lse = impl.forward(q, k, v, RANGES, 7, 7, True, 0.1, tiled=True, prepared=prepared)
     fwd = graphs.graphs[-1]
-    stats = fwd.bound[int(cg._Uid.STATS)]
+    stats = fwd.bound[int(cg.Uid.STATS)]
     fake_cudnn.check_bindings(fwd, dict(q=q, k=k, v=v, o=out, stats=stats), cu_q, cu_k)
     dout = torch.randn_like(out)
     dq, dk, dv = impl.backward(dout, q, k, v, out, lse.float(), RANGES, 7, 7, True, 0.1, tiled=True, prepared=prepared)
