@@ -234,10 +234,14 @@ def _execute(g, ws: int, uids, inputs: list[torch.Tensor], outputs: list[torch.T
 
 
 def _check(op: str, q: torch.Tensor, named: dict[str, torch.Tensor], tokens: list[int], meta, n_meta: int) -> None:
-    """The checks of the frontend op that matter here, on the host, cheaply: one io dtype and device, dense last
-    dims, the metadata's count, and each ragged input's token stride equal to the one its offsets were made with
+    """The checks of the frontend op that matter here, on the host, cheaply: no input that wants a gradient (the ops
+    have no autograd kernel, and torch would only warn), one io dtype and device, dense last dims, the metadata's
+    count, and each ragged input's token stride equal to the one its offsets were made with
     (`tokens`, named's order): a layout pass that restrided an input between the trace and the call would
     otherwise shift every sequence's base."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in named.values()):
+        raise RuntimeError(f"{op} has no derivative: it runs under the region's autograd.Function (cudnn_varlen's "
+                           "forward and backward), with grad off")  # fmt: skip
     if len(meta) != n_meta:
         raise ValueError(f"{op}: {len(meta)} metadata columns, the graph reads {n_meta} (cudnn_graph.ragged_metadata)")
     for (name, t), token in zip(named.items(), tokens):

@@ -133,3 +133,7 @@ def test_new_documents_reuse_the_graphs_and_a_restrided_input_is_refused(graphs)
         cg.cudnn_thd_fwd(q.contiguous(), k, v, meta, tokens, 0.1, 7, 7, *mask)
     with pytest.raises(ValueError, match="6 metadata columns, the graph reads 7"):
         cg.cudnn_thd_fwd(q, k, v, meta[:6], tokens, 0.1, 7, 7, *mask)
+    with pytest.raises(RuntimeError, match="cudnn_thd_fwd has no derivative"):  # torch alone would only warn
+        cg.cudnn_thd_fwd(q.detach().requires_grad_(), k, v, meta, tokens, 0.1, 7, 7, *mask)
+    with torch.no_grad():  # as under the region's autograd.Function
+        cg.cudnn_thd_fwd(q.detach().requires_grad_(), k, v, meta, tokens, 0.1, 7, 7, *mask)
