@@ -305,13 +305,6 @@ def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str, compiled: bool = Fals
 
     # compiled: the region's own ops under Inductor (its packs and unpacks become Inductor kernels, as inside a
     # model's graph; a model's graph would also fuse them into the neighbouring RoPE / projection kernels)
-    if compiled and kernel == "cudnn_varlen":  # Dynamo traces into the provider, whose op lookup imports the
-        # frontend's module each call (a graph break under fullgraph); the pass's regions are traced by AOT,
-        # which runs it as Python: hand Dynamo the namespace once it is imported
-        from cpcompile.kernels import cudnn_varlen
-
-        ops = cudnn_varlen._ops()
-        cudnn_varlen._ops = lambda: ops
     attend = torch.compile(region, fullgraph=True, dynamic=False) if compiled else region
 
     def run():

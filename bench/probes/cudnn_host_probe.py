@@ -5,7 +5,9 @@ executed from prebuilt variant packs and workspace"), this splits the forward's 
 stages, each timed alone: CPU microseconds a call, `--calls` calls queued behind a long GPU sleep (so no call
 waits for the GPU), median of `--reps`.
 
-  provider        cpcompile's cudnn_varlen.forward / .backward, prepared metadata given (what the executor calls)
+  provider        cpcompile's cudnn_varlen.forward / .backward, prepared metadata given (what the executor calls;
+                  eager, so its per-call offset multiplies run as ops, which a compiled region fuses)
+  graph op        cpcompile's cudnn_thd_fwd alone (kernels/cudnn_graph), its metadata made once: the compiled call
   op              torch.ops.cudnn.sdpa_fwd / sdpa_bwd (the dispatcher and the frontend's Python)
   impl            the frontend's _sdpa_fwd_impl called directly (no dispatcher)
   handle          its _get_handle (a dict lookup and cudnn.set_stream, every call)
@@ -36,7 +38,9 @@ from bench.common import HOST_SLEEP_CYCLES
 from cpcompile.comms.all_gather.varlen import attend_gathered
 from cpcompile.executor import decode_varlen
 from cpcompile.kernels import get_varlen_kernel
-from cpcompile.kernels.cudnn_varlen import band
+from cpcompile.kernels.cudnn_graph import ragged_metadata
+from cpcompile.kernels.cudnn_varlen import band, band_args
+from cpcompile.kernels.varlen_ranges import cu_seqlens
 
 
 def host_us(fn, calls: int, reps: int) -> float:
@@ -72,7 +76,8 @@ def main() -> None:
     prepared = impl.prepare(r, q.shape[0], k.shape[0], b.max_q, b.window, square=b.square)
     call = (r, b.max_q, b.max_k, b.causal, scale)
     out, lse = impl.forward(q, k, v, *call, **kw, prepared=prepared)
-    op_args = dict(cu_seqlens_q=prepared[0], cu_seqlens_kv=prepared[1], max_seqlen_q=max(b.max_q, 1),
+    cu_q, cu_k = cu_seqlens(r, kw.get("tiled", False))  # the frontend op's own inputs
+    op_args = dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=max(b.max_q, 1),
                    max_seqlen_kv=max(b.max_k, 1), **band(b.causal, b.window, b.square))  # fmt: skip
     dev = q.device
 
@@ -86,13 +91,17 @@ def main() -> None:
     stats = torch.empty(t_q, h_q, 1, dtype=torch.float32, device=dev)
     workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=dev)
     q_strides = (q.stride(0), h_q * d_v, h_q)
-    cu_q, cu_k = op_args["cu_seqlens_q"], op_args["cu_seqlens_kv"]
     meta = varlen_metadata.prepare_varlen_metadata(cu_q, cu_k, q_strides, (k.stride(0), v.stride(0)))
     buffers = [q, k, v, o, stats, *meta]
+    # cpcompile's graph op alone, its metadata made once (as the region's graph makes it, once per call site)
+    ours = ragged_metadata(prepared[:4], q_strides, (k.stride(0), v.stride(0)))
+    tokens = [q.stride(0), k.stride(0), v.stride(0)]
+    graph_args = (ours, tokens, scale, max(b.max_q, 1), max(b.max_k, 1), *band_args(b.causal, b.window, b.square))
 
     stages = {
         "provider fwd": lambda: impl.forward(q, k, v, *call, **kw, prepared=prepared),
         "provider bwd": lambda: impl.backward(dout, q, k, v, out, lse, *call, **kw, prepared=prepared),
+        "graph op fwd": lambda: torch.ops.cpcompile.cudnn_thd_fwd(q, k, v, *graph_args),
         "op fwd": lambda: torch.ops.cudnn.sdpa_fwd(q, k, v, scale, return_lse=True, **op_args),
         "impl fwd": lambda: torch_op._sdpa_fwd_impl(q, k, v, scale, return_lse=True, **op_args),
         "handle": lambda: torch_op._get_handle(dev),

@@ -2,7 +2,7 @@
 
 `attend_varlen(q, ks, vs, ranges, blocks, scale, kernel, meta)` / `attend_varlen_backward`, what the regions call,
 run one body two ways, as executor/dense.py does: recorded into the region's graph for a provider that says
-`traceable` (all three today: aten's FA2 varlen, cudnn-frontend's ops, which have fake kernels and stay one node
+`traceable` (all three today: aten's FA2 varlen, cudnn_graph's cuDNN ops, which have fake kernels and stay one node
 each, and the CPU reference), else inside the opaque custom op `cpcompile::attend_varlen_blocks(_backward)`.
 Arguments: q (Tq, Hq, D) packed
 tokens, sources ks/vs (T_src, Hkv, D), one (4, B) int64 ranges tensor per block (see kernels.base), nine ints

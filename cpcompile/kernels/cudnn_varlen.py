@@ -1,7 +1,9 @@
-"""CUDA varlen provider: cuDNN's packed (THD) attention through cudnn-frontend's torch ops.
+"""CUDA varlen provider: cuDNN's packed (THD) attention, the graphs of cudnn-frontend's torch ops run by our own.
 
-`torch.ops.cudnn.sdpa_fwd` / `sdpa_bwd` (registered by `cudnn.sdpa.fwd.torch_op`, nvidia-cudnn-frontend >= 1.32,
-which needs apache-tvm-ffi: `pip install 'cpcompile[cudnn]'`) take packed (T, H, D) q/k/v with cu_seqlens, GQA,
+cudnn-frontend's `torch.ops.cudnn.sdpa_fwd` / `sdpa_bwd` (`cudnn.sdpa.fwd.torch_op`, nvidia-cudnn-frontend >= 1.32,
+which needs apache-tvm-ffi: `pip install 'cpcompile[cudnn]'`) define the contract read here; the calls go to
+kernels/cudnn_graph.py's ops, which build the same graphs once a key and skip the frontend op's per-call Python.
+The graphs take packed (T, H, D) q/k/v with cu_seqlens, GQA,
 d_qk != d_v (MLA) and strided K/V views. Measured on an H200 over a whole packed sequence at 1.66-1.78x aten's
 FA2 varlen fwd+bwd with the top-left band, 0.95-1.07x with the bottom-right one (docs/benchmarks.md, "cuDNN
 THD"). Optional: nothing imports
@@ -19,11 +21,12 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
   call: split by shape into two calls measured slower in most rows (docs/benchmarks.md, "cuDNN THD").
 - LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
   takes it PADDED (sequences, Hq, max_q, 1): `padded_at` scatters the final lse to its `lse_slots`.
-- prepared metadata: cu_seqlens, the lse slots and a window's unseen keys depend on the ranges alone;
+- prepared metadata: the sequences' length and prefix columns (cudnn_graph.sequence_columns), the lse slots and
+  a window's unseen keys depend on the ranges alone;
   `prepare` computes them as device ops, which the regions run once per batch in their graph (Inductor), so a
   ring step's kernel call does only the kernel's own work on the host.
-- graphs: the op caches one graph per shape (sequence count, max lengths, strides; backward also the packed
-  totals rounded to 64). All are static per block (the ranges' length, the block's bounds), so new documents
+- graphs: cudnn_graph keeps one graph per key (sequence count, max lengths, strides, mask; backward also the
+  packed totals rounded to 64). All are static per block (the ranges' length, the block's bounds), so new documents
   never build a graph (checked on the GPU by tests/gpu/test_cudnn_varlen.py).
 - unseen keys: the contract wants dK/dV = 0 for keys of a range that no row sees. Without a left window every
   key of a range with rows is seen (bottom-right: the last row sees them all); with one, the leading keys of a
@@ -39,8 +42,10 @@ import importlib
 
 import torch
 
+from . import cudnn_graph
 from ._cuda import cuda_half_reason, head_dim_reason, missing_package
 from .base import range_ids
+from .cudnn_graph import ragged_metadata, sequence_columns
 from .varlen_ranges import cu_seqlens
 
 _OP_MODULE = "cudnn.sdpa.fwd.torch_op"
@@ -61,9 +66,9 @@ def _import_problem() -> str | None:
 
 
 def _ops():
-    """The op namespace (imports the frontend's torch ops on first use; tests substitute a CPU stand-in)."""
-    importlib.import_module(_OP_MODULE)
-    return torch.ops.cudnn
+    """The ops a call runs (kernels/cudnn_graph: our graphs, metadata made in the region's graph); tests substitute
+    a CPU stand-in of their contract."""
+    return cudnn_graph.ops()
 
 
 def band(causal: bool, window: tuple[int, int], square: bool = False) -> dict:
@@ -78,6 +83,13 @@ def band(causal: bool, window: tuple[int, int], square: bool = False) -> dict:
     if kw and not square:  # a band on rectangular ranges: anchor its diagonal at each bottom-right corner
         kw["causal_bottom_right"] = True
     return kw
+
+
+def band_args(causal: bool, window: tuple[int, int], square: bool) -> tuple[bool, bool, int, int]:
+    """`band`'s keywords as the graph ops take them: (is_causal, bottom_right, window_left, window_right)."""
+    kw = band(causal, window, square)
+    return (kw.get("is_causal", False), kw.get("causal_bottom_right", False), kw.get("window_left", -1),
+            kw.get("window_right", -1))  # fmt: skip
 
 
 def lse_slots(ranges: torch.Tensor, tq: int, sequences: int, max_q: int, tiled: bool) -> list[torch.Tensor]:
@@ -133,27 +145,27 @@ class CuDNNVarlenKernel:
 
     def prepared_count(self, window: tuple[int, int] = (-1, -1)) -> int:
         """How many tensors `prepare` returns for a block with this window (static)."""
-        return 5 if window[0] >= 0 else 4
+        return 7 if window[0] >= 0 else 6
 
     def prepare(self, ranges, tq, tk, max_q, window=(-1, -1), tiled=False, square=False) -> list[torch.Tensor]:
-        """cu_seqlens q and k (int32), the backward's `lse_slots`, and with a left window the keys no row sees:
-        device ops on the ranges alone, so a region computes them once per batch, in its graph."""
+        """The sequences' length and prefix columns (cudnn_graph.sequence_columns, from cu_seqlens), the
+        backward's `lse_slots`, and with a left window the keys no row sees: device ops on the ranges alone, so a
+        region computes them once per batch, in its graph."""
         cu_q, cu_k = cu_seqlens(ranges, tiled)
-        prepared = [cu_q, cu_k, *lse_slots(ranges, tq, cu_q.numel() - 1, max(max_q, 1), tiled)]
+        prepared = [*sequence_columns(cu_q, cu_k), *lse_slots(ranges, tq, cu_q.numel() - 1, max(max_q, 1), tiled)]
         if window[0] >= 0:
             prepared.append(unseen_keys(ranges, tk, window[0])[:, None, None])  # broadcast over heads, dims
         return prepared
-
-    def _args(self, prepared, max_q, max_k, causal, window, square) -> dict:
-        bounds = dict(max_seqlen_q=max(max_q, 1), max_seqlen_kv=max(max_k, 1))
-        return dict(cu_seqlens_q=prepared[0], cu_seqlens_kv=prepared[1], **bounds, **band(causal, window, square))
 
     def forward(
         self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False, prepared=None
     ):
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
-        args = self._args(prepared, max_q, max_k, causal, window, square)
-        out, stats = _ops().sdpa_fwd(q, k, v, scale, return_lse=True, **args)
+        hq, dv = q.shape[1], v.shape[2]
+        tokens = [q.stride(0), k.stride(0), v.stride(0)]  # the real layouts: q and k/v may be views
+        meta = ragged_metadata(prepared[:4], (tokens[0], hq * dv, hq), tokens[1:])
+        bounds = (max(max_q, 1), max(max_k, 1))
+        out, stats = _ops().cudnn_thd_fwd(q, k, v, meta, tokens, scale, *bounds, *band_args(causal, window, square))
         return out, stats.squeeze(-1).t()  # (Tq, Hq, 1) token-major -> (Hq, Tq), a view
 
     def backward(
@@ -164,11 +176,17 @@ class CuDNNVarlenKernel:
         # strided q/k/v views while its forward was right on them; a copy is cheap next to the attention
         dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
-        args = self._args(prepared, max_q, max_k, causal, window, square)
-        stats = padded_at(lse, prepared[2:4], prepared[0].numel() - 1, args["max_seqlen_q"])
+        bounds = (max(max_q, 1), max(max_k, 1))
+        stats = padded_at(lse, prepared[4:6], prepared[0].shape[0], bounds[0])
+        (hq, d), (hk, hv, dv) = q.shape[1:], (k.shape[1], v.shape[1], v.shape[2])
+        # q, o, dq | k, v, dk, dv: all packed here (shapes, not stride(0), which is arbitrary at one token)
+        meta = ragged_metadata(prepared[:4], (hq * d, hq * dv, hq * d), (hk * d, hv * dv, hk * d, hv * dv))
+        tokens = [hq * d, hq * dv, hk * d, hv * dv]  # q, o, k, v as the offsets assume them (packed)
         deterministic = torch.are_deterministic_algorithms_enabled()
-        dq, dk, dv = _ops().sdpa_bwd(dout, q, k, v, out, stats, scale, is_deterministic=deterministic, **args)
+        mask = band_args(causal, window, square)
+        args = (meta, tokens, scale, *bounds, *mask, deterministic)
+        dq, dk, dv = _ops().cudnn_thd_bwd(dout, q, k, v, out, stats, *args)
         if window[0] >= 0:  # leading keys of a range may be out of every row's reach: make them exact zeros
-            unseen = prepared[4]
+            unseen = prepared[6]
             dk, dv = dk.masked_fill(unseen, 0), dv.masked_fill(unseen, 0)
         return dq, dk, dv

@@ -243,6 +243,7 @@ def token_reach(max_doc: int | None, side: int) -> int | None:
     """How many tokens a row's keys can lie away from it on one side, at most (None: unbounded): within the
     window's side (-1: unbounded) and within its document, max_doc - 1 (varlen_attn's max_q/max_k, which the
     run-time guard checks). The all-gather key slice and the ring's skipped steps both follow from it."""
+    assert max_doc is None or max_doc >= 1, f"max_doc={max_doc}: the planner keeps only positive bounds"
     bounds = [b for b in (None if max_doc is None else max_doc - 1, None if side < 0 else side) if b is not None]
     return min(bounds) if bounds else None
 

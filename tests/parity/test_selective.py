@@ -165,8 +165,11 @@ def _sweep(rank, world_all, world):
     results |= _run(group, world, (-1, 0), torch.float64, short=False)
     results |= _run(group, world, (-1, 0), torch.float64, short=True, strategy="thd")
     results |= _run(group, world, (-1, -1), torch.float64, short=False, strategy="thd")
+    results |= _run(group, world, (-1, -1), torch.float64, short=True, strategy="thd")  # the key slice both ways
     if world == 2:
         results |= _run(group, world, (3, 0), torch.float64, short=True)
+        # thd's key slice under a window narrower than max_doc: held tokens before it fold to nothing
+        results |= _run(group, world, (3, 0), torch.float64, short=False, strategy="thd")
         results |= _run(group, world, (-1, 0), torch.float32, short=True)
         results |= _mla_and_lse(group, world)
         results |= _too_small(group, world)

@@ -93,3 +93,43 @@ class CuDNNStandIn:
         dq = torch.where(live[:, None, None], dq, float("nan"))
         dk, dv = (torch.where(seen[:, None, None], g, float("nan")) for g in (dk, dv))
         return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+
+    # cpcompile's graph ops (kernels/cudnn_graph): the same contract with the ragged metadata made by the caller.
+    # Each offset column must be its tensor's cu_seqlens times that tensor's token stride, and the lengths the
+    # prefix differences: the stand-in recovers cu_seqlens from them and checks every column, so wrong metadata
+    # (a stride, an order, a dtype) fails the provider's tests here as it would give wrong results on the GPU.
+
+    @staticmethod
+    def _cu(meta, tokens):
+        """cu_seqlens (q, k) from FWD_META / BWD_META-ordered columns; `tokens`: each offset column's token stride,
+        q side first (its count: len(tokens) - k_count), then k side."""
+        (len_q, len_k, *offs), (nq, strides) = meta, tokens
+        b = len_q.shape[0]
+        assert len_q.dtype == len_k.dtype == torch.int32 and len_q.shape == len_k.shape == (b, 1, 1, 1)
+        assert all(o.dtype == torch.int64 and o.shape == (b + 1, 1, 1, 1) and o.is_contiguous() for o in offs)
+        assert len(offs) == len(strides) and all(n.is_contiguous() for n in (len_q, len_k))
+        cu = [offs[0].view(-1) // strides[0], offs[nq].view(-1) // strides[nq]]
+        for i, (o, s) in enumerate(zip(offs, strides)):
+            assert torch.equal(o.view(-1), cu[i >= nq] * s), f"offset column {i}: not cu_seqlens x token stride {s}"
+        for c, n in zip(cu, (len_q, len_k)):
+            assert torch.equal(n.view(-1), (c[1:] - c[:-1]).int()), "length columns: not the prefix differences"
+        return cu[0].int(), cu[1].int()
+
+    def cudnn_thd_fwd(self, q, k, v, meta, tokens, scale, max_q, max_k, is_causal, bottom_right, left, right):
+        assert list(tokens) == [t.stride(0) for t in (q, k, v)], "tokens: the inputs' real token strides"
+        tokens = (3, (q.stride(0), q.shape[1] * v.shape[2], q.shape[1], k.stride(0), v.stride(0)))
+        cu_q, cu_k = self._cu(meta, tokens)
+        return self.sdpa_fwd(q, k, v, scale, is_causal=is_causal, causal_bottom_right=bottom_right,
+                             window_left=left, window_right=right, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
+                             max_seqlen_q=max_q, max_seqlen_kv=max_k)  # fmt: skip
+
+    def cudnn_thd_bwd(self, dout, q, k, v, out, stats, meta, tokens, scale, max_q, max_k, is_causal, bottom_right,
+                      left, right, deterministic):  # fmt: skip
+        assert all(t.is_contiguous() for t in (dout, q, k, v, out)), "the graph op's backward takes packed tensors"
+        assert all(t.shape[0] < 2 or t.stride(0) == n for t, n in zip((q, out, k, v), tokens)), "tokens: q, o, k, v"
+        hq, hk, hv, d, dv = q.shape[1], k.shape[1], v.shape[1], q.shape[2], v.shape[2]
+        tokens = (3, (hq * d, hq * dv, hq * d, hk * d, hv * dv, hk * d, hv * dv))
+        cu_q, cu_k = self._cu(meta, tokens)
+        return self.sdpa_bwd(dout, q, k, v, out, stats, scale, is_causal=is_causal, causal_bottom_right=bottom_right,
+                             window_left=left, window_right=right, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
+                             max_seqlen_q=max_q, max_seqlen_kv=max_k, is_deterministic=deterministic)  # fmt: skip

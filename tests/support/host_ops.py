@@ -92,11 +92,12 @@ class HostOps(TorchDispatchMode):
 
 @contextlib.contextmanager
 def cudnn_stand_in(mode: HostOps):
-    """cudnn_varlen's op replaced by the CPU stand-in, each of its calls one opaque op of `mode`."""
+    """cudnn_varlen's ops replaced by the CPU stand-in, each of its calls one opaque op of `mode` (the stand-in's
+    checks of the metadata columns are the test's work, not the region's)."""
     from cpcompile.kernels import cudnn_varlen as cv
 
     ops = CuDNNStandIn()
-    ops.sdpa_fwd, ops.sdpa_bwd = mode.opaque(ops.sdpa_fwd), mode.opaque(ops.sdpa_bwd)
+    ops.cudnn_thd_fwd, ops.cudnn_thd_bwd = mode.opaque(ops.cudnn_thd_fwd), mode.opaque(ops.cudnn_thd_bwd)
     real = cv._ops
     cv._ops = lambda: ops
     try:

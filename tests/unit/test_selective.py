@@ -11,9 +11,11 @@ from cpcompile.comms.selective.schedule import capacity, global_key_buffer, held
 from cpcompile.cost import SiteShape, choose
 from cpcompile.families.varlen.costing import PACKED
 from cpcompile.layouts import get_packed_layout
+from cpcompile.layouts.block import NO_WINDOW
 from cpcompile.layouts.thd_balanced import make_plan
 
 LAYOUT = get_packed_layout("thd_balanced")
+THD = get_packed_layout("thd")
 
 
 def _lengths(rng: random.Random, total: int, local: int) -> list[int]:
@@ -82,6 +84,24 @@ def test_slots_deliver_exactly_what_each_rank_reads(seed, strategy):
                     assert {(int(fold[0, h]), h) for h in range(size) if fold[0, h] >= 0} == {
                         (g, int(index[g])) for g in mask
                     }
+                    # the region's slice of it: the keys the rank's rows can reach (the longest document bounds
+                    # how far back, causal rows stop at the rank's end), every read key inside it
+                    # the region's slice of it: the keys the rank's rows can reach (the longest document bounds
+                    # how far back, and a causal window's left side; causal rows stop at the rank's end), every
+                    # key a row reads inside it; held tokens before it (a window) fold to nothing
+                    for left in (-1, 1, 3) if causal else (-1,):
+                        attn = (left, 0) if left >= 0 else NO_WINDOW
+                        key_slice = THD.key_window(local, cp, r, causal, max(lengths), attn) or (0, cp * local)
+                        start, stop = key_slice
+                        seen = {
+                            k for k in reads[r] | set(pos[r]) if left < 0 or any(0 <= t - k <= left for t in pos[r])
+                        }
+                        assert all(start <= g < stop for g in seen)
+                        index_w, fold_w = global_key_buffer(sels[r], size, key_slice)
+                        assert torch.equal(index_w, index[start:stop])
+                        assert {(int(fold_w[0, h]), h) for h in range(size) if fold_w[0, h] >= 0} == {
+                            (g - start, int(index[g])) for g in mask if start <= g < stop
+                        }
                 for i, p in enumerate(x for x in range(cp) if x != r):  # p returns the gradient of r's tokens
                     for j, g in enumerate(pos[r]):
                         slot = int(sels[r].back[i, j])

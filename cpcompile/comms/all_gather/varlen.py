@@ -162,6 +162,7 @@ def all_gather_varlen_attention(
     # zero-fills and reduces (GQA) dK/dV over that slice, not over all T keys
     blocks, read = lay.kernel_blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
     key_index, key_fold = lay.key_buffer(cu_seqlens, local, world, rank, causal) or (None, None)
+    assert read is None or key_index is None, f"layout {layout!r}: a key slice must be of the gathered buffer"
     keys_len = world * local if key_index is None else key_index.shape[0]
     spec, tensors = gathered_blocks(blocks, local, keys_len if read is None else read[1] - read[0], kernel)
     args = (key_index, key_fold, read, spec, scale, kernel, group_name, regather)

@@ -147,12 +147,19 @@ def exchange(positions: torch.Tensor, read: torch.Tensor, local_len: int, cp: in
     return Selection(send_index, held_position, held_mask, back, need, (need <= cap).all())
 
 
-def global_key_buffer(sel: Selection, held: int) -> tuple[torch.Tensor, torch.Tensor]:
+def global_key_buffer(
+    sel: Selection, held: int, key_slice: tuple[int, int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """thd's key buffer over the held buffer: T tokens in GLOBAL order (the all-gather's own key buffer, so thd's
     blocks read it unchanged), copied through `held_position`; positions the rank does not hold are in no range
-    (any token fills them). (index, fold) as PackedLayout.key_buffer, fold (1, held)."""
-    total = sel.held_position.numel()
-    g = torch.arange(total, device=sel.held_position.device)
-    target = torch.where(sel.held_mask, sel.held_position, held + g)  # all distinct
-    fold = torch.full((held + total,), -1, dtype=torch.int64, device=g.device).index_put((target,), g)
-    return sel.held_position, fold[:held].view(1, held)
+    (any token fills them). `key_slice` (layouts' key_window): only global positions [start, stop), the keys the
+    rank's rows can reach, at key-buffer positions 0.. (the blocks narrowed to it, PackedLayout.kernel_blocks);
+    held tokens outside it are read by no row and fold to nothing. (index, fold) as PackedLayout.key_buffer,
+    fold (1, held)."""
+    start, stop = (0, sel.held_position.numel()) if key_slice is None else key_slice
+    g = torch.arange(start, stop, device=sel.held_position.device)
+    position, mask = sel.held_position[start:stop], sel.held_mask[start:stop]
+    target = torch.where(mask, position, held + g - start)  # all distinct
+    fold = torch.full((held + stop - start,), -1, dtype=torch.int64, device=g.device)
+    fold = fold.index_put((target,), g - start)
+    return position, fold[:held].view(1, held)

@@ -94,6 +94,9 @@ def selective_varlen_attention(
     lay, local = get_packed_layout(layout), q.shape[0]
     cap = capacity(local, max_doc)
     held = held_len(local, world, cap)
+    # thd's key buffer is in global order, so all_gather's slice of the keys the rank can reach applies (`read`;
+    # None under thd_balanced): the kernel's backward then zero-fills and reduces (GQA) dK/dV over that slice
+    blocks, read = lay.kernel_blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
     if lay.carries_plan:  # thd_balanced
         sel = select(cu_seqlens, local, world, rank, causal, cap)
         if cap < local:  # C = T/cp always fits: a peer holds no more
@@ -101,8 +104,8 @@ def selective_varlen_attention(
         key_index, key_fold = lay.held_key_buffer(cu_seqlens, local, world, rank, causal, sel.held_position, held)
     else:  # thd: one document a peer, which max_doc bounds (checked with the offsets): always fits
         sel = select_thd(cu_seqlens, local, world, rank, causal, cap)
-        key_index, key_fold = global_key_buffer(sel, held)
-    blocks = lay.blocks(cu_seqlens, local, world, rank, causal, max_doc, tuple(window))
+        key_index, key_fold = global_key_buffer(sel, held, read)
+    assert read is None or not lay.carries_plan, f"layout {layout!r}: a key slice of a key buffer it copies"
     spec, tensors = gathered_blocks(blocks, local, key_index.shape[0], kernel)
     args = (sel.send_index, key_index, key_fold, sel.back, spec, scale, kernel, group_name, _splits(world, rank, cap))
     out, lse = _SelectAttend.apply(q, k, v, *args, *tensors)

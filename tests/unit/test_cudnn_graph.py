@@ -1,0 +1,139 @@
+"""kernels/cudnn_graph on CPU: the ragged metadata the graphs read, and the ops' schemas and fakes.
+
+The graphs themselves run only on a GPU (tests/gpu/test_cudnn_varlen.py compares them bit for bit with
+cudnn-frontend's own ops); here, what cpcompile computes for them: lengths and element offsets from cu_seqlens and
+each tensor's token stride, and output shapes a traced region allocates from.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from cpcompile.kernels import cudnn_graph as cg
+from cpcompile.kernels import cudnn_varlen as cv
+from tests.support import fake_cudnn
+
+
+def test_metadata_is_lengths_then_prefixes_times_each_tensors_token_stride():
+    cu_q = torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 9, 12], dtype=torch.int32)
+    columns = cg.sequence_columns(cu_q, cu_k)
+    assert [c.dtype for c in columns] == [torch.int32, torch.int32, torch.int64, torch.int64]
+    assert [tuple(c.shape) for c in columns] == [(3, 1, 1, 1), (3, 1, 1, 1), (4, 1, 1, 1), (4, 1, 1, 1)]
+    keys = torch.zeros(12, 2, 2, 8)  # all_gather's (T, 2, Hkv, D) buffer: k and v are views of token stride 32
+    k, v = keys[:, 0], keys[:, 1]
+    meta = cg.ragged_metadata(columns, (4 * 8, 4 * 6, 4), (k.stride(0), v.stride(0)))
+    assert len(meta) == len(cg.FWD_META)
+    assert meta[0].view(-1).tolist() == [3, 0, 4] and meta[1].view(-1).tolist() == [5, 4, 3]
+    want = [[0, 96, 96, 224], [0, 72, 72, 168], [0, 12, 12, 28], [0, 160, 288, 384], [0, 160, 288, 384]]
+    assert [m.view(-1).tolist() for m in meta[2:]] == want
+    assert all(m.dtype == torch.int64 and m.shape == (4, 1, 1, 1) for m in meta[2:])
+
+
+def test_backward_totals_round_to_64_as_the_frontend_sizes_its_accumulator():
+    assert [cg.round64(n) for n in (1, 63, 64, 65, 4096)] == [64, 64, 64, 128, 4096]
+
+
+def test_fakes_give_the_shapes_a_traced_region_allocates():
+    q = torch.empty(10, 4, 192, device="meta", dtype=torch.bfloat16)  # MLA dims: q/k 192, v 128
+    k = torch.empty(12, 2, 192, device="meta", dtype=torch.bfloat16)
+    v = torch.empty(12, 2, 128, device="meta", dtype=torch.bfloat16)
+    lengths = [torch.empty(3, 1, 1, 1, device="meta", dtype=torch.int32)] * 2
+    offsets = [torch.empty(4, 1, 1, 1, device="meta", dtype=torch.int64)]
+    fwd = (lengths + offsets * 5, [32 * 192, 4 * 192, 4 * 128], 0.1, 5, 6, True, True, -1, -1)
+    out, stats = torch.ops.cpcompile.cudnn_thd_fwd(q, k, v, *fwd)
+    assert out.shape == (10, 4, 128) and out.dtype == torch.bfloat16
+    assert stats.shape == (10, 4, 1) and stats.dtype == torch.float32
+    padded = torch.empty(3, 4, 5, 1, device="meta")
+    args = (
+        out,
+        q,
+        k,
+        v,
+        out,
+        padded,
+        lengths + offsets * 7,
+        [768, 512, 384, 256],
+        0.1,
+        5,
+        6,
+        True,
+        True,
+        -1,
+        -1,
+        False,
+    )
+    dq, dk, dv = torch.ops.cpcompile.cudnn_thd_bwd(*args)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert all(g.dtype == torch.bfloat16 and g.is_contiguous() for g in (dq, dk, dv))
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    """cudnn_graph's graph code on the recording stand-in of the pygraph module, its ops called as functions (no
+    CUDA kernel here), a fresh graph cache: the fake module (its `.graphs` in build order)."""
+    fake = fake_cudnn.module()
+    monkeypatch.setitem(sys.modules, "cudnn", fake)
+    monkeypatch.setattr(cg, "_graphs", {})
+    monkeypatch.setattr(cg, "_handle", lambda device: None)
+    ops = type(
+        "Ops", (), {"cudnn_thd_fwd": staticmethod(cg.cudnn_thd_fwd), "cudnn_thd_bwd": staticmethod(cg.cudnn_thd_bwd)}
+    )
+    monkeypatch.setattr(cv, "_ops", lambda: ops)
+    return fake
+
+
+RANGES = torch.tensor([[0, 5, 9], [5, 9, 12], [0, 7, 10], [7, 10, 16]])  # three sequences, tiled
+
+
+def _inputs(hq, hkv, d, dv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    fused = torch.randn(12, 3, hq, d, generator=g).to(torch.bfloat16)  # q a view of a fused QKV output
+    keys = torch.randn(16, 2, hkv, max(d, dv), generator=g).to(torch.bfloat16)  # all_gather's (T, 2, H, D) buffer
+    return fused[:, 1], keys[:, 0, :, :d], keys[:, 1, :, :dv]
+
+
+@pytest.mark.parametrize("heads", [(4, 2, 16, 16), (4, 1, 24, 8)])
+def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(graphs, heads):
+    """Strided q (fused QKV), strided k/v views, GQA and MLA dims: in both graphs every ragged tensor is bound to
+    its buffer, declared with that buffer's token stride, and offset by cu_seqlens times it."""
+    q, k, v = _inputs(*heads)
+    impl = cv.CuDNNVarlenKernel()
+    prepared = impl.prepare(RANGES, 12, 16, 7, tiled=True)
+    cu_q, cu_k = prepared[2].view(-1), prepared[3].view(-1)
+    out, lse = impl.forward(q, k, v, RANGES, 7, 7, True, 0.1, tiled=True, prepared=prepared)
+    fwd = graphs.graphs[-1]
+    stats = fwd.bound[int(cg.Uid.STATS)]
+    fake_cudnn.check_bindings(fwd, dict(q=q, k=k, v=v, o=out, stats=stats), cu_q, cu_k)
+    dout = torch.randn_like(out)
+    dq, dk, dv = impl.backward(dout, q, k, v, out, lse.float(), RANGES, 7, 7, True, 0.1, tiled=True, prepared=prepared)
+    bwd = graphs.graphs[-1]
+    assert bwd is not fwd and bwd.op[0] == "bwd"
+    packed = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), o=out, dO=dout, dq=dq, dk=dk, dv=dv)
+    fake_cudnn.check_bindings(bwd, packed, cu_q, cu_k)
+
+
+def test_new_documents_reuse_the_graphs_and_a_restrided_input_is_refused(graphs):
+    q, k, v = _inputs(4, 2, 16, 16)
+    impl = cv.CuDNNVarlenKernel()
+    other = torch.tensor([[0, 2, 9], [2, 9, 12], [0, 4, 10], [4, 10, 16]])  # other documents, same count
+    for ranges in (RANGES, other):
+        impl.forward(q, k, v, ranges, 7, 7, True, 0.1, tiled=True)
+    assert len(graphs.graphs) == 1 and len(cg.graph_keys()) == 1
+    prepared = impl.prepare(RANGES, 12, 16, 7, tiled=True)
+    meta = cg.ragged_metadata(prepared[:4], (q.stride(0), 64, 4), (k.stride(0), v.stride(0)))
+    mask = cv.band_args(True, (-1, -1), False)
+    tokens = [q.stride(0), k.stride(0), v.stride(0)]
+    with pytest.raises(
+        RuntimeError, match="q's token stride is 64 at run time but its ragged offsets were made for 192"
+    ):
+        cg.cudnn_thd_fwd(q.contiguous(), k, v, meta, tokens, 0.1, 7, 7, *mask)
+    with pytest.raises(ValueError, match="6 metadata columns, the graph reads 7"):
+        cg.cudnn_thd_fwd(q, k, v, meta[:6], tokens, 0.1, 7, 7, *mask)
+    with pytest.raises(RuntimeError, match="cudnn_thd_fwd has no derivative"):  # torch alone would only warn
+        cg.cudnn_thd_fwd(q.detach().requires_grad_(), k, v, meta, tokens, 0.1, 7, 7, *mask)
+    with torch.no_grad():  # as under the region's autograd.Function
+        cg.cudnn_thd_fwd(q.detach().requires_grad_(), k, v, meta, tokens, 0.1, 7, 7, *mask)
