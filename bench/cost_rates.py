@@ -40,9 +40,10 @@ from tests.support.measured import cu_of, shape_of
 ROOT = Path(__file__).resolve().parents[1]
 SINGLE = ROOT / "bench/results/single_gpu.json"
 MULTI = ROOT / "bench/results/multi_gpu.json"
-HOST_AB = ROOT / "bench/results/varlen_kernel_ab_h100.json"
+HOST_AB = ROOT / "bench/results/varlen_kernel_ab_graph_h100.json"
 """The compiled packed layer with each varlen kernel side by side (bench/probes/varlen_kernel_ab.py): the source
-of the host cost a varlen kernel call adds beyond flash_varlen's."""
+of the host cost a varlen kernel call adds beyond flash_varlen's. The run of 2026-12-07, with cudnn_varlen on
+cpcompile's graph ops (kernels/cudnn_graph); varlen_kernel_ab_h100.json is the run before, on the frontend's op."""
 TABLE = ROOT / "cpcompile/cost/rates.json"
 TERMS = {
     "dense": ("tile", "cta", "call"),
@@ -195,8 +196,8 @@ def fit_host() -> dict:
     for name, values in excess.items():
         out[name] = {"call_ms": statistics.median(values), "min_ms": min(values), "max_ms": max(values),
                      "rows": len(values)}  # fmt: skip
-    return {"source": str(HOST_AB.relative_to(ROOT)), "device": "NVIDIA H100 80GB HBM3 (2026-12-05, torch 2.11)",
-            "kernels": out}  # fmt: skip
+    device = "NVIDIA H100 80GB HBM3 (2026-12-07, torch 2.11, cuDNN graph ops)"
+    return {"source": str(HOST_AB.relative_to(ROOT)), "device": device, "kernels": out}
 
 
 def main() -> None:

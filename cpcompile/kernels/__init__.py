@@ -46,11 +46,10 @@ FEATURES = {"window": "sliding windows", "softcap": "softcapped scores"}
 VARLEN_AUTO_ORDER = ("flash_varlen", "cudnn_varlen", "cpu_varlen_ref")
 """The varlen providers kernel="auto" weighs (cost/choose.py), in the order that breaks a tie: aten's FA2 varlen
 first, then cuDNN THD (when cudnn-frontend's torch ops import), the CPU reference on CPU. cuDNN's kernels are
-faster on the GPU, but each call ran ~1-2 ms of cudnn-frontend's Python (docs/benchmarks.md, "cudnn_varlen vs
-flash_varlen in the compiled packed layer": FA2 one step at a time ahead in all nine rows at 4K tokens a rank; measured
-before kernels/cudnn_graph's ops replaced the frontend's, not yet re-measured),
-so where the model cannot tell them apart FA2 wins; cuDNN keeps the sites where its GPU time wins by more than
-the tie (long shards)."""
+faster on the GPU, but each call costs more host time (0.77 ms a forward + backward beyond FA2's on kernels/
+cudnn_graph's ops, 1.42 ms on the frontend's op: docs/benchmarks.md, "cudnn_varlen vs flash_varlen in the
+compiled packed layer"), so where the model cannot tell them apart FA2 wins; cuDNN takes the sites where its GPU
+time wins by more than its host time and the tie (a2a's whole-sequence call, long shards)."""
 
 
 def unsupported_reason(
