@@ -15,11 +15,17 @@ What changes here:
   stream, allocate outputs and workspace, execute.
 
 Numerics are the frontend op's: the same graph on the same buffers (tests/gpu/test_cudnn_varlen.py compares).
+One departure, where the GPU allows it (`reads_ragged_stats`): the backward reads the forward's stats as the forward
+wrote them, token-major and ragged, instead of scattered into a padded (B, Hq, max_q, 1) buffer first, which costs
+a region ~8 kernels a call (the sequence ids, the slots, the scatter; bench/probes/step_launches.py). The frontend
+keeps the padded form because SM8x and SM12x refuse ragged stats in a THD backward; TransformerEngine reads them
+ragged on the others with cuDNN >= 9.6.
 `ops()` is the seam the CPU tests replace with a stand-in of these ops' contract (tests/support/cudnn_stand_in.py).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from enum import IntEnum
 
@@ -29,7 +35,13 @@ FWD_META = ("len_q", "len_k", "q", "o", "stats", "k", "v")
 """The forward's metadata, in order: two int32 length columns (B, 1, 1, 1), then int64 element offsets
 (B + 1, 1, 1, 1) of each ragged tensor's sequences, each its cu_seqlens times that tensor's token stride."""
 BWD_META = ("len_q", "len_k", "q", "o", "dq", "k", "v", "dk", "dv")
-"""The backward's metadata, as FWD_META (dO shares O's offsets: the provider hands both contiguous)."""
+"""The backward's metadata, as FWD_META (dO shares O's offsets: the provider hands both contiguous), with the
+stats padded."""
+BWD_META_RAGGED_STATS = ("len_q", "len_k", "q", "o", "dq", "stats", "k", "v", "dk", "dv")
+"""The backward's metadata when it reads the stats ragged (`reads_ragged_stats`): their offsets too."""
+
+RAGGED_STATS_CUDNN = 90600
+"""The first cuDNN whose THD backward takes ragged stats (TransformerEngine's threshold for the same graph)."""
 
 
 class Uid(IntEnum):
@@ -45,6 +57,25 @@ _FWD_UIDS = (Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.LEN_Q, Uid.LEN_K, Uid.OF
 _BWD_UIDS = (Uid.Q, Uid.K, Uid.V, Uid.O, Uid.DO, Uid.STATS, Uid.DQ, Uid.DK, Uid.DV,
              Uid.LEN_Q, Uid.LEN_K, Uid.OFF_Q, Uid.OFF_O, Uid.OFF_DQ, Uid.OFF_K, Uid.OFF_V, Uid.OFF_DK,
              Uid.OFF_DV)  # fmt: skip
+_BWD_UIDS_RAGGED_STATS = (*_BWD_UIDS[:14], Uid.OFF_STATS, *_BWD_UIDS[14:])
+
+
+def reads_ragged_stats(device: torch.device) -> bool:
+    """Whether the THD backward on `device` reads the forward's stats ragged (token-major, (Tq, Hq, 1) fp32, offsets
+    cu_seqlens_q x Hq): a CUDA GPU outside SM8x and SM12x (the frontend: "Packed/ragged LSE is not supported"
+    there) with cuDNN >= 9.6. Elsewhere the provider scatters them padded. Static per device: the region's graph
+    is traced with one form."""
+    if device.type != "cuda":
+        return False
+    return _ragged_stats_at(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _ragged_stats_at(index: int) -> bool:
+    import cudnn
+
+    major, _ = torch.cuda.get_device_capability(index)
+    return major not in (8, 12) and cudnn.backend_version() >= RAGGED_STATS_CUDNN
 
 
 def sequence_columns(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[torch.Tensor]:
@@ -184,7 +215,7 @@ def _build_fwd(handle, q, k, v, b: int, s_q: int, s_k: int, scale: float, band: 
     return _finish(g, _FWD_UIDS)
 
 
-def _build_bwd(handle, q, k, v, o, tq, tk, b, s_q, s_k, scale, band, deterministic) -> tuple:
+def _build_bwd(handle, q, k, v, o, tq, tk, b, s_q, s_k, scale, band, deterministic, ragged_stats) -> tuple:
     import cudnn
 
     g, io = _new_graph(handle, q.dtype)
@@ -194,10 +225,15 @@ def _build_bwd(handle, q, k, v, o, tq, tk, b, s_q, s_k, scale, band, determinist
     vt = g.tensor(name="v", dim=[b, hv, s_k, dv], stride=_desc(v, s_k), data_type=io, uid=Uid.V)
     ot = g.tensor(name="o", dim=[b, hq, s_q, dv], stride=_desc(o, s_q), data_type=io, uid=Uid.O)
     dot = g.tensor(name="dO", dim=[b, hq, s_q, dv], stride=_desc(o, s_q), data_type=io, uid=Uid.DO)
-    # the stats stay PADDED (B, Hq, S_q, 1): the backend takes no ragged LSE in a THD backward
-    st = g.tensor(name="stats", dim=[b, hq, s_q, 1], stride=[hq * s_q, s_q, 1, 1], data_type=cudnn.data_type.FLOAT,
-                  uid=Uid.STATS)  # fmt: skip
-    len_q, len_k, off_q, off_o, off_dq, off_k, off_v, off_dk, off_dv = _columns(g, b, _BWD_UIDS[9:])
+    # the stats: ragged and token-major as the forward wrote them, or PADDED (B, Hq, S_q, 1) where the backend
+    # takes no ragged LSE in a THD backward (reads_ragged_stats)
+    stride = [hq * s_q, 1, hq, 1] if ragged_stats else [hq * s_q, s_q, 1, 1]
+    st = g.tensor(name="stats", dim=[b, hq, s_q, 1], stride=stride, data_type=cudnn.data_type.FLOAT, uid=Uid.STATS)
+    uids = _BWD_UIDS_RAGGED_STATS if ragged_stats else _BWD_UIDS
+    columns = _columns(g, b, uids[9:])
+    if ragged_stats:
+        st.set_ragged_offset(columns.pop(5))
+    len_q, len_k, off_q, off_o, off_dq, off_k, off_v, off_dk, off_dv = columns
     for t, off in ((qt, off_q), (kt, off_k), (vt, off_v), (ot, off_o), (dot, off_o)):
         t.set_ragged_offset(off)
     dq, dk, dv_ = g.sdpa_backward(
@@ -209,7 +245,7 @@ def _build_bwd(handle, q, k, v, o, tq, tk, b, s_q, s_k, scale, band, determinist
                                    (dv_, Uid.DV, hv, s_k, dv, off_dv)):  # fmt: skip
         t.set_uid(uid).set_output(True).set_dim([b, h, s, dd]).set_stride(_packed(h, s, dd)).set_data_type(io)
         t.set_ragged_offset(off)
-    return _finish(g, _BWD_UIDS)
+    return _finish(g, uids)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -298,25 +334,32 @@ def cudnn_thd_bwd(
     meta: list[torch.Tensor], tokens: list[int], scale: float, max_q: int, max_k: int, is_causal: bool,
     bottom_right: bool, left: int, right: int, deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, dk, dv), packed, in the io dtype, for dout/q/k/v/out and the PADDED (B, Hq, max_q, 1) fp32 stats;
-    `meta`: ragged_metadata's BWD_META, its q/o/k/v offsets made with the token strides `tokens` (dO shares O's
-    offsets, so it must be laid out as O; dq/dk/dv are ours, packed)."""
+    """(dq, dk, dv), packed, in the io dtype, for dout/q/k/v/out and the fp32 stats, either the forward's own
+    (Tq, Hq, 1) token-major (where `reads_ragged_stats`) or PADDED (B, Hq, max_q, 1); `meta`: ragged_metadata's
+    BWD_META_RAGGED_STATS or BWD_META to match, its q/o/k/v offsets made with the token strides `tokens` (dO shares
+    O's offsets, so it must be laid out as O; dq/dk/dv are ours, packed)."""
+    ragged_stats = stats.dim() == 3
+    n_meta = len(BWD_META_RAGGED_STATS if ragged_stats else BWD_META)
     _check("cudnn_thd_bwd", q, {"q": q, "out": out, "k": k, "v": v, "dout": dout}, [*tokens, tokens[1]], meta,
-           len(BWD_META))  # fmt: skip
+           n_meta)  # fmt: skip
     b, device = meta[0].shape[0], q.device
     if dout.stride() != out.stride():
         raise ValueError(f"cudnn_thd_bwd: dout's strides {dout.stride()} differ from out's {out.stride()}")
-    if stats.dtype != torch.float32 or not stats.is_contiguous() or stats.shape != (b, q.shape[1], max_q, 1):
-        raise ValueError(f"cudnn_thd_bwd: stats must be contiguous fp32 {(b, q.shape[1], max_q, 1)}, not "
-                         f"{stats.dtype} {tuple(stats.shape)}")  # fmt: skip
+    want = (q.shape[0], q.shape[1], 1) if ragged_stats else (b, q.shape[1], max_q, 1)
+    if stats.dtype != torch.float32 or not stats.is_contiguous() or stats.shape != want:
+        raise ValueError(f"cudnn_thd_bwd: stats must be contiguous fp32 {want} (ragged (Tq, Hq, 1) or padded "
+                         f"(B, Hq, max_q, 1)), not {stats.dtype} {tuple(stats.shape)}")  # fmt: skip
+    if ragged_stats and not reads_ragged_stats(device):
+        raise ValueError("cudnn_thd_bwd: ragged (Tq, Hq, 1) stats on a GPU whose THD backward takes them padded "
+                         "(SM8x, SM12x or cuDNN < 9.6: cudnn_graph.reads_ragged_stats)")  # fmt: skip
     band = (is_causal, bottom_right, left, right)
     tq, tk = q.shape[0], k.shape[0]
     key = ("bwd", q.dtype, device.index, b, q.shape[1:], k.shape[1:], v.shape[1:], q.stride(), k.stride(),
-           v.stride(), out.stride(), round64(tq), round64(tk), max_q, max_k, scale, band, deterministic)  # fmt: skip
+           v.stride(), out.stride(), round64(tq), round64(tk), max_q, max_k, scale, band, deterministic,
+           ragged_stats)  # fmt: skip
     handle = _handle(device)
-    g, ws, uids = _cached(
-        key, lambda: _build_bwd(handle, q, k, v, out, tq, tk, b, max_q, max_k, scale, _band(*band), deterministic)
-    )
+    build = (handle, q, k, v, out, tq, tk, b, max_q, max_k, scale)
+    g, ws, uids = _cached(key, lambda: _build_bwd(*build, _band(*band), deterministic, ragged_stats))
     dq = q.new_empty(q.shape)
     dk = k.new_empty(k.shape)
     dv = v.new_empty(v.shape)

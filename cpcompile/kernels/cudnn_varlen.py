@@ -20,7 +20,9 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
   faster there (1.7-3.8x under a 4K window). Blocks mixing square and rectangular ranges stay one bottom-right
   call: split by shape into two calls measured slower in most rows (docs/benchmarks.md, "cuDNN THD").
 - LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
-  takes it PADDED (sequences, Hq, max_q, 1): `padded_at` scatters the final lse to its `lse_slots`.
+  reads it back token-major and ragged where the GPU allows (cudnn_graph.reads_ragged_stats: SM90, SM100 with
+  cuDNN >= 9.6; a copy only when the executor merged it head-major), and elsewhere PADDED (sequences, Hq,
+  max_q, 1): `padded_at` scatters the final lse to its `lse_slots`.
 - prepared metadata: the sequences' length and prefix columns (cudnn_graph.sequence_columns), the lse slots and
   a window's unseen keys depend on the ranges alone;
   `prepare` computes them as device ops, which the regions run once per batch in their graph (Inductor), so a
@@ -177,10 +179,15 @@ class CuDNNVarlenKernel:
         dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
         bounds = (max(max_q, 1), max(max_k, 1))
-        stats = padded_at(lse, prepared[4:6], prepared[0].shape[0], bounds[0])
         (hq, d), (hk, hv, dv) = q.shape[1:], (k.shape[1], v.shape[1], v.shape[2])
-        # q, o, dq | k, v, dk, dv: all packed here (shapes, not stride(0), which is arbitrary at one token)
-        meta = ragged_metadata(prepared[:4], (hq * d, hq * dv, hq * d), (hk * d, hv * dv, hk * d, hv * dv))
+        # q, o, dq (, stats) | k, v, dk, dv: all packed here (shapes, not stride(0), which is arbitrary at one token)
+        q_side: tuple[int, ...] = (hq * d, hq * dv, hq * d)
+        if cudnn_graph.reads_ragged_stats(q.device):  # the forward's (Tq, Hq, 1) as it wrote them
+            stats = lse.t().float().contiguous().unsqueeze(-1)  # no copy for the forward's own (a transposed view)
+            q_side = (*q_side, hq)
+        else:
+            stats = padded_at(lse, prepared[4:6], prepared[0].shape[0], bounds[0])
+        meta = ragged_metadata(prepared[:4], q_side, (hk * d, hv * dv, hk * d, hv * dv))
         tokens = [hq * d, hq * dv, hk * d, hv * dv]  # q, o, k, v as the offsets assume them (packed)
         deterministic = torch.are_deterministic_algorithms_enabled()
         mask = band_args(causal, window, square)

@@ -337,7 +337,9 @@ def test_gpu_new_documents_build_no_cudnn_graph():
 def test_gpu_graph_ops_equal_the_frontend_ops_bit_for_bit():
     """cpcompile's graph ops (our graphs, metadata made by the caller) against cudnn-frontend's sdpa_fwd / sdpa_bwd on
     the same buffers: the same graphs, so the same bits: out, stats, dq, dk, dv. Strided k/v views of a (T, 2, H, D)
-    buffer (all_gather's keys), GQA and MLA dims, causal bottom-right and top-left, windows, a right band."""
+    buffer (all_gather's keys), GQA and MLA dims, causal bottom-right and top-left, windows, a right band. Where
+    the GPU reads ragged stats (cudnn_graph.reads_ragged_stats), the backward on the forward's own token-major
+    stats too: the same dq, dk, dv as on the padded stats the frontend takes."""
     import cudnn.sdpa.fwd.torch_op  # noqa: F401  (registers torch.ops.cudnn)
 
     from cpcompile.kernels import cudnn_graph, cudnn_varlen
@@ -389,6 +391,13 @@ def test_gpu_graph_ops_equal_the_frontend_ops_bit_for_bit():
                 live &= ~cudnn_varlen.unseen_keys(ranges, k.shape[0], window[0])
             pairs = {"out": (o[rows], want_o[rows]), "stats": (s[rows], want_s[rows])}
             pairs |= {n: (a[m], b[m]) for n, a, b, m in zip(("dq", "dk", "dv"), got, want, (rows, live, live))}
+            if cudnn_graph.reads_ragged_stats(q.device):
+                rmeta = cudnn_graph.ragged_metadata(columns, (hq * d, hq * dv, hq * d, hq),
+                                                    (hkv * d, hkv * dv, hkv * d, hkv * dv))  # fmt: skip
+                ragged = torch.ops.cpcompile.cudnn_thd_bwd(do, q, kc, vc, want_o, want_s.contiguous(), rmeta, tokens,
+                                                           0.125, *bounds, *mask, False)  # fmt: skip
+                names = ("dq ragged stats", "dk ragged stats", "dv ragged stats")
+                pairs |= {n: (a[m], b[m]) for n, a, b, m in zip(names, ragged, want, (rows, live, live))}
             case = f"heads {hq}/{hkv} dims {d}/{dv} causal={causal} window={window} square={square}"
             diff = {n: (a.float() - b.float()).abs().max().item() for n, (a, b) in pairs.items()}
             print(case, diff)

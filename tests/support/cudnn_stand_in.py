@@ -5,7 +5,8 @@ q/k/v, one cu_seqlens prefix array a side (a sequence's offset and length), max 
 (is_causal / window_left / window_right / causal_bottom_right, cuDNN's left bound counting the diagonal; without
 causal_bottom_right the band is anchored TOP-LEFT, as the real op's, so a top-left mask on a rectangular range
 gives other results than the provider's contract), LSE
-returned token-major (T, Hq, 1) and taken back PADDED (B, Hq, max_q, 1) fp32 by the backward; and it records the
+returned token-major (T, Hq, 1) and taken back PADDED (B, Hq, max_q, 1) fp32 by the backward (cpcompile's graph
+ops also take them back ragged, as written: `cudnn_graph.reads_ragged_stats`); and it records the
 graph-cache key the real op builds per shape. The math is cpu_varlen_ref's, per sequence. Everything the real
 kernel may leave undefined is poisoned with NaN, so the provider has to handle it: rows of no sequence or of a
 sequence without keys, and in backward keys of no sequence, of a sequence without rows, or that no row sees.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from cpcompile.kernels import cudnn_graph
 from cpcompile.kernels.base import range_ids
 from cpcompile.kernels.cpu_varlen_ref import CPUVarlenReference, _mask
 
@@ -115,6 +117,17 @@ class CuDNNStandIn:
             assert torch.equal(n.view(-1), (c[1:] - c[:-1]).int()), "length columns: not the prefix differences"
         return cu[0].int(), cu[1].int()
 
+    @staticmethod
+    def _padded(stats: torch.Tensor, cu_q: torch.Tensor, max_q: int) -> torch.Tensor:
+        """Ragged (Tq, Hq, 1) stats as the padded (B, Hq, max_q, 1) the reference backward reads: each sequence's
+        rows from its own offset, the rest NaN (the kernel reads only rows of its sequences)."""
+        b, hq = cu_q.numel() - 1, stats.shape[1]
+        padded = torch.full((b, hq, max_q, 1), float("nan"))
+        for i, (a, z) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist())):
+            n = min(z - a, max_q)
+            padded[i, :, :n, 0] = stats[a : a + n, :, 0].t()
+        return padded
+
     def cudnn_thd_fwd(self, q, k, v, meta, tokens, scale, max_q, max_k, is_causal, bottom_right, left, right):
         assert list(tokens) == [t.stride(0) for t in (q, k, v)], "tokens: the inputs' real token strides"
         tokens = (3, (q.stride(0), q.shape[1] * v.shape[2], q.shape[1], k.stride(0), v.stride(0)))
@@ -128,8 +141,13 @@ class CuDNNStandIn:
         assert all(t.is_contiguous() for t in (dout, q, k, v, out)), "the graph op's backward takes packed tensors"
         assert all(t.shape[0] < 2 or t.stride(0) == n for t, n in zip((q, out, k, v), tokens)), "tokens: q, o, k, v"
         hq, hk, hv, d, dv = q.shape[1], k.shape[1], v.shape[1], q.shape[2], v.shape[2]
-        tokens = (3, (hq * d, hq * dv, hq * d, hk * d, hv * dv, hk * d, hv * dv))
-        cu_q, cu_k = self._cu(meta, tokens)
+        ragged = stats.dim() == 3  # the forward's own (Tq, Hq, 1), offsets cu_seqlens_q x Hq (BWD_META_RAGGED_STATS)
+        q_side = (hq * d, hq * dv, hq * d) + ((hq,) if ragged else ())
+        cu_q, cu_k = self._cu(meta, (len(q_side), (*q_side, hk * d, hv * dv, hk * d, hv * dv)))
+        if ragged:
+            assert cudnn_graph.reads_ragged_stats(q.device), "ragged stats where the backward takes them padded"
+            assert stats.dtype == torch.float32 and stats.is_contiguous() and stats.shape == (q.shape[0], hq, 1)
+            stats = self._padded(stats, cu_q, max_q)
         return self.sdpa_bwd(dout, q, k, v, out, stats, scale, is_causal=is_causal, causal_bottom_right=bottom_right,
                              window_left=left, window_right=right, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
                              max_seqlen_q=max_q, max_seqlen_kv=max_k, is_deterministic=deterministic)  # fmt: skip

@@ -96,10 +96,17 @@ def _inputs(hq, hkv, d, dv, seed=0):
     return fused[:, 1], keys[:, 0, :, :d], keys[:, 1, :, :dv]
 
 
+@pytest.mark.parametrize("ragged_stats", [False, True])
 @pytest.mark.parametrize("heads", [(4, 2, 16, 16), (4, 1, 24, 8)])
-def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(graphs, heads):
+def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(
+    graphs, heads, ragged_stats, monkeypatch
+):
     """Strided q (fused QKV), strided k/v views, GQA and MLA dims: in both graphs every ragged tensor is bound to
-    its buffer, declared with that buffer's token stride, and offset by cu_seqlens times it."""
+    its buffer, declared with that buffer's token stride, and offset by cu_seqlens times it. Where the backward
+    reads the stats ragged, they are the forward's own buffer (no padded scatter), offset by cu_seqlens_q x Hq."""
+    monkeypatch.setattr(cg, "reads_ragged_stats", lambda device: ragged_stats)
+    if ragged_stats:
+        monkeypatch.setattr(cv, "padded_at", None)  # the padded scatter must not run
     q, k, v = _inputs(*heads)
     impl = cv.CuDNNVarlenKernel()
     prepared = impl.prepare(RANGES, 12, 16, 7, tiled=True)
@@ -113,7 +120,27 @@ def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(g
     bwd = graphs.graphs[-1]
     assert bwd is not fwd and bwd.op[0] == "bwd"
     packed = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), o=out, dO=dout, dq=dq, dk=dk, dv=dv)
+    if ragged_stats:
+        packed["stats"] = stats  # the forward's (Tq, Hq, 1) itself, bound again
+        assert bwd.bound[int(cg.Uid.STATS)].data_ptr() == stats.data_ptr()
     fake_cudnn.check_bindings(bwd, packed, cu_q, cu_k)
+    declared = next(t for t in bwd.tensors if t.name == "stats")
+    assert (declared.ragged is not None) == ragged_stats
+    assert declared.stride == ([q.shape[1] * 7, 1, q.shape[1], 1] if ragged_stats else [q.shape[1] * 7, 7, 1, 1])
+
+
+def test_the_backward_refuses_ragged_stats_where_the_gpu_reads_them_padded(graphs, monkeypatch):
+    """SM8x / SM12x (or cuDNN < 9.6) take no ragged stats in a THD backward: one clear error, not a wrong read."""
+    monkeypatch.setattr(cg, "reads_ragged_stats", lambda device: False)
+    q, k, v = (t.contiguous() for t in _inputs(4, 2, 16, 16))
+    prepared = cv.CuDNNVarlenKernel().prepare(RANGES, 12, 16, 7, tiled=True)
+    hq = q.shape[1]
+    meta = cg.ragged_metadata(prepared[:4], (hq * 16, hq * 16, hq * 16, hq), (2 * 16, 2 * 16, 2 * 16, 2 * 16))
+    stats = torch.zeros(12, hq, 1)
+    mask = cv.band_args(True, (-1, -1), False)
+    args = (meta, [hq * 16, hq * 16, 32, 32], 0.1, 7, 7, *mask, False)
+    with pytest.raises(ValueError, match="ragged .Tq, Hq, 1. stats on a GPU whose THD backward takes them padded"):
+        cg.cudnn_thd_bwd(q, q, k, v, q, stats, *args)
 
 
 def test_new_documents_reuse_the_graphs_and_a_restrided_input_is_refused(graphs):

@@ -18,6 +18,7 @@ import torch
 from cpcompile import CPCompileError
 from cpcompile.executor import encode_varlen, prepare_blocks
 from cpcompile.kernels import VARLEN_AUTO_ORDER, get_varlen_kernel, resolve_kernel, supported_kernels
+from cpcompile.kernels import cudnn_graph as cg
 from cpcompile.kernels import cudnn_varlen as cv
 from cpcompile.kernels.cpu_varlen_ref import _mask
 from cpcompile.layouts.thd import THD_LAYOUTS, whole_sequence_blocks
@@ -35,6 +36,14 @@ def stand_in(monkeypatch):
     ops = CuDNNStandIn()
     monkeypatch.setattr(cv, "_ops", lambda: ops)
     return ops
+
+
+@pytest.fixture(params=["padded", "ragged"])
+def stats_form(request, monkeypatch):
+    """Both forms the backward reads its stats in (cudnn_graph.reads_ragged_stats: ragged where the GPU takes
+    them, padded on SM8x / SM12x); the stand-in rebuilds each from the metadata and checks it."""
+    monkeypatch.setattr(cg, "reads_ragged_stats", lambda device: request.param == "ragged")
+    return request.param
 
 
 @pytest.fixture
@@ -158,7 +167,7 @@ def _tensors(g, tq, tk, hq=4, hkv=2, d=8, dv=8):
 @pytest.mark.parametrize(
     "causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (3, -1)), (False, (2, 1)), (False, (-1, 2))]
 )
-def test_provider_matches_the_reference_where_the_contract_defines_it(stand_in, seed, causal, window):
+def test_provider_matches_the_reference_where_the_contract_defines_it(stand_in, stats_form, seed, causal, window):
     """Rows of live sequences (out, lse, dq) and keys of sequences with rows (dk, dv, incl. exact zeros for keys
     no row sees) equal cpu_varlen_ref's; the rest is the kernel's business (masked by the executor)."""
     g = torch.Generator().manual_seed(seed)
@@ -246,7 +255,7 @@ LAYOUT_LENGTHS = {"thd_zigzag": [8, 0, 24, 8, 16, 0], "thd_balanced": [1, 0, 29,
 
 @pytest.mark.parametrize("layout_name", ["thd", "thd_zigzag", "thd_balanced", "whole"])
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, -1))])
-def test_executor_on_the_provider_equals_the_reference(stand_in, layout_name, causal, window):
+def test_executor_on_the_provider_equals_the_reference(stand_in, stats_form, layout_name, causal, window):
     """Through the varlen executor (its masks where a block does not vouch), every layout's rank block: out,
     lse and gradients equal cpu_varlen_ref's exactly where the block defines them, NaN nowhere; blocks that
     claim square ranges (whole documents, thd's rank 0) run top-left on the stand-in, as on cuDNN."""
