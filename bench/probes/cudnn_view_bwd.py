@@ -1,0 +1,71 @@
+"""Does cpcompile's cuDNN THD backward (kernels/cudnn_graph) give the same gradients on strided q/k/v views as on
+their contiguous copies? The provider copies them today (cudnn_varlen.backward: three copies a call in the a2a
+region, the split views of the fused projection) because the H200 once gave wrong dq/dk on those views through
+the frontend's op. Our ops declare each view's real strides and make its offsets from them; if the gradients
+match bit for bit here, the copies can go.
+
+    python -m bench.probes.cudnn_view_bwd
+
+Prints, per case, the largest |difference| of dq, dk, dv (views against copies) over the rows and keys the
+contract defines, and whether they are equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpcompile.kernels import cudnn_graph, cudnn_varlen
+
+CUDA = torch.device("cuda")
+
+
+def _case(hq: int, hkv: int, d: int, causal: bool, ragged_stats: bool, g: torch.Generator) -> dict[str, float]:
+    cu_q = torch.tensor([0, 40, 40, 100, 160], device=CUDA, dtype=torch.int32)
+    cu_k = cu_q
+    t = int(cu_q[-1])
+    fused = torch.randn(t, 3, hq, d, device=CUDA, generator=g, dtype=torch.bfloat16)  # a fused QKV output
+    q, k, v = fused[:, 0], fused[:, 1, :hkv], fused[:, 2, :hkv]  # views: token stride 3 * hq * d
+    do = torch.randn(t, hq, d, device=CUDA, generator=g, dtype=torch.bfloat16)
+    columns = cudnn_graph.sequence_columns(cu_q, cu_k)
+    mask = cudnn_varlen.band_args(causal, (-1, -1), True)
+    bounds = (60, 60)
+    meta = cudnn_graph.ragged_metadata(columns, (q.stride(0), hq * d, hq), (k.stride(0), v.stride(0)))
+    with torch.no_grad():
+        out, stats = torch.ops.cpcompile.cudnn_thd_fwd(q, k, v, meta, [q.stride(0), k.stride(0), v.stride(0)], 0.1,
+                                                       *bounds, *mask)  # fmt: skip
+        if ragged_stats:
+            lse, q_extra = stats.contiguous(), (hq,)
+        else:
+            lse, q_extra = cudnn_varlen.padded_lse(stats.squeeze(-1).t(), _ranges(cu_q), 4, bounds[0], True), ()
+        grads = {}
+        for name, (qq, kk, vv) in {
+            "views": (q, k, v),
+            "copies": (q.contiguous(), k.contiguous(), v.contiguous()),
+        }.items():
+            bmeta = cudnn_graph.ragged_metadata(columns, (qq.stride(0), hq * d, hq * d, *q_extra),
+                                                (kk.stride(0), vv.stride(0), hkv * d, hkv * d))  # fmt: skip
+            tokens = [qq.stride(0), hq * d, kk.stride(0), vv.stride(0)]
+            grads[name] = torch.ops.cpcompile.cudnn_thd_bwd(do, qq, kk, vv, out, lse, bmeta, tokens, 0.1, *bounds,
+                                                            *mask, False)  # fmt: skip
+    return {n: (a.float() - b.float()).abs().max().item() for n, a, b in zip(("dq", "dk", "dv"), *grads.values())} | {
+        "bit_equal": all(torch.equal(a, b) for a, b in zip(*grads.values()))
+    }
+
+
+def _ranges(cu: torch.Tensor) -> torch.Tensor:
+    return torch.stack((cu[:-1], cu[1:], cu[:-1], cu[1:])).long()
+
+
+def main() -> None:
+    g = torch.Generator(device=CUDA).manual_seed(0)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    forms = (False, True) if cudnn_graph.reads_ragged_stats(CUDA) else (False,)
+    for hq, hkv, d in ((8, 8, 128), (8, 2, 128), (4, 1, 64)):
+        for causal in (True, False):
+            for ragged in forms:
+                print(f"heads {hq}/{hkv} dim {d} causal={causal} ragged_stats={ragged}: "
+                      f"{_case(hq, hkv, d, causal, ragged, g)}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
