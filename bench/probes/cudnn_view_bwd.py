@@ -6,8 +6,9 @@ match bit for bit here, the copies can go.
 
     python -m bench.probes.cudnn_view_bwd
 
-Prints, per case, the largest |difference| of dq, dk, dv (views against copies) over the rows and keys the
-contract defines, and whether they are equal bit for bit.
+Prints, per case (a fused projection's views; head-major buffers seen token-major, as an a2a region's), the
+largest |difference| of dq, dk, dv (views against copies) over every row and key (all are defined here), and
+whether they are equal bit for bit.
 """
 
 from __future__ import annotations
@@ -19,12 +20,18 @@ from cpcompile.kernels import cudnn_graph, cudnn_varlen
 CUDA = torch.device("cuda")
 
 
-def _case(hq: int, hkv: int, d: int, causal: bool, ragged_stats: bool, g: torch.Generator) -> dict[str, float]:
+def _case(
+    hq: int, hkv: int, d: int, causal: bool, ragged_stats: bool, head_major: bool, g: torch.Generator
+) -> dict[str, float]:
     cu_q = torch.tensor([0, 40, 40, 100, 160], device=CUDA, dtype=torch.int32)
     cu_k = cu_q
     t = int(cu_q[-1])
-    fused = torch.randn(t, 3, hq, d, device=CUDA, generator=g, dtype=torch.bfloat16)  # a fused QKV output
-    q, k, v = fused[:, 0], fused[:, 1, :hkv], fused[:, 2, :hkv]  # views: token stride 3 * hq * d
+    if head_major:  # (H, T, D) buffers seen as (T, H, D): token stride d, head stride T * d
+        q = torch.randn(hq, t, d, device=CUDA, generator=g, dtype=torch.bfloat16).transpose(0, 1)
+        k, v = (torch.randn(hkv, t, d, device=CUDA, generator=g, dtype=torch.bfloat16).transpose(0, 1) for _ in "kv")
+    else:  # a fused QKV output's views: token stride 3 * hq * d
+        fused = torch.randn(t, 3, hq, d, device=CUDA, generator=g, dtype=torch.bfloat16)
+        q, k, v = fused[:, 0], fused[:, 1, :hkv], fused[:, 2, :hkv]
     do = torch.randn(t, hq, d, device=CUDA, generator=g, dtype=torch.bfloat16)
     columns = cudnn_graph.sequence_columns(cu_q, cu_k)
     mask = cudnn_varlen.band_args(causal, (-1, -1), True)
@@ -63,8 +70,13 @@ def main() -> None:
     for hq, hkv, d in ((8, 8, 128), (8, 2, 128), (4, 1, 64)):
         for causal in (True, False):
             for ragged in forms:
-                print(f"heads {hq}/{hkv} dim {d} causal={causal} ragged_stats={ragged}: "
-                      f"{_case(hq, hkv, d, causal, ragged, g)}", flush=True)  # fmt: skip
+                for head_major in (False, True):
+                    try:
+                        result = _case(hq, hkv, d, causal, ragged, head_major, g)
+                    except Exception as e:  # a layout cuDNN refuses is an answer too
+                        result = f"refused: {type(e).__name__}: {str(e)[:300]}"
+                    print(f"heads {hq}/{hkv} dim {d} causal={causal} ragged_stats={ragged} "
+                          f"views={'head-major' if head_major else 'fused QKV'}: {result}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

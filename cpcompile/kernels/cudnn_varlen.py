@@ -174,21 +174,24 @@ class CuDNNVarlenKernel:
         self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False,
         square=False, prepared=None,
     ):  # fmt: skip
-        # dense inputs: on the H200 the op's backward gave wrong dq/dk (inf/NaN for GQA) on the a2a region's
-        # strided q/k/v views while its forward was right on them; a copy is cheap next to the attention
-        dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
+        # dO and O share one offsets column: both packed. q, k and v are read where they lie (a fused projection's
+        # views, all_gather's key buffer), each with offsets of its own token stride, as the forward reads them.
+        # (The H200 once gave wrong dq/dk on such views through the frontend's op; bench/probes/cudnn_view_bwd.py
+        # compares views and copies through these graph ops.)
+        dout, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, out))
+        q, k, v = (t if t.shape[0] > 1 and t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
         bounds = (max(max_q, 1), max(max_k, 1))
         (hq, d), (hk, hv, dv) = q.shape[1:], (k.shape[1], v.shape[1], v.shape[2])
-        # q, o, dq (, stats) | k, v, dk, dv: all packed here (shapes, not stride(0), which is arbitrary at one token)
-        q_side: tuple[int, ...] = (hq * d, hq * dv, hq * d)
+        # q, o, dq (, stats) | k, v, dk, dv: o, dq, dk, dv packed (shapes: stride(0) is arbitrary at one token)
+        q_side: tuple[int, ...] = (q.stride(0), hq * dv, hq * d)
         if cudnn_graph.reads_ragged_stats(q.device):  # the forward's (Tq, Hq, 1) as it wrote them
             stats = lse.t().float().contiguous().unsqueeze(-1)  # no copy for the forward's own (a transposed view)
             q_side = (*q_side, hq)
         else:
             stats = padded_at(lse, prepared[4:6], prepared[0].shape[0], bounds[0])
-        meta = ragged_metadata(prepared[:4], q_side, (hk * d, hv * dv, hk * d, hv * dv))
-        tokens = [hq * d, hq * dv, hk * d, hv * dv]  # q, o, k, v as the offsets assume them (packed)
+        meta = ragged_metadata(prepared[:4], q_side, (k.stride(0), v.stride(0), hk * d, hv * dv))
+        tokens = [q.stride(0), hq * dv, k.stride(0), v.stride(0)]  # q, o, k, v as the offsets were made for them
         deterministic = torch.are_deterministic_algorithms_enabled()
         mask = band_args(causal, window, square)
         args = (meta, tokens, scale, *bounds, *mask, deterministic)

@@ -138,12 +138,12 @@ class CuDNNStandIn:
 
     def cudnn_thd_bwd(self, dout, q, k, v, out, stats, meta, tokens, scale, max_q, max_k, is_causal, bottom_right,
                       left, right, deterministic):  # fmt: skip
-        assert all(t.is_contiguous() for t in (dout, q, k, v, out)), "the graph op's backward takes packed tensors"
+        assert all(t.is_contiguous() for t in (dout, out)), "dO and O share one offsets column: both packed"
         assert all(t.shape[0] < 2 or t.stride(0) == n for t, n in zip((q, out, k, v), tokens)), "tokens: q, o, k, v"
         hq, hk, hv, d, dv = q.shape[1], k.shape[1], v.shape[1], q.shape[2], v.shape[2]
         ragged = stats.dim() == 3  # the forward's own (Tq, Hq, 1), offsets cu_seqlens_q x Hq (BWD_META_RAGGED_STATS)
-        q_side = (hq * d, hq * dv, hq * d) + ((hq,) if ragged else ())
-        cu_q, cu_k = self._cu(meta, (len(q_side), (*q_side, hk * d, hv * dv, hk * d, hv * dv)))
+        q_side = (tokens[0], hq * dv, hq * d) + ((hq,) if ragged else ())  # q where it lies; o, dq packed
+        cu_q, cu_k = self._cu(meta, (len(q_side), (*q_side, tokens[2], tokens[3], hk * d, hv * dv)))
         if ragged:
             assert cudnn_graph.reads_ragged_stats(q.device), "ragged stats where the backward takes them padded"
             assert stats.dtype == torch.float32 and stats.is_contiguous() and stats.shape == (q.shape[0], hq, 1)
