@@ -1,14 +1,14 @@
 """Does cpcompile's cuDNN THD backward (kernels/cudnn_graph) give the same gradients on strided q/k/v views as on
-their contiguous copies? The provider copies them today (cudnn_varlen.backward: three copies a call in the a2a
-region, the split views of the fused projection) because the H200 once gave wrong dq/dk on those views through
-the frontend's op. Our ops declare each view's real strides and make its offsets from them; if the gradients
-match bit for bit here, the copies can go.
+their contiguous copies? The provider read copies until the H200 had given wrong dq/dk on such views through
+the frontend's op; it now reads token-major views in place (cudnn_varlen.token_major: a fused projection's q,
+all_gather's key buffer), declaring each view's real strides and making its offsets from them. This prints the
+evidence, beside tests/gpu's accuracy check of the same path.
 
     python -m bench.probes.cudnn_view_bwd
 
-Prints, per case (a fused projection's views; head-major buffers seen token-major, as an a2a region's), the
-largest |difference| of dq, dk, dv (views against copies) over every row and key (all are defined here), and
-whether they are equal bit for bit.
+Per case (a fused projection's views; head-major buffers, which the provider still copies), the largest
+|difference| of dq, dk, dv (views against copies) over every row and key (all are defined here), and whether
+they are equal bit for bit; a layout cuDNN refuses prints its error.
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def _ranges(cu: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     g = torch.Generator(device=CUDA).manual_seed(0)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    import cudnn
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN backend {cudnn.backend_version()}")
     forms = (False, True) if cudnn_graph.reads_ragged_stats(CUDA) else (False,)
     for hq, hkv, d in ((8, 8, 128), (8, 2, 128), (4, 1, 64)):
         for causal in (True, False):

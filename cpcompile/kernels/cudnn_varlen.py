@@ -21,8 +21,8 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
   call: split by shape into two calls measured slower in most rows (docs/benchmarks.md, "cuDNN THD").
 - LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
   reads it back token-major and ragged where the GPU allows (cudnn_graph.reads_ragged_stats: SM90, SM100 with
-  cuDNN >= 9.6; a copy only when the executor merged it head-major), and elsewhere PADDED (sequences, Hq,
-  max_q, 1): `padded_at` scatters the final lse to its `lse_slots`.
+  cuDNN >= 9.6; the executor hands the final lse head-major, so that is one transposing copy), and elsewhere
+  PADDED (sequences, Hq, max_q, 1): `padded_at` scatters the final lse to its `lse_slots` (~8 kernels traced).
 - prepared metadata: the sequences' length and prefix columns (cudnn_graph.sequence_columns), the lse slots and
   a window's unseen keys depend on the ranges alone;
   `prepare` computes them as device ops, which the regions run once per batch in their graph (Inductor), so a
@@ -129,6 +129,14 @@ def unseen_keys(ranges: torch.Tensor, tk: int, left: int) -> torch.Tensor:
     return range_ids(ks, ks + cut, tk) >= 0
 
 
+def token_major(t: torch.Tensor) -> bool:
+    """A (T, H, D) view the backward reads in place: dense dims, each token's heads side by side (a fused
+    projection's or a K/V buffer's views, the a2a region's token-major exchange), more than one token. Head-major
+    views and the rest are copied: the layouts TransformerEngine's THD graphs use are token-major too."""
+    (s_t, s_h, s_d), (_, h, d) = t.stride(), t.shape
+    return t.shape[0] > 1 and s_d == 1 and s_h >= d and s_t >= h * s_h
+
+
 class CuDNNVarlenKernel:
     name = "cudnn_varlen"
     traceable = True
@@ -179,14 +187,14 @@ class CuDNNVarlenKernel:
         # (The H200 once gave wrong dq/dk on such views through the frontend's op; bench/probes/cudnn_view_bwd.py
         # compares views and copies through these graph ops.)
         dout, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, out))
-        q, k, v = (t if t.shape[0] > 1 and t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        q, k, v = (t if token_major(t) else t.contiguous() for t in (q, k, v))
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
         bounds = (max(max_q, 1), max(max_k, 1))
         (hq, d), (hk, hv, dv) = q.shape[1:], (k.shape[1], v.shape[1], v.shape[2])
         # q, o, dq (, stats) | k, v, dk, dv: o, dq, dk, dv packed (shapes: stride(0) is arbitrary at one token)
         q_side: tuple[int, ...] = (q.stride(0), hq * dv, hq * d)
         if cudnn_graph.reads_ragged_stats(q.device):  # the forward's (Tq, Hq, 1) as it wrote them
-            stats = lse.t().float().contiguous().unsqueeze(-1)  # no copy for the forward's own (a transposed view)
+            stats = lse.t().float().contiguous().unsqueeze(-1)  # the executor's lse is (Hq, Tq): one transpose
             q_side = (*q_side, hq)
         else:
             stats = padded_at(lse, prepared[4:6], prepared[0].shape[0], bounds[0])

@@ -120,9 +120,9 @@ def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(
     bwd = graphs.graphs[-1]
     assert bwd is not fwd and bwd.op[0] == "bwd"
     packed = dict(q=q, k=k, v=v, o=out, dO=dout, dq=dq, dk=dk, dv=dv)  # q, k, v: the views themselves, no copies
-    if ragged_stats:
-        packed["stats"] = stats  # the forward's (Tq, Hq, 1) itself, bound again
-        assert bwd.bound[int(cg.Uid.STATS)].data_ptr() == stats.data_ptr()
+    if ragged_stats:  # the forward's (Tq, Hq, 1) values (the provider's transposed view here; the executor's
+        packed["stats"] = stats  # head-major lse is copied back token-major), bound with offsets cu_q x Hq
+        assert torch.equal(bwd.bound[int(cg.Uid.STATS)], stats)
     fake_cudnn.check_bindings(bwd, packed, cu_q, cu_k)
     declared = next(t for t in bwd.tensors if t.name == "stats")
     assert (declared.ragged is not None) == ragged_stats
@@ -164,3 +164,36 @@ def test_new_documents_reuse_the_graphs_and_a_restrided_input_is_refused(graphs)
         cg.cudnn_thd_fwd(q.detach().requires_grad_(), k, v, meta, tokens, 0.1, 7, 7, *mask)
     with torch.no_grad():  # as under the region's autograd.Function
         cg.cudnn_thd_fwd(q.detach().requires_grad_(), k, v, meta, tokens, 0.1, 7, 7, *mask)
+
+
+@pytest.mark.parametrize(
+    "major,version,ragged",
+    [(8, 91900, False), (9, 90599, False), (9, 90600, True), (10, 91900, True), (12, 91900, False)],
+)
+def test_ragged_stats_follow_the_architecture_and_the_cudnn_version(monkeypatch, major, version, ragged):
+    """The rule the backward's stats form follows (TransformerEngine's for the same graph): ragged from cuDNN 9.6
+    on, except on SM8x and SM12x, whose THD backward refuses them; never off CUDA. Asked per device index, the
+    current device's when the index is unset."""
+    fake = fake_cudnn.module()
+    fake.backend_version = lambda: version
+    monkeypatch.setitem(sys.modules, "cudnn", fake)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (major, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    cg._ragged_stats_at.cache_clear()
+    try:
+        assert cg.reads_ragged_stats(torch.device("cuda", 1)) is ragged
+        assert cg.reads_ragged_stats(torch.device("cuda")) is ragged
+        assert asked == [1, 3]
+        assert cg.reads_ragged_stats(torch.device("cpu")) is False
+    finally:
+        cg._ragged_stats_at.cache_clear()
+
+
+def test_token_major_views_are_read_in_place_and_the_rest_copied():
+    fused = torch.empty(6, 3, 4, 8)  # a fused projection: (T, 3, H, D)
+    keys = torch.empty(6, 2, 2, 8)  # all_gather's (T, 2, Hkv, D)
+    assert cv.token_major(fused[:, 1]) and cv.token_major(keys[:, 0]) and cv.token_major(torch.empty(6, 4, 8))
+    assert not cv.token_major(torch.empty(4, 6, 8).transpose(0, 1))  # head-major
+    assert not cv.token_major(torch.empty(6, 8, 4).transpose(1, 2))  # dims not dense
+    assert not cv.token_major(torch.empty(1, 4, 8))  # one token: its stride is arbitrary

@@ -26,8 +26,9 @@ from ...regions.partials import add_part, merge_step
 from .schedule import packed_step_blocks, packed_visited_steps, packed_window, step_gap
 
 KV_DIM = 0
-"""K and V stack on dim 0 of the held buffer, (2, L, Hkv, D): each is a contiguous view, which cuDNN's THD
-backward needs (it copies strided q/k/v first: two K/V copies at every backward step with them on dim 1)."""
+"""K and V stack on dim 0 of the held buffer, (2, L, Hkv, D): each is a contiguous view. Chosen while cuDNN's THD
+backward copied strided q/k/v first (two K/V copies at every backward step with them on dim 1); it now reads
+token-major views in place (cudnn_varlen.token_major), so either stacking would do there."""
 
 
 def _step_inputs(spec: list[int], ranges, held, qk_dim):
