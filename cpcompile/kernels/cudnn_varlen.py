@@ -186,8 +186,8 @@ class CuDNNVarlenKernel:
         # views, all_gather's key buffer), each with offsets of its own token stride, as the forward reads them.
         # (The H200 once gave wrong dq/dk on such views through the frontend's op; bench/probes/cudnn_view_bwd.py
         # compares views and copies through these graph ops.)
-        dout, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, out))
-        q, k, v = (t if token_major(t) else t.contiguous() for t in (q, k, v))
+        dout, out = [t if t.is_contiguous() else t.contiguous() for t in (dout, out)]
+        q, k, v = [t if token_major(t) else t.contiguous() for t in (q, k, v)]  # lists: Dynamo 2.14 traces them
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
         bounds = (max(max_q, 1), max(max_k, 1))
         (hq, d), (hk, hv, dv) = q.shape[1:], (k.shape[1], v.shape[1], v.shape[2])
