@@ -1,0 +1,71 @@
+"""Host time a step, three ways, for one CP rank's compiled layer (the GPU check's layer, bench/gpu_speed.py): why
+the one-step host time can exceed the step time back to back.
+
+- first: the GPU check's measure (bench.common.host_and_gpu_ms): the CPU time of one step enqueued behind a long
+  GPU sleep, the host cold after the synchronise before it;
+- steady: the CPU time of `--steps` steps enqueued in a row behind one long sleep (nothing waits for the GPU:
+  the sleep outlasts them; few enough steps that their launches fit the driver's queue, which would otherwise
+  block), a step's share: what a training loop's host pays once it is warm;
+- back to back: the step time of steps run back to back, no sleep (bench.common.back_to_back_ms).
+
+If steady is well below first, the one-step measure charges a cold start (caches, the CUDA driver's first
+launches after a synchronise) that a loop over many layers does not pay.
+
+    python -m bench.probes.host_steady [--cases a2a:thd,all_gather:thd,a2a:zigzag] [--kernel auto] [--rank 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bench.common import HOST_SLEEP_CYCLES, back_to_back_ms, host_and_gpu_ms
+from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents
+from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, fake_group, rank_step
+
+
+def steady_host_ms(step, steps: int, reps: int = 3) -> float:
+    """Median over `reps` of (CPU time to enqueue `steps` steps in a row behind one GPU sleep) / steps."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(HOST_SLEEP_CYCLES * steps)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        times.append((time.perf_counter() - t0) * 1e3 / steps)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="a2a:thd,all_gather:thd,a2a:zigzag")
+    ap.add_argument("--kernel", default="auto")
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=5)  # x ~75 launches: well inside the driver's launch queue
+    args = ap.parse_args()
+    torch._dynamo.config.cache_size_limit = 256
+    layer = build(LLAMA3_8B, DTYPE)
+    dense_x = torch.randn(1, SPEED_SEQ, LLAMA3_8B.hidden, device="cuda", dtype=DTYPE)
+    cu = cu_of(documents(SPEED_SEQ, seed=3, unit=2 * SPEED_CP))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; ms a step, rank {args.rank}", flush=True)
+    with fake_group(args.rank, SPEED_CP):
+        for case in args.cases.split(","):
+            comm, layout = case.split(":")
+            x = dense_x[0] if layout in PACKED else dense_x
+            step, kernel = rank_step(layer, layout, comm, x, cu, args.rank, args.kernel)
+            for _ in range(3):
+                step()
+            first, gpu = host_and_gpu_ms(step)
+            steady = steady_host_ms(step, args.steps)
+            b2b = back_to_back_ms(step)
+            print(f"{case} ({kernel}): host first {first:.2f}, steady {steady:.2f}; GPU {gpu:.2f}; "
+                  f"back to back {b2b:.2f}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
