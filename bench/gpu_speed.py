@@ -30,6 +30,25 @@ def fake_group(rank: int, world: int):
         dist.destroy_process_group()
 
 
+def check_layer(seq: int = SPEED_SEQ) -> tuple:
+    """(the GPU check's layer, its dense input (1, seq, hidden), the cu_seqlens of its documents): what a probe of
+    the check's rows builds first (Dynamo's cache raised for the many compiles a probe makes)."""
+    torch._dynamo.config.cache_size_limit = 256
+    layer = build(LLAMA3_8B, DTYPE)
+    dense_x = torch.randn(1, seq, LLAMA3_8B.hidden, device="cuda", dtype=DTYPE)
+    return layer, dense_x, cu_of(documents(seq, seed=3, unit=2 * SPEED_CP))
+
+
+def warm_rank_step(layer, case: str, dense_x: torch.Tensor, cu: torch.Tensor, rank: int, kernel: str = "auto"):
+    """`rank_step` for a "comm:layout" case (packed layouts take the dense input's one sequence), run three times
+    so compiles and first calls are behind it: (step, the kernel it resolved to)."""
+    comm, layout = case.split(":")
+    step, resolved = rank_step(layer, layout, comm, dense_x[0] if layout in PACKED else dense_x, cu, rank, kernel)
+    for _ in range(3):
+        step()
+    return step, resolved
+
+
 def refused_by_design(comm: str, layout: str) -> bool:
     """The combinations the comm registry refuses by design (one CPCompileError each): its capabilities."""
     from cpcompile.comms.registry import refuses_layout

@@ -17,8 +17,7 @@ import pstats
 import torch
 
 from bench.common import host_and_gpu_ms
-from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents
-from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, _single, fake_group, rank_step
+from bench.gpu_speed import SPEED_CP, _single, check_layer, fake_group, warm_rank_step
 
 SLEEP = 200_000_000
 
@@ -44,10 +43,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--kernel", default="auto")
     args = ap.parse_args()
-    torch._dynamo.config.cache_size_limit = 256
-    layer = build(LLAMA3_8B, DTYPE)
-    dense_x = torch.randn(1, SPEED_SEQ, LLAMA3_8B.hidden, device="cuda", dtype=DTYPE)
-    cu = cu_of(documents(SPEED_SEQ, seed=3, unit=2 * SPEED_CP))
+    layer, dense_x, cu = check_layer()
     longest = int((cu[1:] - cu[:-1]).max())
     singles = {"dense": _single(layer, dense_x, None, 0), "packed": _single(layer, dense_x[0], cu, longest)}
     for kind, single in singles.items():
@@ -57,11 +53,7 @@ def main() -> None:
         print(f"single-GPU {kind} layer: host {host:.2f} ms / GPU {gpu:.2f} ms", flush=True)
     with fake_group(args.rank, SPEED_CP):
         for case in args.cases.split(","):
-            comm, layout = case.split(":")
-            x = dense_x[0] if layout in PACKED else dense_x
-            step, kernel = rank_step(layer, layout, comm, x, cu, args.rank, args.kernel)
-            for _ in range(3):
-                step()
+            step, kernel = warm_rank_step(layer, case, dense_x, cu, args.rank, args.kernel)
             host, gpu = host_and_gpu_ms(step)
             print(f"\n=== {case} rank {args.rank} ({kernel}): host {host:.2f} ms / GPU {gpu:.2f} ms", flush=True)
             print(_profiled(step, args.rows), flush=True)

@@ -23,8 +23,7 @@ import time
 import torch
 
 from bench.common import HOST_SLEEP_CYCLES, back_to_back_ms, host_and_gpu_ms
-from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents
-from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, fake_group, rank_step
+from bench.gpu_speed import SPEED_CP, check_layer, fake_group, warm_rank_step
 
 
 def steady_host_ms(step, steps: int, reps: int = 3) -> float:
@@ -48,18 +47,11 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--steps", type=int, default=5)  # x ~75 launches: well inside the driver's launch queue
     args = ap.parse_args()
-    torch._dynamo.config.cache_size_limit = 256
-    layer = build(LLAMA3_8B, DTYPE)
-    dense_x = torch.randn(1, SPEED_SEQ, LLAMA3_8B.hidden, device="cuda", dtype=DTYPE)
-    cu = cu_of(documents(SPEED_SEQ, seed=3, unit=2 * SPEED_CP))
+    layer, dense_x, cu = check_layer()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; ms a step, rank {args.rank}", flush=True)
     with fake_group(args.rank, SPEED_CP):
         for case in args.cases.split(","):
-            comm, layout = case.split(":")
-            x = dense_x[0] if layout in PACKED else dense_x
-            step, kernel = rank_step(layer, layout, comm, x, cu, args.rank, args.kernel)
-            for _ in range(3):
-                step()
+            step, kernel = warm_rank_step(layer, case, dense_x, cu, args.rank, args.kernel)
             first, gpu = host_and_gpu_ms(step)
             steady = steady_host_ms(step, args.steps)
             b2b = back_to_back_ms(step)

@@ -13,8 +13,8 @@ from collections import Counter
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.gpu_layer import LLAMA3_8B, PACKED, build, cu_of, documents
-from bench.gpu_speed import DTYPE, SPEED_CP, SPEED_SEQ, fake_group, rank_step
+from bench.gpu_layer import PACKED
+from bench.gpu_speed import SPEED_CP, check_layer, fake_group, warm_rank_step
 
 
 def _launches(step) -> tuple[Counter, Counter]:
@@ -38,18 +38,12 @@ def main() -> None:
     ap.add_argument("--kernels", default="cudnn_varlen,flash_varlen")
     ap.add_argument("--rank", type=int, default=0)
     args = ap.parse_args()
-    torch._dynamo.config.cache_size_limit = 256
-    layer = build(LLAMA3_8B, DTYPE)
-    x = torch.randn(SPEED_SEQ, LLAMA3_8B.hidden, device="cuda", dtype=DTYPE)
-    cu = cu_of(documents(SPEED_SEQ, seed=3, unit=2 * SPEED_CP))
+    layer, dense_x, cu = check_layer()
     with fake_group(args.rank, SPEED_CP):
         for case in args.cases.split(","):
-            comm, layout = case.split(":")
-            assert layout in PACKED, f"{layout}: this probe times the packed rows"
+            assert case.split(":")[1] in PACKED, f"{case}: this probe counts the packed rows"
             for kernel in args.kernels.split(","):
-                step, resolved = rank_step(layer, layout, comm, x, cu, args.rank, kernel)
-                for _ in range(3):
-                    step()
+                step, resolved = warm_rank_step(layer, case, dense_x, cu, args.rank, kernel)
                 gpu, cpu = _launches(step)
                 print(f"\n=== {case} rank {args.rank} ({resolved}): {sum(gpu.values())} GPU kernels, "
                       f"CPU launches {dict(cpu)}", flush=True)  # fmt: skip
