@@ -55,6 +55,21 @@ HOST_SLEEP_CYCLES = 200_000_000
 """~100 ms of GPU sleep queued before a step whose host time is measured: longer than any step's host time here."""
 
 
+def queued_host_ms(fn: Callable[[], object], calls: int, reps: int = 3, sleep_cycles: int = HOST_SLEEP_CYCLES) -> float:
+    """Median CPU ms a call of `fn`, `calls` calls enqueued in a row behind one GPU sleep of `sleep_cycles` (nothing
+    on the host waits for the GPU; keep the calls' launches within the driver's queue): the warm host cost a call."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(sleep_cycles)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) * 1e3 / calls)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def host_and_gpu_ms(step: Callable[[], object], reps: int = 5) -> tuple[float, float]:
     """(median host ms, median GPU ms) of `step`, each run behind a long GPU sleep: the host time is the CPU time
     from the call to its return (backward included) with nothing on the host waiting for the GPU (a host sync in

@@ -28,33 +28,17 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
-import time
 
 import torch
 
 from bench import thd_cases
-from bench.common import HOST_SLEEP_CYCLES
+from bench.common import HOST_SLEEP_CYCLES, queued_host_ms
 from cpcompile.comms.all_gather.varlen import attend_gathered
 from cpcompile.executor import decode_varlen
 from cpcompile.kernels import get_varlen_kernel
 from cpcompile.kernels.cudnn_graph import ragged_metadata
 from cpcompile.kernels.cudnn_varlen import band, band_args
 from cpcompile.kernels.varlen_ranges import cu_seqlens
-
-
-def host_us(fn, calls: int, reps: int) -> float:
-    """Median CPU microseconds a call of `fn`, `calls` calls queued behind a long GPU sleep."""
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(HOST_SLEEP_CYCLES)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) * 1e6 / calls)
-    torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -120,7 +104,7 @@ def main() -> None:
           f"max_q {b.max_q}, max_k {b.max_k}, square {b.square}; host us a call ({args.calls} calls, median of "
           f"{args.reps}):", flush=True)  # fmt: skip
     for name, fn in stages.items():
-        print(f"  {name:14s} {host_us(fn, args.calls, args.reps):8.1f}", flush=True)
+        print(f"  {name:14s} {queued_host_ms(fn, args.calls, args.reps) * 1e3:8.1f}", flush=True)
 
     profile = cProfile.Profile()
     torch.cuda.synchronize()

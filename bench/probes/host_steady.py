@@ -17,27 +17,11 @@ launches after a synchronise) that a loop over many layers does not pay.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
-from bench.common import HOST_SLEEP_CYCLES, back_to_back_ms, host_and_gpu_ms
+from bench.common import HOST_SLEEP_CYCLES, back_to_back_ms, host_and_gpu_ms, queued_host_ms
 from bench.gpu_speed import SPEED_CP, check_layer, fake_group, warm_rank_step
-
-
-def steady_host_ms(step, steps: int, reps: int = 3) -> float:
-    """Median over `reps` of (CPU time to enqueue `steps` steps in a row behind one GPU sleep) / steps."""
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(HOST_SLEEP_CYCLES * steps)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        times.append((time.perf_counter() - t0) * 1e3 / steps)
-        torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -53,7 +37,7 @@ def main() -> None:
         for case in args.cases.split(","):
             step, kernel = warm_rank_step(layer, case, dense_x, cu, args.rank, args.kernel)
             first, gpu = host_and_gpu_ms(step)
-            steady = steady_host_ms(step, args.steps)
+            steady = queued_host_ms(step, args.steps, sleep_cycles=HOST_SLEEP_CYCLES * args.steps)
             b2b = back_to_back_ms(step)
             print(f"{case} ({kernel}): host first {first:.2f}, steady {steady:.2f}; GPU {gpu:.2f}; "
                   f"back to back {b2b:.2f}", flush=True)  # fmt: skip
