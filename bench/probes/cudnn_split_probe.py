@@ -1,0 +1,180 @@
+"""Would a mixed packed block (whole documents plus cut pieces) reach cuDNN's top-left speed as two compact calls?
+
+cuDNN 9.19's bottom-right causal kernel runs 1.6-1.8x slower than its top-left one on the same square mask, and a
+block holding one cut piece (rows [a, b) of a document against keys [0, b)) must run every range bottom-right.
+A cut piece is the square [a, b) x [a, b) (top-left causal) plus the rectangle [a, b) x [0, a) (no mask), so the
+block can run as:
+  square  every range's last n keys against its n rows, top-left causal (whole documents unchanged);
+  rect    the cut pieces' rectangles, unmasked; every other range zero rows and zero keys;
+then the rows of cut pieces merged by log-sum-exp, dq summed there, and dk/dv selected (the two calls' keys are
+disjoint). rect_split_probe timed this through the adjacent cu_seqlens encoding (gap sequences, a grid as large as
+the block's, wrong results on thd_balanced). Here both calls address their ranges directly with cuDNN's ragged
+offsets (each sequence its own start and length, no gap sequence), through kernels/cudnn_graph's ops.
+
+Per case (layout:mix:S:cp), every rank, GPU time of fwd+bwd (CUDA events, interleaved), the slowest rank of:
+  one     the block as the region runs it (cudnn_varlen; bottom-right unless every range is square)
+  fa2     the same block on flash_varlen
+  split   the two compact calls with the merge and gradient combination compiled by Inductor
+against ideal = cuDNN top-left over the whole packed sequence / cp. Checks split's out/lse/dq/dk/dv against one's
+on the rows and keys of the ranges. Also host ms a call of one and split (queued behind a GPU sleep).
+
+    python -m bench.probes.cudnn_split_probe [--cases thd_balanced:docs-median-1K:32768:8,...] [--iters 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench import thd_cases
+from bench.common import queued_host_ms, time_many_ms
+from cpcompile.comms.all_gather.varlen import attend_gathered
+from cpcompile.executor import decode_varlen
+from cpcompile.kernels import cudnn_graph, get_varlen_kernel
+from cpcompile.kernels.base import range_ids
+
+CASES = (
+    ",".join(
+        f"{layout}:{mix}:{s}:{cp}"
+        for layout in ("thd_balanced",)
+        for mix in ("docs-median-1K", "docs-median-8K")
+        for s, cp in ((32768, 8), (131072, 8), (32768, 2), (131072, 4))
+    )
+    + ",thd:docs-median-1K:32768:8,thd:docs-median-8K:131072:8"
+)
+
+
+def range_columns(r: torch.Tensor) -> list[torch.Tensor]:
+    """sequence_columns' four columns addressing each range directly: lengths qe - qs and ke - ks, offsets qs and
+    ks (the last entry the largest end), one sequence a range and no gaps."""
+    qs, qe, ks, ke = r.long()
+    lens = [(e - s).to(torch.int32).view(-1, 1, 1, 1) for s, e in ((qs, qe), (ks, ke))]
+    return lens + [torch.cat((s, e.max().view(1))).view(-1, 1, 1, 1) for s, e in ((qs, qe), (ks, ke))]
+
+
+def parts(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(square ranges, rectangle ranges) of a causal block: each range's last n keys against its n rows, and
+    its earlier keys against the same rows where it has both (zero rows and keys elsewhere)."""
+    qs, qe, ks, ke = r
+    n, m = qe - qs, ke - ks
+    cut = (m > n) & (n > 0)
+    square = torch.stack((qs, qe, ke - n, ke))
+    rect = torch.stack((qs, torch.where(cut, qe, qs), ks, torch.where(cut, ke - n, ks)))
+    return square, rect
+
+
+def _merge(o1, l1, o2, l2, rows):
+    l2 = torch.where(rows[None], l2, float("-inf"))
+    lse = torch.logaddexp(l1, l2)
+    w1, w2 = (torch.exp(x - lse).t()[:, :, None] for x in (l1, l2))
+    out = torch.where(rows[:, None, None], o1.float() * w1 + o2.float() * w2, o1.float()).to(o1.dtype)
+    return out, lse
+
+
+def _grads(g1, g2, rows, rkeys):
+    r3, k3 = rows[:, None, None], rkeys[:, None, None]
+    dq = torch.where(r3, (g1[0].float() + g2[0].float()).to(g1[0].dtype), g1[0])
+    return dq, torch.where(k3, g2[1], g1[1]), torch.where(k3, g2[2], g1[2])
+
+
+merge, grads = torch.compile(_merge, fullgraph=True), torch.compile(_grads, fullgraph=True)
+
+
+def split_fn(q, k, v, dout, r, b, scale: float, check=None):
+    impl = get_varlen_kernel("cudnn_varlen")
+    square, rect = parts(r)
+    tq, tk = q.shape[0], k.shape[0]
+    rows = range_ids(rect[0], rect[1], tq) >= 0
+    rkeys = range_ids(rect[2], rect[3], tk) >= 0
+    sq_prep = range_columns(square) + impl.prepare(square, tq, tk, b.max_q, square=True)[4:]
+    rc_prep = range_columns(rect) + impl.prepare(rect, tq, tk, b.max_q)[4:]
+    sq_args = (square, b.max_q, b.max_q, True, scale)
+    rc_args = (rect, b.max_q, b.max_k, False, scale)
+
+    def run():
+        o1, l1 = impl.forward(q, k, v, *sq_args, square=True, prepared=sq_prep)
+        o2, l2 = impl.forward(q, k, v, *rc_args, prepared=rc_prep)
+        out, lse = merge(o1, l1, o2, l2, rows)
+        g1 = impl.backward(dout, q, k, v, out, lse, *sq_args, square=True, prepared=sq_prep)
+        g2 = impl.backward(dout, q, k, v, out, lse, *rc_args, prepared=rc_prep)
+        dq, dk, dv = grads(g1, g2, rows, rkeys)
+        if check is not None:
+            check.update(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+
+    return run
+
+
+def one_fn(q, k, v, dout, r, b, kernel: str, scale: float, check=None):
+    impl = get_varlen_kernel(kernel)
+    kw = b.kernel_kwargs()
+    args = (r, b.max_q, b.max_k, b.causal, scale)
+
+    def run():
+        out, lse = impl.forward(q, k, v, *args, **kw)
+        dq, dk, dv = impl.backward(dout, q, k, v, out, lse, *args, **kw)
+        if check is not None:
+            check.update(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+
+    return run
+
+
+def rel_err(want: dict, got: dict, rows: torch.Tensor, keys: torch.Tensor) -> float:
+    err = 0.0
+    for name, ref in want.items():
+        if name == "lse":
+            sel = (ref.float()[:, rows], got[name].float()[:, rows])
+        else:
+            mask = keys if name in ("dk", "dv") else rows
+            sel = (ref.float()[mask], got[name].float()[mask])
+        err = max(err, float((sel[0] - sel[1]).abs().max() / sel[0].abs().max().clamp(min=1e-6)))
+    return err
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=CASES)
+    ap.add_argument("--iters", type=int, default=5)
+    args = ap.parse_args()
+    assert cudnn_graph.reads_ragged_stats(torch.device("cuda")), "the probe reads the stats ragged (SM90/SM100)"
+    scale = thd_cases.SCALE
+    for spec in args.cases.split(","):
+        layout, mix, seq, cp = spec.split(":")
+        seq, cp = int(seq), int(cp)
+        lengths = thd_cases.doc_lengths(seq, mix)
+        ideal = time_many_ms([thd_cases.provider_full_fn(lengths, "cudnn_varlen")], args.iters, 2)[0] / cp
+        worst = {m: 0.0 for m in ("one", "fa2", "split")}
+        host = {"one": 0.0, "split": 0.0}
+        err, cut = 0.0, 0
+        for rank in range(cp):
+            q, gathered, key_maps, dout, ranges, enc = thd_cases.rank_case(layout, lengths, cp, rank)
+            (b,), (r,) = decode_varlen(enc), ranges
+            tensors = thd_cases.block_tensors(q, gathered, key_maps[0], ranges, enc, "cudnn_varlen")
+            keys = attend_gathered(q, gathered, key_maps[0], tensors, enc, scale, "cudnn_varlen")[2]
+            k, v = keys[:, 0], keys[:, 1]
+            fns = [
+                one_fn(q, k, v, dout, r, b, "cudnn_varlen", scale),
+                one_fn(q, k, v, dout, r, b, "flash_varlen", scale),
+                split_fn(q, k, v, dout, r, b, scale),
+            ]
+            for m, t in zip(worst, time_many_ms(fns, args.iters, 2)):
+                worst[m] = max(worst[m], t)
+            host["one"] = max(host["one"], queued_host_ms(fns[0], 1))
+            host["split"] = max(host["split"], queued_host_ms(fns[2], 1))
+            want, got = {}, {}
+            one_fn(q, k, v, dout, r, b, "cudnn_varlen", scale, want)()
+            split_fn(q, k, v, dout, r, b, scale, got)()
+            rows = range_ids(r[0], r[1], q.shape[0]) >= 0
+            in_keys = range_ids(r[2], r[3], k.shape[0]) >= 0
+            err = max(err, rel_err(want, got, rows, in_keys))
+            cut += int(((r[3] - r[2]) > (r[1] - r[0])).logical_and(r[1] > r[0]).sum())
+            del q, gathered, keys, k, v, fns
+            torch.cuda.empty_cache()
+        effs = " ".join(f"{m} {t:.2f} ms ({ideal / t:.3f})" for m, t in worst.items())
+        hosts = " ".join(f"{m} {t:.2f}" for m, t in host.items())
+        print(f"{spec}: ideal {ideal:.2f} ms; {cut} cut pieces over the ranks; slowest rank GPU: {effs}; "
+              f"host ms a call: {hosts}; split vs one max rel err {err:.1e}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
