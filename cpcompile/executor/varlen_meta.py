@@ -70,7 +70,7 @@ def prepare_blocks(
 
 
 def _count(spec: VarlenSpec, impl) -> int:
-    return (not spec.covers_rows) + (not spec.covers_keys) + impl.prepared_count(spec.window)
+    return (not spec.covers_rows) + (not spec.covers_keys) + impl.prepared_count(**spec.kernel_kwargs())
 
 
 def split_blocks(meta: Sequence[torch.Tensor], specs: Sequence[VarlenSpec], impl) -> list[BlockMeta]:
@@ -83,7 +83,7 @@ def split_blocks(meta: Sequence[torch.Tensor], specs: Sequence[VarlenSpec], impl
         at += rows is not None
         keys = None if spec.covers_keys else meta[at]
         at += keys is not None
-        n = impl.prepared_count(spec.window)
+        n = impl.prepared_count(**spec.kernel_kwargs())
         out.append(BlockMeta(rows, keys, list(meta[at : at + n])))
         at += n
     return out

@@ -85,8 +85,8 @@ class VarlenAttentionKernel(Protocol):
     head h // (Hq // Hkv).
 
     prepare(ranges, tq, tk, max_q, window, tiled, square) returns the tensors the provider derives from the
-    ranges alone (cu_seqlens, index maps; `prepared_count(window)` of them, a static number): device ops with
-    static shapes and no host sync, which the regions run once per batch in their graph and hand to every call
+    ranges alone (cu_seqlens, index maps; `prepared_count` of them for the same keywords, a static number): device
+    ops with static shapes and no host sync, which the regions run once per batch in their graph and hand to every call
     of the block as `prepared=` (forward and backward). Without it a call prepares them itself.
 
     backward gets the FINAL merged out and lse of every q row (ring-attention identity) and returns (dq, dk,
@@ -111,8 +111,8 @@ class VarlenAttentionKernel(Protocol):
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype backward returns dq/dk/dv in for inputs of `dtype` (static: graphs are traced with it)."""
 
-    def prepared_count(self, window: tuple[int, int] = (-1, -1)) -> int:
-        """How many tensors `prepare` returns for a block with `window` (static)."""
+    def prepared_count(self, window: tuple[int, int] = (-1, -1), tiled: bool = False, square: bool = False) -> int:
+        """How many tensors `prepare` returns for a block with these keywords (static)."""
 
     def prepare(
         self,

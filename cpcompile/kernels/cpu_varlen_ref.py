@@ -75,7 +75,7 @@ class CPUVarlenReference:
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return acc_dtype(dtype)  # partial gradients stay in the accumulation dtype
 
-    def prepared_count(self, window: tuple[int, int] = (-1, -1)) -> int:
+    def prepared_count(self, window: tuple[int, int] = (-1, -1), tiled: bool = False, square: bool = False) -> int:
         return 0
 
     def prepare(self, ranges, tq, tk, max_q, window=(-1, -1), tiled=False, square=False) -> list[torch.Tensor]:

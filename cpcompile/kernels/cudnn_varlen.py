@@ -48,6 +48,7 @@ from . import cudnn_graph
 from ._cuda import cuda_half_reason, head_dim_reason, missing_package
 from .base import range_ids
 from .cudnn_graph import ragged_metadata, sequence_columns
+from .cudnn_split import SPLIT_COUNT, combine, merge, prepare_split
 from .varlen_ranges import cu_seqlens
 
 _OP_MODULE = "cudnn.sdpa.fwd.torch_op"
@@ -153,30 +154,37 @@ class CuDNNVarlenKernel:
     def grad_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return dtype  # the op writes dq/dk/dv in the io dtype (its graph accumulates in fp32, rounds once)
 
-    def prepared_count(self, window: tuple[int, int] = (-1, -1)) -> int:
-        """How many tensors `prepare` returns for a block with this window (static)."""
-        return 7 if window[0] >= 0 else 6
+    def prepared_count(self, window: tuple[int, int] = (-1, -1), tiled: bool = False, square: bool = False) -> int:
+        """How many tensors `prepare` returns for a block with these keywords (static)."""
+        return (7 if window[0] >= 0 else 6) + (SPLIT_COUNT if splits(window, square) else 0)
 
     def prepare(self, ranges, tq, tk, max_q, window=(-1, -1), tiled=False, square=False) -> list[torch.Tensor]:
         """The sequences' length and prefix columns (cudnn_graph.sequence_columns, from cu_seqlens), the
-        backward's `lse_slots`, and with a left window the keys no row sees: device ops on the ranges alone, so a
-        region computes them once per batch, in its graph."""
+        backward's `lse_slots`, with a left window the keys no row sees, and where a causal block would split
+        (`splits`) the split calls' metadata (cudnn_split.prepare_split): device ops on the ranges alone, so a
+        region computes them once per batch, in its graph (a block that turns out not causal leaves the split's
+        unused: dead code there)."""
         cu_q, cu_k = cu_seqlens(ranges, tiled)
-        prepared = [*sequence_columns(cu_q, cu_k), *lse_slots(ranges, tq, cu_q.numel() - 1, max(max_q, 1), tiled)]
+        bound = max(max_q, 1)
+        prepared = [*sequence_columns(cu_q, cu_k), *lse_slots(ranges, tq, cu_q.numel() - 1, bound, tiled)]
         if window[0] >= 0:
             prepared.append(unseen_keys(ranges, tk, window[0])[:, None, None])  # broadcast over heads, dims
+        if splits(window, square):
+            n = ranges.shape[1]
+            prepared += prepare_split(ranges, tq, tk, lambda sq: lse_slots(sq, tq, n, bound, True))
         return prepared
 
     def forward(
         self, q, k, v, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False, square=False, prepared=None
     ):
-        prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
-        hq, dv = q.shape[1], v.shape[2]
-        tokens = [q.stride(0), k.stride(0), v.stride(0)]  # the real layouts: q and k/v may be views
-        meta = ragged_metadata(prepared[:4], (tokens[0], hq * dv, hq), tokens[1:])
+        prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled, square)
         bounds = (max(max_q, 1), max(max_k, 1))
-        out, stats = _ops().cudnn_thd_fwd(q, k, v, meta, tokens, scale, *bounds, *band_args(causal, window, square))
-        return out, stats.squeeze(-1).t()  # (Tq, Hq, 1) token-major -> (Hq, Tq), a view
+        if causal and splits(window, square):  # the square parts top-left, the cut pieces' rectangles unmasked
+            extra = prepared[-SPLIT_COUNT:]
+            sq = _fwd_call(q, k, v, extra[:4], scale, (bounds[0], max(min(max_q, max_k), 1)), (True, False, -1, -1))
+            rc = _fwd_call(q, k, v, extra[4:8], scale, bounds, (False, False, -1, -1))
+            return merge(*sq, *rc, extra[10])
+        return _fwd_call(q, k, v, prepared[:4], scale, bounds, band_args(causal, window, square))
 
     def backward(
         self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False,
@@ -188,23 +196,53 @@ class CuDNNVarlenKernel:
         # compares views and copies through these graph ops.)
         dout, out = [t if t.is_contiguous() else t.contiguous() for t in (dout, out)]
         q, k, v = [t if token_major(t) else t.contiguous() for t in (q, k, v)]  # lists: Dynamo 2.14 traces them
-        prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled)
+        prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled, square)
         bounds = (max(max_q, 1), max(max_k, 1))
-        (hq, d), (hk, hv, dv) = q.shape[1:], (k.shape[1], v.shape[1], v.shape[2])
-        # q, o, dq (, stats) | k, v, dk, dv: o, dq, dk, dv packed (shapes: stride(0) is arbitrary at one token)
-        q_side: tuple[int, ...] = (q.stride(0), hq * dv, hq * d)
-        if cudnn_graph.reads_ragged_stats(q.device):  # the forward's (Tq, Hq, 1) as it wrote them
-            stats = lse.t().float().contiguous().unsqueeze(-1)  # the executor's lse is (Hq, Tq): one transpose
-            q_side = (*q_side, hq)
-        else:
-            stats = padded_at(lse, prepared[4:6], prepared[0].shape[0], bounds[0])
-        meta = ragged_metadata(prepared[:4], q_side, (k.stride(0), v.stride(0), hk * d, hv * dv))
-        tokens = [q.stride(0), hq * dv, k.stride(0), v.stride(0)]  # q, o, k, v as the offsets were made for them
-        deterministic = torch.are_deterministic_algorithms_enabled()
+        ragged = cudnn_graph.reads_ragged_stats(q.device)
+        if causal and splits(window, square):
+            extra = prepared[-SPLIT_COUNT:]
+            stats = _stats(lse, ragged, extra[8:10], extra[0].shape[0], bounds[0])
+            args = (dout, q, k, v, out, stats, ragged, scale)
+            g1 = _bwd_call(*args, extra[:4], (bounds[0], max(min(max_q, max_k), 1)), (True, False, -1, -1))
+            g2 = _bwd_call(*args, extra[4:8], bounds, (False, False, -1, -1))
+            return combine(g1, g2, extra[10], extra[11])
+        stats = _stats(lse, ragged, prepared[4:6], prepared[0].shape[0], bounds[0])
         mask = band_args(causal, window, square)
-        args = (meta, tokens, scale, *bounds, *mask, deterministic)
-        dq, dk, dv = _ops().cudnn_thd_bwd(dout, q, k, v, out, stats, *args)
+        dq, dk, dv = _bwd_call(dout, q, k, v, out, stats, ragged, scale, prepared[:4], bounds, mask)
         if window[0] >= 0:  # leading keys of a range may be out of every row's reach: make them exact zeros
             unseen = prepared[6]
             dk, dv = dk.masked_fill(unseen, 0), dv.masked_fill(unseen, 0)
         return dq, dk, dv
+
+
+def splits(window: tuple[int, int], square: bool) -> bool:
+    """Whether a causal block with these keywords runs as cudnn_split's two calls: without a window (a band's
+    rectangles would need their own bounds) and unless every range is square (then one top-left call is the
+    same mask)."""
+    return tuple(window) == (-1, -1) and not square
+
+
+def _fwd_call(q, k, v, columns, scale, bounds, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward graph call on the sequences of `columns`: (out, lse (Hq, Tq), a view of the token-major stats)."""
+    hq, dv = q.shape[1], v.shape[2]
+    tokens = [q.stride(0), k.stride(0), v.stride(0)]  # the real layouts: q and k/v may be views
+    meta = ragged_metadata(columns, (tokens[0], hq * dv, hq), tokens[1:])
+    out, stats = _ops().cudnn_thd_fwd(q, k, v, meta, tokens, scale, *bounds, *mask)
+    return out, stats.squeeze(-1).t()  # (Tq, Hq, 1) token-major -> (Hq, Tq), a view
+
+
+def _stats(lse, ragged: bool, slots, sequences: int, max_q: int) -> torch.Tensor:
+    """The final (Hq, Tq) lse as the backward reads it: ragged token-major (Tq, Hq, 1) (one transposing copy), or
+    padded at its slots where the GPU's THD backward takes no ragged stats (cudnn_graph.reads_ragged_stats)."""
+    return lse.t().float().contiguous().unsqueeze(-1) if ragged else padded_at(lse, slots, sequences, max_q)
+
+
+def _bwd_call(dout, q, k, v, out, stats, ragged, scale, columns, bounds, mask):
+    """One backward graph call on the sequences of `columns`: (dq, dk, dv)."""
+    (hq, d), (hk, hv, dv) = q.shape[1:], (k.shape[1], v.shape[1], v.shape[2])
+    # q, o, dq (, stats) | k, v, dk, dv: o, dq, dk, dv packed (shapes: stride(0) is arbitrary at one token)
+    q_side: tuple[int, ...] = (q.stride(0), hq * dv, hq * d) + ((hq,) if ragged else ())
+    meta = ragged_metadata(columns, q_side, (k.stride(0), v.stride(0), hk * d, hv * dv))
+    tokens = [q.stride(0), hq * dv, k.stride(0), v.stride(0)]  # q, o, k, v as the offsets were made for them
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    return _ops().cudnn_thd_bwd(dout, q, k, v, out, stats, meta, tokens, scale, *bounds, *mask, deterministic)

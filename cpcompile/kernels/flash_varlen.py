@@ -50,7 +50,7 @@ class FlashVarlenKernel:
     def supports_head_dim(self, head_dim: int, v_head_dim: int | None = None) -> str | None:
         return head_dim_reason(head_dim, "FlashAttention-2 varlen", v_head_dim)
 
-    def prepared_count(self, window: tuple[int, int] = (-1, -1)) -> int:
+    def prepared_count(self, window: tuple[int, int] = (-1, -1), tiled: bool = False, square: bool = False) -> int:
         """How many tensors `prepare` returns (static)."""
         return 2
 

@@ -101,8 +101,12 @@ def module() -> types.ModuleType:
 Q_SIDE = ("q", "o", "dO", "dq", "stats")
 
 
-def check_bindings(g: Graph, buffers: dict[str, torch.Tensor], cu_q: torch.Tensor, cu_k: torch.Tensor) -> None:
-    """Every declared tensor named in `buffers` is bound to that buffer, and every ragged one reads it right."""
+def check_bindings(
+    g: Graph, buffers: dict[str, torch.Tensor], cu_q: torch.Tensor, cu_k: torch.Tensor, lengths=None
+) -> None:
+    """Every declared tensor named in `buffers` is bound to that buffer, and every ragged one reads it right:
+    offsets `cu_q` / `cu_k` (each sequence's token start, B + 1 entries) times its token stride, and sequence
+    lengths `lengths` (len_q, len_k), by default the prefix differences of adjacent sequences."""
     for t in g.tensors:
         if t.name not in buffers:
             continue
@@ -118,6 +122,7 @@ def check_bindings(g: Graph, buffers: dict[str, torch.Tensor], cu_q: torch.Tenso
         assert offsets.is_contiguous() and offsets.dtype == torch.int64, f"{t.name}: offsets column"
         assert torch.equal(offsets.view(-1), cu.long() * buf.stride(0)), f"{t.name}: offsets not cu x token stride"
     kw = g.op[1]
-    for side, cu in (("seq_len_q", cu_q), ("seq_len_kv", cu_k)):
-        lengths = g.bound[int(kw[side].uid)]
-        assert lengths.dtype == torch.int32 and torch.equal(lengths.view(-1), (cu[1:] - cu[:-1]).int()), side
+    want = lengths or [(cu[1:] - cu[:-1]).int() for cu in (cu_q, cu_k)]
+    for side, n in zip(("seq_len_q", "seq_len_kv"), want):
+        got = g.bound[int(kw[side].uid)]
+        assert got.dtype == torch.int32 and torch.equal(got.view(-1), n.view(-1).int()), side

@@ -98,35 +98,46 @@ def _inputs(hq, hkv, d, dv, seed=0):
 
 @pytest.mark.parametrize("ragged_stats", [False, True])
 @pytest.mark.parametrize("heads", [(4, 2, 16, 16), (4, 1, 24, 8)])
+@pytest.mark.parametrize("causal", [False, True], ids=["one_call", "split"])
 def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(
-    graphs, heads, ragged_stats, monkeypatch
+    graphs, heads, ragged_stats, causal, monkeypatch
 ):
-    """Strided q (fused QKV), strided k/v views, GQA and MLA dims: in both graphs every ragged tensor is bound to
-    its buffer, declared with that buffer's token stride, and offset by cu_seqlens times it. Where the backward
-    reads the stats ragged, they are the forward's own buffer (no padded scatter), offset by cu_seqlens_q x Hq."""
+    """Strided q (fused QKV), strided k/v views, GQA and MLA dims: in every graph a call runs (one a way, or a
+    causal block's two split calls, each range addressed by its own offsets) every ragged tensor is bound to its
+    buffer, declared with that buffer's token stride, and offset by its sequences' starts times it. Where the
+    backward reads the stats ragged, they are the forward's own (one call) or the merged lse (split), offset by
+    the q starts x Hq, with no padded scatter."""
     monkeypatch.setattr(cg, "reads_ragged_stats", lambda device: ragged_stats)
     if ragged_stats:
         monkeypatch.setattr(cv, "padded_at", None)  # the padded scatter must not run
     q, k, v = _inputs(*heads)
     impl = cv.CuDNNVarlenKernel()
     prepared = impl.prepare(RANGES, 12, 16, 7, tiled=True)
-    cu_q, cu_k = prepared[2].view(-1), prepared[3].view(-1)
-    out, lse = impl.forward(q, k, v, RANGES, 7, 7, True, 0.1, tiled=True, prepared=prepared)
-    fwd = graphs.graphs[-1]
-    stats = fwd.bound[int(cg.Uid.STATS)]
-    fake_cudnn.check_bindings(fwd, dict(q=q, k=k, v=v, o=out, stats=stats), cu_q, cu_k)
+    columns = [prepared[-12:-8], prepared[-8:-4]] if causal else [prepared[:4]]
+    args = (RANGES, 7, 7, causal, 0.1)
+    out, lse = impl.forward(q, k, v, *args, tiled=True, prepared=prepared)
+    fwds = graphs.graphs[:]
+    assert [g.op[0] for g in fwds] == ["fwd"] * len(columns)
+    for fwd, (len_q, len_k, starts_q, starts_k) in zip(fwds, columns):
+        stats = fwd.bound[int(cg.Uid.STATS)]
+        mine = dict(q=q, k=k, v=v, stats=stats) | ({} if causal else dict(o=out))  # split: o is the call's own
+        fake_cudnn.check_bindings(fwd, mine, starts_q.view(-1), starts_k.view(-1), [len_q, len_k])
     dout = torch.randn_like(out)
-    dq, dk, dv = impl.backward(dout, q, k, v, out, lse.float(), RANGES, 7, 7, True, 0.1, tiled=True, prepared=prepared)
-    bwd = graphs.graphs[-1]
-    assert bwd is not fwd and bwd.op[0] == "bwd"
-    packed = dict(q=q, k=k, v=v, o=out, dO=dout, dq=dq, dk=dk, dv=dv)  # q, k, v: the views themselves, no copies
-    if ragged_stats:  # the forward's (Tq, Hq, 1) values (the provider's transposed view here; the executor's
-        packed["stats"] = stats  # head-major lse is copied back token-major), bound with offsets cu_q x Hq
-        assert torch.equal(bwd.bound[int(cg.Uid.STATS)], stats)
-    fake_cudnn.check_bindings(bwd, packed, cu_q, cu_k)
-    declared = next(t for t in bwd.tensors if t.name == "stats")
-    assert (declared.ragged is not None) == ragged_stats
-    assert declared.stride == ([q.shape[1] * 7, 1, q.shape[1], 1] if ragged_stats else [q.shape[1] * 7, 7, 1, 1])
+    dq, dk, dv = impl.backward(dout, q, k, v, out, lse.float(), *args, tiled=True, prepared=prepared)
+    bwds = graphs.graphs[len(fwds) :]
+    assert [g.op[0] for g in bwds] == ["bwd"] * len(columns)
+    packed = dict(q=q, k=k, v=v, o=out, dO=dout)  # q, k, v: the views themselves, no copies
+    if not causal:
+        packed |= dict(dq=dq, dk=dk, dv=dv)  # split: each call's gradients are its own, combined after
+    for bwd, (len_q, len_k, starts_q, starts_k) in zip(bwds, columns):
+        if ragged_stats:  # the (Tq, Hq, 1) values: the forward's (transposed view) or the merged lse's
+            want = lse.float().t().unsqueeze(-1)  # (the fake graphs write nothing: NaN where undefined)
+            assert torch.allclose(bwd.bound[int(cg.Uid.STATS)], want, rtol=0, atol=0, equal_nan=True)
+            packed["stats"] = bwd.bound[int(cg.Uid.STATS)]
+        fake_cudnn.check_bindings(bwd, packed, starts_q.view(-1), starts_k.view(-1), [len_q, len_k])
+        declared = next(t for t in bwd.tensors if t.name == "stats")
+        assert (declared.ragged is not None) == ragged_stats
+        assert declared.stride == ([q.shape[1] * 7, 1, q.shape[1], 1] if ragged_stats else [q.shape[1] * 7, 7, 1, 1])
 
 
 def test_the_backward_refuses_ragged_stats_where_the_gpu_reads_them_padded(graphs, monkeypatch):
@@ -148,8 +159,8 @@ def test_new_documents_reuse_the_graphs_and_a_restrided_input_is_refused(graphs)
     impl = cv.CuDNNVarlenKernel()
     other = torch.tensor([[0, 2, 9], [2, 9, 12], [0, 4, 10], [4, 10, 16]])  # other documents, same count
     for ranges in (RANGES, other):
-        impl.forward(q, k, v, ranges, 7, 7, True, 0.1, tiled=True)
-    assert len(graphs.graphs) == 1 and len(cg.graph_keys()) == 1
+        impl.forward(q, k, v, ranges, 7, 7, True, 0.1, tiled=True)  # causal with cut pieces: two calls
+    assert len(graphs.graphs) == 2 and len(cg.graph_keys()) == 2
     prepared = impl.prepare(RANGES, 12, 16, 7, tiled=True)
     meta = cg.ragged_metadata(prepared[:4], (q.stride(0), 64, 4), (k.stride(0), v.stride(0)))
     mask = cv.band_args(True, (-1, -1), False)
