@@ -24,6 +24,7 @@ on the rows and keys of the ranges. Also host ms a call of one and split (queued
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 
@@ -31,7 +32,7 @@ from bench import thd_cases
 from bench.common import queued_host_ms, time_many_ms
 from cpcompile.comms.all_gather.varlen import attend_gathered
 from cpcompile.executor import decode_varlen
-from cpcompile.kernels import cudnn_graph, get_varlen_kernel
+from cpcompile.kernels import cudnn_graph, cudnn_varlen, get_varlen_kernel
 from cpcompile.kernels.base import range_ids
 
 CASES = (
@@ -105,20 +106,38 @@ def split_fn(q, k, v, dout, r, b, scale: float, check=None):
     return run
 
 
-def one_fn(q, k, v, dout, r, b, kernel: str, scale: float, check=None, direct: bool = False):
+def one_fn(q, k, v, dout, r, b, kernel: str, scale: float, check=None, direct: bool = False, split: bool = False):
+    """The block through the provider: one call (`split` False: cudnn_varlen's split rule switched off around
+    it), or as the provider splits it (`split`)."""
     impl = get_varlen_kernel(kernel)
     kw = b.kernel_kwargs()
     args = (r, b.max_q, b.max_k, b.causal, scale)
+    rule = getattr(cudnn_varlen, "splits", None)
     if direct:  # the same call with each range addressed by its own offsets (no gap sequences)
-        kw["prepared"] = range_columns(r) + impl.prepare(r, q.shape[0], k.shape[0], b.max_q, **kw)[4:]
+        with _rule(rule, False):
+            kw["prepared"] = range_columns(r) + impl.prepare(r, q.shape[0], k.shape[0], b.max_q, **kw)[4:]
 
     def run():
-        out, lse = impl.forward(q, k, v, *args, **kw)
-        dq, dk, dv = impl.backward(dout, q, k, v, out, lse, *args, **kw)
+        with _rule(rule, split):
+            out, lse = impl.forward(q, k, v, *args, **kw)
+            dq, dk, dv = impl.backward(dout, q, k, v, out, lse, *args, **kw)
         if check is not None:
             check.update(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
 
     return run
+
+
+@contextlib.contextmanager
+def _rule(rule, on: bool):
+    """cudnn_varlen's split rule as it is (`on`) or off (trees before it have none)."""
+    if rule is None or on:
+        yield
+        return
+    cudnn_varlen.splits = lambda window, square: False
+    try:
+        yield
+    finally:
+        cudnn_varlen.splits = rule
 
 
 def rel_err(want: dict, got: dict, rows: torch.Tensor, keys: torch.Tensor) -> float:
@@ -145,9 +164,9 @@ def main() -> None:
         seq, cp = int(seq), int(cp)
         lengths = thd_cases.doc_lengths(seq, mix)
         ideal = time_many_ms([thd_cases.provider_full_fn(lengths, "cudnn_varlen")], args.iters, 2)[0] / cp
-        worst = {m: 0.0 for m in ("one", "fa2", "split", "direct")}
-        host = {"one": 0.0, "split": 0.0}
-        err, err_direct, cut = 0.0, 0.0, 0
+        worst = {m: 0.0 for m in ("one", "fa2", "split", "direct", "provider")}
+        host = {"one": 0.0, "split": 0.0, "provider": 0.0}
+        err, err_direct, err_provider, cut = 0.0, 0.0, 0.0, 0
         for rank in range(cp):
             q, gathered, key_maps, dout, ranges, enc = thd_cases.rank_case(layout, lengths, cp, rank)
             (b,), (r,) = decode_varlen(enc), ranges
@@ -159,26 +178,31 @@ def main() -> None:
                 one_fn(q, k, v, dout, r, b, "flash_varlen", scale),
                 split_fn(q, k, v, dout, r, b, scale),
                 one_fn(q, k, v, dout, r, b, "cudnn_varlen", scale, direct=True),
+                one_fn(q, k, v, dout, r, b, "cudnn_varlen", scale, split=True),
             ]
             for m, t in zip(worst, time_many_ms(fns, args.iters, 2)):
                 worst[m] = max(worst[m], t)
             host["one"] = max(host["one"], queued_host_ms(fns[0], 1))
             host["split"] = max(host["split"], queued_host_ms(fns[2], 1))
+            host["provider"] = max(host["provider"], queued_host_ms(fns[4], 1))
             want, got = {}, {}
             one_fn(q, k, v, dout, r, b, "cudnn_varlen", scale, want)()
             split_fn(q, k, v, dout, r, b, scale, got)()
             direct: dict = {}
             one_fn(q, k, v, dout, r, b, "cudnn_varlen", scale, direct, direct=True)()
+            provider: dict = {}
+            one_fn(q, k, v, dout, r, b, "cudnn_varlen", scale, provider, split=True)()
             rows = range_ids(r[0], r[1], q.shape[0]) >= 0
             in_keys = range_ids(r[2], r[3], k.shape[0]) >= 0
             err = max(err, rel_err(want, got, rows, in_keys))
             err_direct = max(err_direct, rel_err(want, direct, rows, in_keys))
+            err_provider = max(err_provider, rel_err(want, provider, rows, in_keys))
             cut += int(((r[3] - r[2]) > (r[1] - r[0])).logical_and(r[1] > r[0]).sum())
             del q, gathered, keys, k, v, fns
             torch.cuda.empty_cache()
         effs = " ".join(f"{m} {t:.2f} ms ({ideal / t:.3f})" for m, t in worst.items())
         hosts = " ".join(f"{m} {t:.2f}" for m, t in host.items())
-        errs = f"max rel err vs one: split {err:.1e}, direct {err_direct:.1e}"
+        errs = f"max rel err vs one: split {err:.1e}, direct {err_direct:.1e}, provider {err_provider:.1e}"
         print(f"{spec}: ideal {ideal:.2f} ms; {cut} cut pieces; slowest rank GPU: {effs}; host ms: {hosts}; {errs}",
               flush=True)  # fmt: skip
 
