@@ -274,6 +274,35 @@ def test_executor_on_the_provider_equals_the_reference(stand_in, stats_form, lay
 
 
 @pytest.mark.parametrize("layout_name", ["thd", "thd_zigzag", "thd_balanced"])
+def test_causal_blocks_with_cut_pieces_split_onto_the_top_left_anchor(stand_in, stats_form, layout_name):
+    """cudnn_split: a causal rank block holding a cut piece runs as two calls a way, the squares top-left causal
+    and the cut pieces' rectangles unmasked, each range addressed by its own offsets (the stand-in checks them,
+    and that no sequence overlaps another), never on the bottom-right anchor; its results equal the one
+    bottom-right call's (the split rule switched off) exactly where the block defines them."""
+    g = torch.Generator().manual_seed(5)
+    lengths = LAYOUT_LENGTHS.get(layout_name, [1, 0, 13, 6, 1, 11])
+    q, k, v, dout, block = _layout_case(layout_name, lengths, 2, 1, True, (-1, -1), g)
+    qs, qe, ks, ke = block.ranges
+    assert not block.square and bool(((ke - ks > qe - qs) & (qe > qs)).any())  # a cut piece
+    stand_in.graphs.clear()
+    split = _through_executor(q, k, v, dout, [block.ranges], encode_varlen([block]), "cudnn_varlen")
+    masks = sorted((key[0], key[-3], key[-1]) for key in stand_in.graphs)  # (op, causal, top-left)
+    assert masks == [("bwd", False, False), ("bwd", True, True), ("fwd", False, False), ("fwd", True, True)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cv, "splits", lambda window, square: False)
+        stand_in.graphs.clear()
+        one = _through_executor(q, k, v, dout, [block.ranges], encode_varlen([block]), "cudnn_varlen")
+        assert sorted((key[0], key[-3], key[-1]) for key in stand_in.graphs) == [
+            ("bwd", True, False),
+            ("fwd", True, False),
+        ]
+    used = int(ke.max())
+    for i, (a, b) in enumerate(zip(split, one)):
+        a, b = (a, b) if i < 3 else (a[:used], b[:used])
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout_name", ["thd", "thd_zigzag", "thd_balanced"])
 def test_a_false_square_claim_changes_the_results(stand_in, layout_name):
     """The check above can fail: the same causal rank blocks, claimed square when they hold a rectangular range
     (a piece that does not start its document), give other outputs on the stand-in than on the reference."""
