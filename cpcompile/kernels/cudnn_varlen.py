@@ -17,8 +17,10 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
   diagonal, so flash's window left w is cuDNN's w + 1; right bounds agree. A block whose ranges are all square
   (`square=True`: q length = k length wherever there are rows, e.g. whole documents) runs the band top-left
   instead: for a square range the two anchors give the same mask, and cuDNN 9.19's top-left kernel is 1.6-1.8x
-  faster there (1.7-3.8x under a 4K window). Blocks mixing square and rectangular ranges stay one bottom-right
-  call: split by shape into two calls measured slower in most rows (docs/benchmarks.md, "cuDNN THD").
+  faster there (1.7-3.8x under a 4K window). A causal block without a window that holds cut pieces
+  (rectangular ranges) runs as kernels/cudnn_split's two calls instead of one bottom-right call: every range's
+  square top-left, the cut pieces' rectangles unmasked, each range addressed by its own ragged offsets, merged by
+  log-sum-exp (`splits` says which blocks; a window's band stays one bottom-right call).
 - LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
   reads it back token-major and ragged where the GPU allows (cudnn_graph.reads_ragged_stats: SM90, SM100 with
   cuDNN >= 9.6; the executor hands the final lse head-major, so that is one transposing copy), and elsewhere
