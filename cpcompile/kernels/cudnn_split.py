@@ -27,8 +27,9 @@ import torch
 
 from .base import range_ids
 
-SPLIT_COUNT = 12
-"""How many tensors `prepare_split` returns: each call's four columns, the lse slots, the cut rows, the rect keys."""
+SPLIT_COUNT = 13
+"""How many tensors `prepare_split` returns: each call's four columns, the lse slots, the cut rows, the rect keys,
+the dark rows."""
 
 
 def range_columns(ranges: torch.Tensor) -> list[torch.Tensor]:
@@ -55,30 +56,40 @@ def parts(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def prepare_split(ranges: torch.Tensor, tq: int, tk: int, slots) -> list[torch.Tensor]:
     """The split calls' metadata (SPLIT_COUNT tensors): the square's and the rect's `range_columns`, the lse slots
     both calls share (`slots(square)`: range i is sequence i in both), the rows of cut ranges (Tq,) and the keys
-    of their rectangles (Tk,), as bool."""
+    of their rectangles (Tk,), and the dark rows (Tq,): rows of a range with keys that see none of them (more
+    rows than keys), in neither call, which one bottom-right call leaves out = 0, lse = -inf, dq = 0; as bool."""
     square, rect = parts(ranges)
     rows = range_ids(rect[0], rect[1], tq) >= 0
     keys = range_ids(rect[2], rect[3], tk) >= 0
-    return [*range_columns(square), *range_columns(rect), *slots(square), rows, keys]
+    qs, ke, ks = ranges[0], ranges[3], ranges[2]
+    dark = range_ids(qs, torch.where(ke > ks, square[0], qs), tq) >= 0
+    return [*range_columns(square), *range_columns(rect), *slots(square), rows, keys, dark]
 
 
 def merge(
-    o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor, rows: torch.Tensor
+    o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor, rows: torch.Tensor, dark: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of the square call's (o1, l1) with the rect call's (o2, l2) merged on `rows` (elsewhere the rect
-    call wrote nothing: its values are never read). out in o1's dtype, lse (Hq, Tq) fp32 contiguous."""
+    call wrote nothing: its values are never read), out = 0 and lse = -inf on the `dark` rows neither call wrote.
+    out in o1's dtype, lse (Hq, Tq) fp32 contiguous."""
     l1, l2 = l1.float(), torch.where(rows[None], l2.float(), float("-inf"))
-    lse = torch.logaddexp(l1, l2)
+    lse = torch.where(dark[None], float("-inf"), torch.logaddexp(l1, l2))
     w1, w2 = (torch.exp(x - lse).t()[:, :, None] for x in (l1, l2))
     both = o1.float() * w1 + torch.where(rows[:, None, None], o2.float(), 0) * w2
-    return torch.where(rows[:, None, None], both, o1.float()).to(o1.dtype), lse.contiguous()
+    out = torch.where(rows[:, None, None], both, torch.where(dark[:, None, None], 0, o1.float()))
+    return out.to(o1.dtype), lse.contiguous()
 
 
 def combine(
-    g1: tuple[torch.Tensor, ...], g2: tuple[torch.Tensor, ...], rows: torch.Tensor, keys: torch.Tensor
+    g1: tuple[torch.Tensor, ...],
+    g2: tuple[torch.Tensor, ...],
+    rows: torch.Tensor,
+    keys: torch.Tensor,
+    dark: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the square call's gradients `g1` and the rect call's `g2`: dq summed in fp32 on the cut
-    `rows` (rounded once more there), dk/dv the rect call's on its `keys`, the square call's elsewhere."""
+    `rows` (rounded once more there), 0 on the `dark` rows, dk/dv the rect call's on its `keys`, the square
+    call's elsewhere."""
     r3, k3 = rows[:, None, None], keys[:, None, None]
-    dq = torch.where(r3, (g1[0].float() + g2[0].float()).to(g1[0].dtype), g1[0])
+    dq = torch.where(r3, (g1[0].float() + g2[0].float()).to(g1[0].dtype), g1[0].masked_fill(dark[:, None, None], 0))
     return dq, torch.where(k3, g2[1], g1[1]), torch.where(k3, g2[2], g1[2])

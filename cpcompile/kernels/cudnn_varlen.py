@@ -185,7 +185,7 @@ class CuDNNVarlenKernel:
             extra = prepared[-SPLIT_COUNT:]
             sq = _fwd_call(q, k, v, extra[:4], scale, (bounds[0], max(min(max_q, max_k), 1)), (True, False, -1, -1))
             rc = _fwd_call(q, k, v, extra[4:8], scale, bounds, (False, False, -1, -1))
-            return merge(*sq, *rc, extra[10])
+            return merge(*sq, *rc, extra[10], extra[12])
         return _fwd_call(q, k, v, prepared[:4], scale, bounds, band_args(causal, window, square))
 
     def backward(
@@ -207,7 +207,7 @@ class CuDNNVarlenKernel:
             args = (dout, q, k, v, out, stats, ragged, scale)
             g1 = _bwd_call(*args, extra[:4], (bounds[0], max(min(max_q, max_k), 1)), (True, False, -1, -1))
             g2 = _bwd_call(*args, extra[4:8], bounds, (False, False, -1, -1))
-            return combine(g1, g2, extra[10], extra[11])
+            return combine(g1, g2, extra[10], extra[11], extra[12])
         stats = _stats(lse, ragged, prepared[4:6], prepared[0].shape[0], bounds[0])
         mask = band_args(causal, window, square)
         dq, dk, dv = _bwd_call(dout, q, k, v, out, stats, ragged, scale, prepared[:4], bounds, mask)

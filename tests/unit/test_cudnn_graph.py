@@ -113,7 +113,7 @@ def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(
     q, k, v = _inputs(*heads)
     impl = cv.CuDNNVarlenKernel()
     prepared = impl.prepare(RANGES, 12, 16, 7, tiled=True)
-    columns = [prepared[-12:-8], prepared[-8:-4]] if causal else [prepared[:4]]
+    columns = [prepared[-13:-9], prepared[-9:-5]] if causal else [prepared[:4]]
     args = (RANGES, 7, 7, causal, 0.1)
     out, lse = impl.forward(q, k, v, *args, tiled=True, prepared=prepared)
     fwds = graphs.graphs[:]

@@ -302,6 +302,24 @@ def test_causal_blocks_with_cut_pieces_split_onto_the_top_left_anchor(stand_in, 
         torch.testing.assert_close(a.double(), b.double(), rtol=1e-6, atol=1e-6)
 
 
+def test_split_rows_that_see_no_key_match_the_one_call(stand_in, stats_form):
+    """A causal range with more rows than keys (the contract allows it; no layout makes one): its first rows see no
+    key under the bottom-right anchor and lie in neither split call, yet the executor does not mask them (the range
+    has keys). The split gives them what one call gives, out 0, lse -inf, dq 0, beside a cut piece and a whole
+    document (the review's case, which gave NaN before)."""
+    from cpcompile.layouts.thd import VarlenBlock
+
+    g = torch.Generator().manual_seed(6)
+    ranges = torch.tensor([[0, 3, 7], [3, 7, 9], [0, 1, 5], [1, 5, 9]])  # 3 rows / 1 key, square 4, cut 2 of 4
+    block = VarlenBlock(0, True, ranges, 4, 4, (-1, -1))
+    q, k, v, dout = _tensors(g, 9, 9)
+    got, want = _both_kernels(q, k, v, dout, block)
+    for a, b in zip(got, want):
+        assert not a.isnan().any()
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-6, atol=1e-6)
+    assert bool((got[1][:, :2] == float("-inf")).all()) and bool((got[0][:2] == 0).all())
+
+
 @pytest.mark.parametrize("layout_name", ["thd", "thd_zigzag", "thd_balanced"])
 def test_a_false_square_claim_changes_the_results(stand_in, layout_name):
     """The check above can fail: the same causal rank blocks, claimed square when they hold a rectangular range
