@@ -48,14 +48,17 @@ def _case(
         for name, (qq, kk, vv) in {
             "views": (q, k, v),
             "copies": (q.contiguous(), k.contiguous(), v.contiguous()),
+            "kv views": (q.contiguous(), k, v),
         }.items():
             bmeta = cudnn_graph.ragged_metadata(columns, (qq.stride(0), hq * d, hq * d, *q_extra),
                                                 (kk.stride(0), vv.stride(0), hkv * d, hkv * d))  # fmt: skip
             tokens = [qq.stride(0), hq * d, kk.stride(0), vv.stride(0)]
             grads[name] = torch.ops.cpcompile.cudnn_thd_bwd(do, qq, kk, vv, out, lse, bmeta, tokens, 0.1, *bounds,
                                                             *mask, False)  # fmt: skip
-    return {n: (a.float() - b.float()).abs().max().item() for n, a, b in zip(("dq", "dk", "dv"), *grads.values())} | {
-        "bit_equal": all(torch.equal(a, b) for a, b in zip(*grads.values()))
+    views, copies, kv_views = grads.values()
+    return {n: (a.float() - b.float()).abs().max().item() for n, a, b in zip(("dq", "dk", "dv"), views, copies)} | {
+        "bit_equal": all(torch.equal(a, b) for a, b in zip(views, copies)),
+        "kv_views_bit_equal": all(torch.equal(a, b) for a, b in zip(kv_views, copies)),
     }
 
 

@@ -15,11 +15,11 @@ What changes here:
   stream, allocate outputs and workspace, execute.
 
 Numerics are the frontend op's: the same graph on the same buffers (tests/gpu/test_cudnn_varlen.py compares).
-One departure, where the GPU allows it (`reads_ragged_stats`): the backward reads the forward's stats as the forward
-wrote them, token-major and ragged, instead of scattered into a padded (B, Hq, max_q, 1) buffer first, which costs
-a region ~8 kernels a call (the sequence ids, the slots, the scatter; bench/probes/step_launches.py). The frontend
-keeps the padded form because SM8x and SM12x refuse ragged stats in a THD backward; TransformerEngine reads them
-ragged on the others with cuDNN >= 9.6.
+A departure it can take, switched off (`RAGGED_STATS_ON`, `reads_ragged_stats`): the backward reading the forward's
+stats as the forward wrote them, token-major and ragged, instead of scattered into a padded (B, Hq, max_q, 1) buffer
+first, which costs a region ~8 kernels a call (the sequence ids, the slots, the scatter;
+bench/probes/step_launches.py). The frontend keeps the padded form because SM8x and SM12x refuse ragged stats in a
+THD backward; TransformerEngine reads them ragged on the others with cuDNN >= 9.6; on an H100 here they gave NaN.
 `ops()` is the seam the CPU tests replace with a stand-in of these ops' contract (tests/support/cudnn_stand_in.py).
 """
 
@@ -41,6 +41,11 @@ BWD_META_RAGGED_STATS = ("len_q", "len_k", "q", "o", "dq", "stats", "k", "v", "d
 """The backward's metadata when it reads the stats ragged (`reads_ragged_stats`): their offsets too."""
 
 RAGGED_STATS_CUDNN = 90600
+RAGGED_STATS_ON = False
+"""Off: on an H100 (cuDNN 9.19, 2026-12-07) the ragged-stats backward gave NaN gradients in 2 of the 12 ragged cases of
+bench/probes/cudnn_view_bwd.py (heads 8/8, one run of two) and the THD parity test failed with NaN dk
+(bench/results/logs/cudnn_view_bwd_h100.txt). The padded form stays until that is understood; the rule below is
+what reads them ragged when this is on."""
 """The first cuDNN whose THD backward takes ragged stats (TransformerEngine's threshold for the same graph)."""
 
 
@@ -62,10 +67,10 @@ _BWD_UIDS_RAGGED_STATS = (*_BWD_UIDS[:14], Uid.OFF_STATS, *_BWD_UIDS[14:])
 
 def reads_ragged_stats(device: torch.device) -> bool:
     """Whether the THD backward on `device` reads the forward's stats ragged (token-major, (Tq, Hq, 1) fp32, offsets
-    cu_seqlens_q x Hq): a CUDA GPU outside SM8x and SM12x (the frontend: "Packed/ragged LSE is not supported"
-    there) with cuDNN >= 9.6. Elsewhere the provider scatters them padded. Static per device: the region's graph
-    is traced with one form."""
-    if device.type != "cuda":
+    cu_seqlens_q x Hq): never while `RAGGED_STATS_ON` is off; on, a CUDA GPU outside SM8x and SM12x (the frontend:
+    "Packed/ragged LSE is not supported" there) with cuDNN >= 9.6. Elsewhere the provider scatters them padded.
+    Static per device: the region's graph is traced with one form."""
+    if device.type != "cuda" or not RAGGED_STATS_ON:
         return False
     return _ragged_stats_at(device.index if device.index is not None else torch.cuda.current_device())
 

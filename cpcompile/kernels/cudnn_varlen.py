@@ -22,9 +22,9 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
   square top-left, the cut pieces' rectangles unmasked, each range addressed by its own ragged offsets, merged by
   log-sum-exp (`splits` says which blocks; a window's band stays one bottom-right call).
 - LSE: forward returns it token-major (Tq, Hq, 1): a transposed view gives the executor's (Hq, Tq). Backward
-  reads it back token-major and ragged where the GPU allows (cudnn_graph.reads_ragged_stats: SM90, SM100 with
-  cuDNN >= 9.6; the executor hands the final lse head-major, so that is one transposing copy), and elsewhere
-  PADDED (sequences, Hq, max_q, 1): `padded_at` scatters the final lse to its `lse_slots` (~8 kernels traced).
+  takes it PADDED (sequences, Hq, max_q, 1): `padded_at` scatters the final lse to its `lse_slots` (~8 kernels
+  traced). It can read it back token-major and ragged instead (one transposing copy), which
+  cudnn_graph.reads_ragged_stats switches off: NaN gradients on an H100 (cudnn_graph.RAGGED_STATS_ON).
 - prepared metadata: the sequences' length and prefix columns (cudnn_graph.sequence_columns), the lse slots and
   a window's unseen keys depend on the ranges alone;
   `prepare` computes them as device ops, which the regions run once per batch in their graph (Inductor), so a
@@ -133,9 +133,9 @@ def unseen_keys(ranges: torch.Tensor, tk: int, left: int) -> torch.Tensor:
 
 
 def token_major(t: torch.Tensor) -> bool:
-    """A (T, H, D) view the backward reads in place: dense dims, each token's heads side by side (a fused
+    """A (T, H, D) k or v view the backward reads in place: dense dims, each token's heads side by side (a fused
     projection's or a K/V buffer's views, the a2a region's token-major exchange), more than one token. Head-major
-    views and the rest are copied: the layouts TransformerEngine's THD graphs use are token-major too."""
+    views and the rest are copied, and q always is (a strided q gave wrong dq on an H100)."""
     (s_t, s_h, s_d), (_, h, d) = t.stride(), t.shape
     return t.shape[0] > 1 and s_d == 1 and s_h >= d and s_t >= h * s_h
 
@@ -192,12 +192,13 @@ class CuDNNVarlenKernel:
         self, dout, q, k, v, out, lse, ranges, max_q, max_k, causal, scale, window=(-1, -1), tiled=False,
         square=False, prepared=None,
     ):  # fmt: skip
-        # dO and O share one offsets column: both packed. q, k and v are read where they lie (a fused projection's
+        # dO and O share one offsets column: both packed. k and v are read where they lie (a fused projection's
         # views, all_gather's key buffer), each with offsets of its own token stride, as the forward reads them.
-        # (The H200 once gave wrong dq/dk on such views through the frontend's op; bench/probes/cudnn_view_bwd.py
-        # compares views and copies through these graph ops.)
         dout, out = [t if t.is_contiguous() else t.contiguous() for t in (dout, out)]
-        q, k, v = [t if token_major(t) else t.contiguous() for t in (q, k, v)]  # lists: Dynamo 2.14 traces them
+        # q is copied: read in place as a strided view, the H100's backward gave wrong dq (up to 4.9 off, every case
+        # of bench/probes/cudnn_view_bwd.py) while k and v views gave bit-equal gradients (padded stats: 12 of 12)
+        q = q if q.is_contiguous() else q.contiguous()
+        k, v = [t if token_major(t) else t.contiguous() for t in (k, v)]  # lists: Dynamo 2.14 traces them
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled, square)
         bounds = (max(max_q, 1), max(max_k, 1))
         ragged = cudnn_graph.reads_ragged_stats(q.device)

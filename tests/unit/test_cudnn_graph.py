@@ -126,7 +126,7 @@ def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(
     dq, dk, dv = impl.backward(dout, q, k, v, out, lse.float(), *args, tiled=True, prepared=prepared)
     bwds = graphs.graphs[len(fwds) :]
     assert [g.op[0] for g in bwds] == ["bwd"] * len(columns)
-    packed = dict(q=q, k=k, v=v, o=out, dO=dout)  # q, k, v: the views themselves, no copies
+    packed = dict(q=q, k=k, v=v, o=out, dO=dout)  # k, v: the views themselves; q: its copy (equal values)
     if not causal:
         packed |= dict(dq=dq, dk=dk, dv=dv)  # split: each call's gradients are its own, combined after
     for bwd, (len_q, len_k, starts_q, starts_k) in zip(bwds, columns):
@@ -184,7 +184,10 @@ def test_new_documents_reuse_the_graphs_and_a_restrided_input_is_refused(graphs)
 def test_ragged_stats_follow_the_architecture_and_the_cudnn_version(monkeypatch, major, version, ragged):
     """The rule the backward's stats form follows (TransformerEngine's for the same graph): ragged from cuDNN 9.6
     on, except on SM8x and SM12x, whose THD backward refuses them; never off CUDA. Asked per device index, the
-    current device's when the index is unset."""
+    current device's when the index is unset. Switched off (RAGGED_STATS_ON, NaN on an H100): padded everywhere."""
+    cg._ragged_stats_at.cache_clear()
+    assert cg.RAGGED_STATS_ON is False and cg.reads_ragged_stats(torch.device("cuda")) is False
+    monkeypatch.setattr(cg, "RAGGED_STATS_ON", True)
     fake = fake_cudnn.module()
     fake.backend_version = lambda: version
     monkeypatch.setitem(sys.modules, "cudnn", fake)
