@@ -90,6 +90,16 @@ def sequence_columns(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[torch.Tenso
     return lengths + [c.to(torch.int64).view(-1, 1, 1, 1) for c in (cu_q, cu_k)]
 
 
+def range_columns(ranges: torch.Tensor) -> list[torch.Tensor]:
+    """`sequence_columns`' four columns with each range addressed directly, one sequence a range: int32 lengths
+    qe - qs and ke - ks (B, 1, 1, 1), int64 starts qs and ks (B + 1, 1, 1, 1; the last entry each side's largest
+    end). The graphs read each sequence from its own offset, so ranges need no gap sequences between them (FA2's
+    cu_seqlens do: half the grid of the adjacent encoding)."""
+    qs, qe, ks, ke = ranges.long()
+    lengths = [(e - s).to(torch.int32).view(-1, 1, 1, 1) for s, e in ((qs, qe), (ks, ke))]
+    return lengths + [torch.cat((s, e.max().view(1))).view(-1, 1, 1, 1) for s, e in ((qs, qe), (ks, ke))]
+
+
 def ragged_metadata(columns: list[torch.Tensor], q_strides, k_strides) -> list[torch.Tensor]:
     """The lengths and element offsets a graph reads (FWD_META / BWD_META order) from `sequence_columns`: each
     ragged tensor's offsets are its side's prefix times its token stride, one multiply a tensor (traced with the

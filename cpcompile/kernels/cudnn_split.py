@@ -12,8 +12,8 @@ range is the square of its last n keys (top-left causal) plus the rectangle of i
         row 6      x x x x | x x x
                    rect      square (top-left causal)
 
-so a block runs as two calls, each range addressed by its own ragged offsets (`range_columns`: one sequence a
-range, no gap sequences, unlike the cu_seqlens encoding FA2 needs):
+so a block runs as two calls, each range addressed by its own ragged offsets (cudnn_graph.range_columns, as the
+one call is):
     square  every range's rows against its last n keys, top-left causal (whole documents as they are)
     rect    the cut ranges' rows against their first m - n keys, unmasked; the other ranges empty
 then the cut rows' outputs are merged by log-sum-exp (`merge`), their dq summed and dk/dv taken from the call that
@@ -26,18 +26,11 @@ from __future__ import annotations
 import torch
 
 from .base import range_ids
+from .cudnn_graph import range_columns
 
 SPLIT_COUNT = 13
 """How many tensors `prepare_split` returns: each call's four columns, the lse slots, the cut rows, the rect keys,
 the dark rows."""
-
-
-def range_columns(ranges: torch.Tensor) -> list[torch.Tensor]:
-    """cudnn_graph.sequence_columns' four columns with each range addressed directly: int32 lengths qe - qs and
-    ke - ks (B, 1, 1, 1), int64 offsets qs and ks (B + 1, 1, 1, 1; the last entry each side's largest end)."""
-    qs, qe, ks, ke = ranges.long()
-    lengths = [(e - s).to(torch.int32).view(-1, 1, 1, 1) for s, e in ((qs, qe), (ks, ke))]
-    return lengths + [torch.cat((s, e.max().view(1))).view(-1, 1, 1, 1) for s, e in ((qs, qe), (ks, ke))]
 
 
 def parts(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,8 +11,10 @@ the package until a CUDA block asks `supports()`; without it `supports()` gives 
 named, flash_varlen under kernel="auto").
 
 Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what this module does about it:
-- cu_seqlens: one prefix array a side gives every sequence's offset and length, so ranges become FA2's
-  adjacent or tiled cu_seqlens (`varlen_ranges`, shared with flash_varlen).
+- sequences: the graphs take each sequence's length and start offset, so each range is one sequence addressed
+  where it lies (cudnn_graph.range_columns), gaps or not: no gap sequences, unlike FA2's cu_seqlens
+  (`varlen_ranges`), half the grid of their adjacent encoding (measured 2-12% faster kernels on an H100,
+  bench/results/logs/cudnn_split_probe_h100.txt, "direct").
 - masks: bottom-right causal is `is_causal` + `causal_bottom_right`; cuDNN's left band bound counts the
   diagonal, so flash's window left w is cuDNN's w + 1; right bounds agree. A block whose ranges are all square
   (`square=True`: q length = k length wherever there are rows, e.g. whole documents) runs the band top-left
@@ -49,9 +51,8 @@ import torch
 from . import cudnn_graph
 from ._cuda import cuda_half_reason, head_dim_reason, missing_package
 from .base import range_ids
-from .cudnn_graph import ragged_metadata, sequence_columns
+from .cudnn_graph import ragged_metadata, range_columns
 from .cudnn_split import SPLIT_COUNT, combine, merge, prepare_split
-from .varlen_ranges import cu_seqlens
 
 _OP_MODULE = "cudnn.sdpa.fwd.torch_op"
 _EXTRA = "pip install 'cpcompile[cudnn]'"
@@ -161,14 +162,13 @@ class CuDNNVarlenKernel:
         return (7 if window[0] >= 0 else 6) + (SPLIT_COUNT if splits(window, square) else 0)
 
     def prepare(self, ranges, tq, tk, max_q, window=(-1, -1), tiled=False, square=False) -> list[torch.Tensor]:
-        """The sequences' length and prefix columns (cudnn_graph.sequence_columns, from cu_seqlens), the
-        backward's `lse_slots`, with a left window the keys no row sees, and where a causal block would split
-        (`splits`) the split calls' metadata (cudnn_split.prepare_split): device ops on the ranges alone, so a
-        region computes them once per batch, in its graph (a block that turns out not causal leaves the split's
-        unused: dead code there)."""
-        cu_q, cu_k = cu_seqlens(ranges, tiled)
+        """Each range's length and start columns (cudnn_graph.range_columns: range i is sequence i, no gap
+        sequences, tiled or not), the backward's `lse_slots`, with a left window the keys no row sees, and where a
+        causal block may split (`splits`) the split calls' metadata (cudnn_split.prepare_split): device ops on the
+        ranges alone, so a region computes them once per batch, in its graph (a block that does not split leaves
+        them unused: dead code there)."""
         bound = max(max_q, 1)
-        prepared = [*sequence_columns(cu_q, cu_k), *lse_slots(ranges, tq, cu_q.numel() - 1, bound, tiled)]
+        prepared = [*range_columns(ranges), *lse_slots(ranges, tq, ranges.shape[1], bound, True)]
         if window[0] >= 0:
             prepared.append(unseen_keys(ranges, tk, window[0])[:, None, None])  # broadcast over heads, dims
         if splits(window, square):
@@ -181,7 +181,7 @@ class CuDNNVarlenKernel:
     ):
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled, square)
         bounds = (max(max_q, 1), max(max_k, 1))
-        if causal and splits(window, square):  # the square parts top-left, the cut pieces' rectangles unmasked
+        if causal and splits(window, square, q.shape[0]):  # squares top-left, the cut pieces' rectangles unmasked
             extra = prepared[-SPLIT_COUNT:]
             sq = _fwd_call(q, k, v, extra[:4], scale, (bounds[0], max(min(max_q, max_k), 1)), (True, False, -1, -1))
             rc = _fwd_call(q, k, v, extra[4:8], scale, bounds, (False, False, -1, -1))
@@ -202,7 +202,7 @@ class CuDNNVarlenKernel:
         prepared = prepared or self.prepare(ranges, q.shape[0], k.shape[0], max_q, window, tiled, square)
         bounds = (max(max_q, 1), max(max_k, 1))
         ragged = cudnn_graph.reads_ragged_stats(q.device)
-        if causal and splits(window, square):
+        if causal and splits(window, square, q.shape[0]):
             extra = prepared[-SPLIT_COUNT:]
             stats = _stats(lse, ragged, extra[8:10], extra[0].shape[0], bounds[0])
             args = (dout, q, k, v, out, stats, ragged, scale)
@@ -218,11 +218,17 @@ class CuDNNVarlenKernel:
         return dq, dk, dv
 
 
-def splits(window: tuple[int, int], square: bool) -> bool:
+SPLIT_MIN_ROWS = 8192
+"""The fewest q rows a block splits at. Measured on an H100 (bench/results/logs/cudnn_split_probe_h100.txt, kernels
+alone, slowest rank): at 16K rows the split ran in 0.85x (thd_balanced) and 0.68x (thd) of the one call's GPU time
+with direct offsets, at 4K rows in 1.06x (the second call's fixed cost); the crossover lies between."""
+
+
+def splits(window: tuple[int, int], square: bool, rows: int | None = None) -> bool:
     """Whether a causal block with these keywords runs as cudnn_split's two calls: without a window (a band's
-    rectangles would need their own bounds) and unless every range is square (then one top-left call is the
-    same mask)."""
-    return tuple(window) == (-1, -1) and not square
+    rectangles would need their own bounds), unless every range is square (one top-left call is then the same
+    mask), and with at least SPLIT_MIN_ROWS q rows (`rows`; None: whether it may, for `prepare`)."""
+    return tuple(window) == (-1, -1) and not square and (rows is None or rows >= SPLIT_MIN_ROWS)
 
 
 def _fwd_call(q, k, v, columns, scale, bounds, mask) -> tuple[torch.Tensor, torch.Tensor]:

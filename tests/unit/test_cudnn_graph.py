@@ -108,6 +108,7 @@ def test_each_buffer_is_bound_to_its_descriptor_with_offsets_of_its_own_stride(
     backward reads the stats ragged, they are the forward's own (one call) or the merged lse (split), offset by
     the q starts x Hq, with no padded scatter."""
     monkeypatch.setattr(cg, "reads_ragged_stats", lambda device: ragged_stats)
+    monkeypatch.setattr(cv, "SPLIT_MIN_ROWS", 0)  # causal: these 12 rows split
     if ragged_stats:
         monkeypatch.setattr(cv, "padded_at", None)  # the padded scatter must not run
     q, k, v = _inputs(*heads)
@@ -159,8 +160,8 @@ def test_new_documents_reuse_the_graphs_and_a_restrided_input_is_refused(graphs)
     impl = cv.CuDNNVarlenKernel()
     other = torch.tensor([[0, 2, 9], [2, 9, 12], [0, 4, 10], [4, 10, 16]])  # other documents, same count
     for ranges in (RANGES, other):
-        impl.forward(q, k, v, ranges, 7, 7, True, 0.1, tiled=True)  # causal with cut pieces: two calls
-    assert len(graphs.graphs) == 2 and len(cg.graph_keys()) == 2
+        impl.forward(q, k, v, ranges, 7, 7, True, 0.1, tiled=True)  # 12 rows: below the split's threshold
+    assert len(graphs.graphs) == 1 and len(cg.graph_keys()) == 1
     prepared = impl.prepare(RANGES, 12, 16, 7, tiled=True)
     meta = cg.ragged_metadata(prepared[:4], (q.stride(0), 64, 4), (k.stride(0), v.stride(0)))
     mask = cv.band_args(True, (-1, -1), False)

@@ -31,10 +31,14 @@ REF = get_varlen_kernel("cpu_varlen_ref")
 IMPL = get_varlen_kernel("cudnn_varlen")
 
 
-@pytest.fixture
-def stand_in(monkeypatch):
+@pytest.fixture(params=["split", "one_call"])
+def stand_in(monkeypatch, request):
+    """The op's CPU stand-in; the split rule's row threshold at 0 (`split` in the test id: every causal block with
+    cut pieces runs as cudnn_split's two calls) or as shipped (these blocks are far smaller: one call)."""
     ops = CuDNNStandIn()
     monkeypatch.setattr(cv, "_ops", lambda: ops)
+    if request.param == "split":
+        monkeypatch.setattr(cv, "SPLIT_MIN_ROWS", 0)
     return ops
 
 
@@ -284,12 +288,14 @@ def test_causal_blocks_with_cut_pieces_split_onto_the_top_left_anchor(stand_in, 
     q, k, v, dout, block = _layout_case(layout_name, lengths, 2, 1, True, (-1, -1), g)
     qs, qe, ks, ke = block.ranges
     assert not block.square and bool(((ke - ks > qe - qs) & (qe > qs)).any())  # a cut piece
+    if cv.SPLIT_MIN_ROWS:
+        pytest.skip("the split rule's row threshold as shipped: these blocks run one call")
     stand_in.graphs.clear()
     split = _through_executor(q, k, v, dout, [block.ranges], encode_varlen([block]), "cudnn_varlen")
     masks = sorted((key[0], key[-3], key[-1]) for key in stand_in.graphs)  # (op, causal, top-left)
     assert masks == [("bwd", False, False), ("bwd", True, True), ("fwd", False, False), ("fwd", True, True)]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cv, "splits", lambda window, square: False)
+        mp.setattr(cv, "splits", lambda window, square, rows=None: False)
         stand_in.graphs.clear()
         one = _through_executor(q, k, v, dout, [block.ranges], encode_varlen([block]), "cudnn_varlen")
         assert sorted((key[0], key[-3], key[-1]) for key in stand_in.graphs) == [
@@ -349,7 +355,7 @@ def test_graph_keys_do_not_depend_on_the_documents(stand_in):
             q, k, v, dout, block = _layout_case(name, lengths, 2, 1, True, (-1, -1), g, max_doc=28)  # a static bound
             _through_executor(q, k, v, dout, [block.ranges], encode_varlen([block]), "cudnn_varlen")
             keys.append(set(stand_in.graphs))
-        calls = 2 if block.square else 4  # a causal block with cut pieces: cudnn_split's two calls each way
+        calls = 2 if block.square or cv.SPLIT_MIN_ROWS else 4  # a causal block with cut pieces may split in two
         assert keys[0] == keys[1] and len(keys[0]) == calls, name
 
 

@@ -27,16 +27,16 @@ METADATA_OPS = ("scatter", "cumsum", "arange", "stack", "cat", "clamp", "unbind"
 # multiply a ragged tensor a call (5 forward, 7 backward) makes cuDNN's element offsets from the prepared prefix
 # columns (kernels/cudnn_graph.ragged_metadata): they need the call's strides, and on cuDNN's real, traced path
 # Inductor compiles them with the region. Before the metadata moved out: ring thd_zigzag rank 0 (43, 66) /
-# (102, 133), rank 7 (18, 71); ring thd rank 7 (43, 90); all_gather (14, 39). all_gather's causal blocks with cut
-# pieces run as cudnn_split's two calls a way, whose merge and gradient combination (~30 ops, eager here) are one
-# fused kernel each on the traced path: (49, 38), thd rank 7 (49, 42); one call was (11, 16) / (11, 20).
+# (102, 133), rank 7 (18, 71); ring thd rank 7 (43, 90); all_gather (14, 39). These blocks are below
+# cudnn_varlen.SPLIT_MIN_ROWS; split in two (threshold 0), all_gather's causal blocks with cut pieces dispatch
+# (49, 38), thd rank 7 (49, 42): the merge and gradient sums, one fused kernel each on the traced path.
 BUDGETS = {
     ("ring", "thd_zigzag", 0): ((17, 20), (32, 36)),
     ("ring", "thd_zigzag", 7): ((13, 22), (32, 36)),
     ("ring", "thd", 7): ((17, 24), (13, 18)),
-    ("all_gather", "thd_zigzag", 0): (None, (51, 40)),
-    ("all_gather", "thd_balanced", 0): (None, (51, 40)),
-    ("all_gather", "thd", 7): (None, (51, 44)),
+    ("all_gather", "thd_zigzag", 0): (None, (13, 20)),
+    ("all_gather", "thd_balanced", 0): (None, (13, 20)),
+    ("all_gather", "thd", 7): (None, (13, 24)),
 }
 
 
