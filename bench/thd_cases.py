@@ -143,7 +143,8 @@ def kernels_only_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
 def split_kernels_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
     """A rank's one block split by shape into two calls each way, on a ready key buffer: its square ranges
     top-left, the rest bottom-right (the other call's rows and keys left out of each), with the selects that
-    put the two calls' rows and keys together: the alternative to one bottom-right call over a mixed block."""
+    put the two calls' rows and keys together: the alternative to one bottom-right call over a mixed block. (On
+    cudnn_varlen from SPLIT_MIN_ROWS q rows the bottom-right half is itself split: kernels/cudnn_split.py.)"""
     impl, (b,), (r,) = get_varlen_kernel(kernel), decode_varlen(spec), ranges
     tensors = block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
     out, lse, keys = attend_gathered(q, gathered, key_maps[0], tensors, spec, SCALE, kernel)

@@ -114,7 +114,8 @@ def split_fn(q, k, v, dout, r, b, scale: float, check=None):
 
 def one_fn(q, k, v, dout, r, b, kernel: str, scale: float, check=None, direct: bool = False, split: bool = False):
     """The block through the provider: one call (`split` False: cudnn_varlen's split rule switched off around
-    it), or as the provider splits it (`split`)."""
+    it), or as the provider splits it (`split`: its row threshold at 0). Where the provider addresses ranges
+    directly (cudnn_graph.range_columns), "one" and "direct" are the same call."""
     impl = get_varlen_kernel(kernel)
     kw = b.kernel_kwargs()
     args = (r, b.max_q, b.max_k, b.causal, scale)
@@ -134,9 +135,17 @@ def one_fn(q, k, v, dout, r, b, kernel: str, scale: float, check=None, direct: b
 
 @contextlib.contextmanager
 def _rule(rule, on: bool):
-    """cudnn_varlen's split rule as it is (`on`) or off (trees before it have none)."""
-    if rule is None or on:
+    """cudnn_varlen's split rule with its row threshold at 0 (`on`) or off (trees before it have none)."""
+    if rule is None:
         yield
+        return
+    if on:
+        rows = cudnn_varlen.SPLIT_MIN_ROWS
+        cudnn_varlen.SPLIT_MIN_ROWS = 0
+        try:
+            yield
+        finally:
+            cudnn_varlen.SPLIT_MIN_ROWS = rows
         return
     cudnn_varlen.splits = lambda window, square, rows=None: False
     try:

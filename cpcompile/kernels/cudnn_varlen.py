@@ -27,8 +27,8 @@ Where the op's rules differ from kernels/base.VarlenAttentionKernel, and what th
   takes it PADDED (sequences, Hq, max_q, 1): `padded_at` scatters the final lse to its `lse_slots` (~8 kernels
   traced). It can read it back token-major and ragged instead (one transposing copy), which
   cudnn_graph.reads_ragged_stats switches off: NaN gradients on an H100 (cudnn_graph.RAGGED_STATS_ON).
-- prepared metadata: the sequences' length and prefix columns (cudnn_graph.sequence_columns), the lse slots and
-  a window's unseen keys depend on the ranges alone;
+- prepared metadata: each range's length and start columns (cudnn_graph.range_columns), the lse slots, a
+  window's unseen keys and the split calls' columns and masks depend on the ranges alone;
   `prepare` computes them as device ops, which the regions run once per batch in their graph (Inductor), so a
   ring step's kernel call does only the kernel's own work on the host.
 - graphs: cudnn_graph keeps one graph per key (sequence count, max lengths, strides, mask; backward also the
