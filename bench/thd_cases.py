@@ -358,3 +358,21 @@ def selective_region_fn(layout: str, lengths: list[int], cp: int, rank: int, ker
         q.grad = k.grad = v.grad = None
 
     return run
+
+
+def probe_cases(default: str):
+    """The cases a kernel probe runs (`--cases layout:mix:S:cp,...`, `--iters`), each as (spec, layout, lengths,
+    cp, ideal ms, iters): ideal = cuDNN top-left over the whole packed sequence / cp, timed first."""
+    import argparse
+
+    from bench.common import time_many_ms
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=default)
+    ap.add_argument("--iters", type=int, default=5)
+    args = ap.parse_args()
+    for spec in args.cases.split(","):
+        layout, mix, seq, cp = spec.split(":")
+        lengths = doc_lengths(int(seq), mix)
+        ideal = time_many_ms([provider_full_fn(lengths, "cudnn_varlen")], args.iters, 2)[0] / int(cp)
+        yield spec, layout, lengths, int(cp), ideal, args.iters

@@ -23,7 +23,6 @@ on the rows and keys of the ranges. Also host ms a call of one and split (queued
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 
 import torch
@@ -167,17 +166,10 @@ def rel_err(want: dict, got: dict, rows: torch.Tensor, keys: torch.Tensor) -> fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default=CASES)
-    ap.add_argument("--iters", type=int, default=5)
-    args = ap.parse_args()
-    print(f"backward stats: {'ragged' if cudnn_graph.reads_ragged_stats(torch.device('cuda')) else 'padded'}")
+    ragged = getattr(cudnn_graph, "reads_ragged_stats", lambda device: False)(torch.device("cuda"))  # trees before
+    print(f"backward stats: {'ragged' if ragged else 'padded'}")
     scale = thd_cases.SCALE
-    for spec in args.cases.split(","):
-        layout, mix, seq, cp = spec.split(":")
-        seq, cp = int(seq), int(cp)
-        lengths = thd_cases.doc_lengths(seq, mix)
-        ideal = time_many_ms([thd_cases.provider_full_fn(lengths, "cudnn_varlen")], args.iters, 2)[0] / cp
+    for spec, layout, lengths, cp, ideal, iters in thd_cases.probe_cases(CASES):
         worst = {m: 0.0 for m in ("one", "fa2", "split", "direct", "provider")}
         host = {"one": 0.0, "split": 0.0, "provider": 0.0}
         err, err_direct, err_provider, cut = 0.0, 0.0, 0.0, 0
@@ -194,7 +186,7 @@ def main() -> None:
                 one_fn(q, k, v, dout, r, b, "cudnn_varlen", scale, direct=True),
                 one_fn(q, k, v, dout, r, b, "cudnn_varlen", scale, split=True),
             ]
-            for m, t in zip(worst, time_many_ms(fns, args.iters, 2)):
+            for m, t in zip(worst, time_many_ms(fns, iters, 2)):
                 worst[m] = max(worst[m], t)
             host["one"] = max(host["one"], queued_host_ms(fns[0], 1))
             host["split"] = max(host["split"], queued_host_ms(fns[2], 1))

@@ -18,8 +18,6 @@ case and checks rect's out/lse/dq/dk/dv against one's (bf16 tolerance). Nothing 
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from bench import thd_cases
@@ -95,16 +93,8 @@ def one_fn(q, keys, dout, r, b, kernel: str, scale: float, check=None):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default=CASES)
-    ap.add_argument("--iters", type=int, default=5)
-    args = ap.parse_args()
     scale = thd_cases.SCALE
-    for spec in args.cases.split(","):
-        layout, mix, seq, cp = spec.split(":")
-        seq, cp = int(seq), int(cp)
-        lengths = thd_cases.doc_lengths(seq, mix)
-        ideal = time_many_ms([thd_cases.provider_full_fn(lengths, "cudnn_varlen")], args.iters, 2)[0] / cp
+    for spec, layout, lengths, cp, ideal, iters in thd_cases.probe_cases(CASES):
         worst = {m: 0.0 for m in ("one", "fa2", "split", "rect", "fa2_rect")}
         err = 0.0
         for rank in range(cp):
@@ -119,7 +109,7 @@ def main() -> None:
                 rect_fn(q, keys, dout, r, b, "cudnn_varlen", scale),
                 rect_fn(q, keys, dout, r, b, "flash_varlen", scale),
             ]
-            for m, t in zip(worst, time_many_ms(fns, args.iters, 2)):
+            for m, t in zip(worst, time_many_ms(fns, iters, 2)):
                 worst[m] = max(worst[m], t)
             want, got = {}, {}
             one_fn(q, keys, dout, r, b, "cudnn_varlen", scale, want)()
