@@ -224,13 +224,15 @@ def _block(ranges, tq, tk, hq, hkv, d, dv, seed=0):
     return q, k, v, do, torch.tensor(ranges, device=CUDA)
 
 
-def test_gpu_cudnn_varlen_block_against_fa2_and_reference():
+def test_gpu_cudnn_varlen_block_against_fa2_and_reference(monkeypatch):
     """One block, adjacent (gaps: thd's shape), tiled and square (top-left band), causal/windowed: cudnn_varlen's
     relative errors (out, lse, dq, dk, dv) against an fp32 reference are within 2x FA2's (MLA, which FA2 cannot run: within bf16
     noise), keys no row sees get exact zeros, and what the raw op writes there is printed. "cudnn views" runs the
     same inputs as token-major views of fused buffers (a projection's q, all_gather's (T, 2, H, D) keys), which the
-    backward reads in place; its errors meet the same bound. The backward's stats form (ragged or padded,
-    cudnn_graph.reads_ragged_stats) is printed: both rows run in it."""
+    backward reads in place (k and v; q is copied); its errors meet the same bound. "cudnn split" runs with the
+    split rule's row threshold at 0, so the causal blocks with cut pieces (adjacent, tiled) run as cudnn_split's two
+    calls; the same bound. The backward's stats form (ragged or padded, cudnn_graph.reads_ragged_stats) is
+    printed: every row runs in it."""
     import cudnn
 
     from cpcompile.kernels import cudnn_graph, cudnn_varlen
@@ -239,6 +241,7 @@ def test_gpu_cudnn_varlen_block_against_fa2_and_reference():
     print(f"backward stats: {form} (cuDNN backend {cudnn.backend_version()}, SM {torch.cuda.get_device_capability()})")
 
     impl, fa2, ref = (get_varlen_kernel(n) for n in ("cudnn_varlen", "flash_varlen", "cpu_varlen_ref"))
+    shipped = cudnn_varlen.SPLIT_MIN_ROWS
     blocks = {  # name: (ranges, tq, tk, kwargs); q ranges end their key ranges (bottom-right)
         "adjacent": ([[0, 32], [32, 64], [0, 160], [128, 256]], 64, 288, {}),
         "tiled": ([[0, 40], [40, 64], [0, 40], [40, 64]], 64, 64, {"tiled": True}),
@@ -255,11 +258,13 @@ def test_gpu_cudnn_varlen_block_against_fa2_and_reference():
                 f32 = [t.float() for t in (q, k, v, do)]
                 want_o, want_l = ref.forward(*f32[:3], r, *bounds, causal, 0.125, **args)
                 want = ref.backward(f32[3], *f32[:3], want_o, want_l, r, *bounds, causal, 0.125, **args)
-                kernels = {"cudnn": impl, "cudnn views": impl} | ({"fa2": fa2} if heads[2] == heads[3] else {})
+                kernels = {"cudnn": impl, "cudnn views": impl, "cudnn split": impl}
+                kernels |= {"fa2": fa2} if heads[2] == heads[3] else {}
                 views = _as_views(q, k, v)
                 errs = {}
                 for kname, kern in kernels.items():
                     qq, kk, vv = views if kname == "cudnn views" else (q, k, v)
+                    monkeypatch.setattr(cudnn_varlen, "SPLIT_MIN_ROWS", 0 if kname == "cudnn split" else shipped)
                     _poison(8 * tk * heads[1] * heads[2])
                     o, lse = kern.forward(qq, kk, vv, r, *bounds, causal, 0.125, **args)
                     _poison(8 * tk * heads[1] * heads[2])
@@ -278,7 +283,7 @@ def test_gpu_cudnn_varlen_block_against_fa2_and_reference():
                 case = f"{name} heads={heads} causal={causal} window={window}"
                 print(case, {k: [f"{e:.2e}" for e in v] for k, v in errs.items()})
                 bound = [2 * e + 1e-3 for e in errs["fa2"]] if "fa2" in errs else [2e-2] * 6  # MLA: bf16 noise
-                for kname in ("cudnn", "cudnn views"):
+                for kname in ("cudnn", "cudnn views", "cudnn split"):
                     bad = [i for i, (e, b) in enumerate(zip(errs[kname], bound)) if not e <= b]
                     if bad:
                         problems.append(f"{case}: {kname} errors {errs[kname]} exceed {bound} at {bad}")
