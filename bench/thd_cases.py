@@ -13,12 +13,14 @@ the mask every block ran before blocks could say they are square.
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
+from collections.abc import Iterator
 
 import torch
 
-from bench.common import DTYPE, HKV, HQ, D
+from bench.common import DTYPE, HKV, HQ, D, time_many_ms
 from cpcompile.comms.all_gather.varlen import attend_gathered, fold_key_grads
 from cpcompile.executor import decode_varlen, encode_varlen, prepare_blocks  # (registers torch.ops.cpcompile.*)
 from cpcompile.kernels import get_varlen_kernel
@@ -360,13 +362,9 @@ def selective_region_fn(layout: str, lengths: list[int], cp: int, rank: int, ker
     return run
 
 
-def probe_cases(default: str):
+def probe_cases(default: str) -> Iterator[tuple[str, str, list[int], int, float, int]]:
     """The cases a kernel probe runs (`--cases layout:mix:S:cp,...`, `--iters`), each as (spec, layout, lengths,
     cp, ideal ms, iters): ideal = cuDNN top-left over the whole packed sequence / cp, timed first."""
-    import argparse
-
-    from bench.common import time_many_ms
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=default)
     ap.add_argument("--iters", type=int, default=5)
