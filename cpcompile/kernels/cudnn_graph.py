@@ -43,10 +43,8 @@ BWD_META_RAGGED_STATS = ("len_q", "len_k", "q", "o", "dq", "stats", "k", "v", "d
 RAGGED_STATS_CUDNN = 90600
 """The first cuDNN whose THD backward takes ragged stats (TransformerEngine's threshold for the same graph)."""
 RAGGED_STATS_ON = False
-"""Off: on an H100 (cuDNN 9.19, 2026-12-07) the ragged-stats backward gave NaN gradients in 2 of the 12 ragged cases of
-bench/probes/cudnn_view_bwd.py (heads 8/8, one run of two) and the THD parity test failed with NaN dk
-(bench/results/logs/cudnn_view_bwd_h100.txt). The padded form stays until that is understood; the rule below is
-what reads them ragged when this is on."""
+"""Off: on an H100 (cuDNN 9.19) the ragged-stats backward gave NaN in 2 of 12 cases of bench/probes/cudnn_view_bwd.py
+and in the THD parity test (bench/results/logs/cudnn_view_bwd_h100.txt): padded until that is understood."""
 
 
 class Uid(IntEnum):
