@@ -105,7 +105,7 @@ def main(argv=None) -> int:
         "cpcompile here; the device machine's copy carries the working tree's files but a stale .git)",
     )
     p.add_argument("--skip-tests", action="store_true", help="leave out tests/gpu (while iterating)")
-    p.add_argument("--deadline", type=float, default=420, help="seconds; unfinished sections fail")
+    p.add_argument("--deadline", type=float, default=520, help="seconds; unfinished sections fail")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "bench/results/logs"), "gpu_check.txt"))
     args = p.parse_args(argv)
     start = time.perf_counter()
