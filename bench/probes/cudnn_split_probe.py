@@ -14,7 +14,8 @@ offsets (each sequence its own start and length, no gap sequence), through kerne
 Per case (layout:mix:S:cp), every rank, GPU time of fwd+bwd (CUDA events, interleaved), the slowest rank of:
   one     the block as the region runs it (cudnn_varlen; bottom-right unless every range is square)
   fa2     the same block on flash_varlen
-  split   the two compact calls with the merge and gradient combination compiled by Inductor
+  split   the two compact calls with the merge and gradient combination compiled by Inductor (the provider's
+          own pieces: kernels/cudnn_split's parts, prepare_split, merge, combine)
 against ideal = cuDNN top-left over the whole packed sequence / cp. Checks split's out/lse/dq/dk/dv against one's
 on the rows and keys of the ranges. Also host ms a call of one and split (queued behind a GPU sleep).
 
@@ -31,7 +32,7 @@ from bench import thd_cases
 from bench.common import queued_host_ms, time_many_ms
 from cpcompile.comms.all_gather.varlen import attend_gathered
 from cpcompile.executor import decode_varlen
-from cpcompile.kernels import cudnn_graph, cudnn_varlen, get_varlen_kernel
+from cpcompile.kernels import cudnn_graph, cudnn_split, cudnn_varlen, get_varlen_kernel
 from cpcompile.kernels.base import range_ids
 
 CASES = (
@@ -45,66 +46,34 @@ CASES = (
 )
 
 
-def range_columns(r: torch.Tensor) -> list[torch.Tensor]:
-    """sequence_columns' four columns addressing each range directly: lengths qe - qs and ke - ks, offsets qs and
-    ks (the last entry the largest end), one sequence a range and no gaps."""
-    qs, qe, ks, ke = r.long()
-    lens = [(e - s).to(torch.int32).view(-1, 1, 1, 1) for s, e in ((qs, qe), (ks, ke))]
-    return lens + [torch.cat((s, e.max().view(1))).view(-1, 1, 1, 1) for s, e in ((qs, qe), (ks, ke))]
-
-
 def direct_slots(r: torch.Tensor, tq: int, max_q: int) -> list[torch.Tensor]:
     """The padded stats' slots where range i is sequence i (what the backward reads unless its stats are ragged)."""
     return cudnn_varlen.lse_slots(r, tq, r.shape[1], max(max_q, 1), True)
 
 
-def parts(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(square ranges, rectangle ranges) of a causal block: each range's last n keys against its n rows, and
-    its earlier keys against the same rows where it has both (zero rows and keys elsewhere)."""
-    qs, qe, ks, ke = r
-    n, m = qe - qs, ke - ks
-    cut = (m > n) & (n > 0)
-    square = torch.stack((qs, qe, ke - n, ke))
-    rect = torch.stack((qs, torch.where(cut, qe, qs), ks, torch.where(cut, ke - n, ks)))
-    return square, rect
-
-
-def _merge(o1, l1, o2, l2, rows):
-    l2 = torch.where(rows[None], l2, float("-inf"))
-    lse = torch.logaddexp(l1, l2)
-    w1, w2 = (torch.exp(x - lse).t()[:, :, None] for x in (l1, l2))
-    out = torch.where(rows[:, None, None], o1.float() * w1 + o2.float() * w2, o1.float()).to(o1.dtype)
-    return out, lse
-
-
-def _grads(g1, g2, rows, rkeys):
-    r3, k3 = rows[:, None, None], rkeys[:, None, None]
-    dq = torch.where(r3, (g1[0].float() + g2[0].float()).to(g1[0].dtype), g1[0])
-    return dq, torch.where(k3, g2[1], g1[1]), torch.where(k3, g2[2], g1[2])
-
-
-merge, grads = torch.compile(_merge, fullgraph=True), torch.compile(_grads, fullgraph=True)
+merge = torch.compile(cudnn_split.merge, fullgraph=True)
+combine = torch.compile(cudnn_split.combine, fullgraph=True)
+"""The provider's merge and gradient combination, compiled by Inductor as in a region's traced graph."""
 
 
 def split_fn(q, k, v, dout, r, b, scale: float, check=None):
     impl = get_varlen_kernel("cudnn_varlen")
-    square, rect = parts(r)
+    square, rect = cudnn_split.parts(r)
     tq, tk = q.shape[0], k.shape[0]
-    rows = range_ids(rect[0], rect[1], tq) >= 0
-    rkeys = range_ids(rect[2], rect[3], tk) >= 0
-    slots = direct_slots(square, tq, b.max_q)  # range i is sequence i in both calls
-    sq_prep = range_columns(square) + slots
-    rc_prep = range_columns(rect) + slots
-    sq_args = (square, b.max_q, b.max_q, True, scale)
+    extra = cudnn_split.prepare_split(r, tq, tk, lambda sq: direct_slots(sq, tq, b.max_q))  # the provider's tensors
+    slots, (rows, rkeys, dark) = extra[8:10], extra[10:13]  # range i is sequence i in both calls
+    sq_prep = extra[:4] + slots
+    rc_prep = extra[4:8] + slots
+    sq_args = (square, b.max_q, min(b.max_q, b.max_k), True, scale)
     rc_args = (rect, b.max_q, b.max_k, False, scale)
 
     def run():
         o1, l1 = impl.forward(q, k, v, *sq_args, square=True, prepared=sq_prep)
         o2, l2 = impl.forward(q, k, v, *rc_args, prepared=rc_prep)
-        out, lse = merge(o1, l1, o2, l2, rows)
+        out, lse = merge(o1, l1, o2, l2, rows, dark)
         g1 = impl.backward(dout, q, k, v, out, lse, *sq_args, square=True, prepared=sq_prep)
         g2 = impl.backward(dout, q, k, v, out, lse, *rc_args, prepared=rc_prep)
-        dq, dk, dv = grads(g1, g2, rows, rkeys)
+        dq, dk, dv = combine(g1, g2, rows, rkeys, dark)
         if check is not None:
             check.update(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
 
@@ -120,7 +89,7 @@ def one_fn(q, k, v, dout, r, b, kernel: str, scale: float, check=None, direct: b
     args = (r, b.max_q, b.max_k, b.causal, scale)
     rule = getattr(cudnn_varlen, "splits", None)
     if direct:  # the same call with each range addressed by its own offsets (no gap sequences)
-        kw["prepared"] = range_columns(r) + direct_slots(r, q.shape[0], b.max_q)
+        kw["prepared"] = cudnn_graph.range_columns(r) + direct_slots(r, q.shape[0], b.max_q)
 
     def run():
         with _rule(rule, split):
