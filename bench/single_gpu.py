@@ -13,7 +13,9 @@ packed inputs for realistic document-length mixes (--mixes), on --thd-kernels ("
 cudnn-frontend is installed, else flash_varlen), against the ideal = the fastest single-GPU kernel's fwd+bwd of
 every document in full (cuDNN THD top-left over the whole packed sequence, the documents in <= 8K chunks, or
 FA2 varlen, timed together: `ideal_source`; FA2's and cuDNN's bottom-right times kept as columns), / cp.
-cudnn_varlen all_gather rows also time the rank's block split by shape (`kernels_split_ms`). all_gather rows
+cudnn_varlen's own split of a block of cut pieces (from `split_min_rows` q rows, kernels/cudnn_split.py) runs with
+its merge compiled, as a region's graph runs it (`thd_cases.fused_split_merge`). cudnn_varlen all_gather rows also
+time the rank's block split by shape (`kernels_split_ms`). all_gather rows
 also record the balance ceiling (mean / max rank work); thd_balanced rows the host time of its per-batch plan
 (`plan_ms`). --thd-comms a2a (thd, thd_balanced): the a2a region with its all-to-alls as identity, one rank;
 selective (thd, thd_balanced): its region with its exchange as identity, every rank. thd_balanced's
@@ -50,6 +52,7 @@ from cpcompile import executor  # (registers torch.ops.cpcompile.*)
 from cpcompile.comms.registry import get_comm
 from cpcompile.executor import streams
 from cpcompile.kernels import get_kernel, resolve_kernel
+from cpcompile.kernels.cudnn_varlen import SPLIT_MIN_ROWS
 from cpcompile.layouts import get_layout, get_packed_layout
 
 SCALE = 1 / math.sqrt(D)
@@ -278,6 +281,12 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
     comms = args.thd_comms.split(",")
     if not set(comms) <= {"all_gather", "a2a", "selective"}:  # the comms _thd_rank_times has a rank's work for
         raise SystemExit(f"--thd-comms: all_gather, a2a or selective, not {args.thd_comms!r}")
+    with thd_cases.fused_split_merge():  # cudnn_varlen's split merged as a region's graph merges it
+        return _thd_sweep(args, layouts, records, device, kernels, with_cudnn, comms)
+
+
+def _thd_sweep(args, layouts, records, device, kernels, with_cudnn, comms) -> list[dict]:
+    """thd_sweep's loops (its arguments checked, cudnn_varlen's split merge compiled)."""
     for mix in args.mixes.split(","):
         for seq in [int(s) for s in args.seqs.split(",")]:
             lengths = thd_cases.doc_lengths(seq, mix)
@@ -305,6 +314,8 @@ def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> lis
                         hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=args.iters,
                         device=device, torch=torch.__version__, measured_at=_now(),
                     )  # fmt: skip
+                    if kernel == "cudnn_varlen":  # which provider ran: blocks of cut pieces split from these rows
+                        rec["split_min_rows"] = SPLIT_MIN_ROWS
                     if get_packed_layout(layout).carries_plan:  # thd_balanced: the data loader's cost a batch
                         rec["plan_ms"] = thd_cases.model_cu(layout, lengths, cp)[1]
                     if t["work"]:  # all_gather: ranks do unequal work; time follows work at best

@@ -14,6 +14,7 @@ the mask every block ran before blocks could say they are square.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ import torch
 from bench.common import DTYPE, HKV, HQ, D, time_many_ms
 from cpcompile.comms.all_gather.varlen import attend_gathered, fold_key_grads
 from cpcompile.executor import decode_varlen, encode_varlen, prepare_blocks  # (registers torch.ops.cpcompile.*)
-from cpcompile.kernels import get_varlen_kernel
+from cpcompile.kernels import cudnn_split, cudnn_varlen, get_varlen_kernel
 from cpcompile.kernels.base import range_ids
 from cpcompile.kernels.varlen_ranges import adjacent_cu_seqlens
 from cpcompile.layouts import get_packed_layout
@@ -36,6 +37,27 @@ DEVICE = "cuda"
 """Where the rank inputs live ("cpu" only to smoke-test the index math without a GPU)."""
 MIXES = {"docs-median-1K": (1024, 1.5), "docs-median-8K": (8192, 1.0)}
 """name: (median document length, sigma of log length): means ~3.1K and ~13.5K tokens before the cut at S."""
+
+
+def _compiled_outside_a_trace(fn):
+    """`fn` compiled by Inductor with dynamic shapes (one compile for every case), and as itself inside a trace
+    (a compiled region traces the provider: the region's own Inductor graph fuses it there)."""
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+    return lambda *args: fn(*args) if torch.compiler.is_compiling() else compiled(*args)
+
+
+@contextlib.contextmanager
+def fused_split_merge() -> Iterator[None]:
+    """cudnn_varlen's split (kernels/cudnn_split.py) with its merge and gradient combination compiled, as in a
+    region's traced graph, where the bench calls the provider eagerly (the executor ops, kernels alone): eagerly
+    they run as ~30 separate ops (10.89 against 5.86 ms at thd_balanced 128K / cp 8 on an H100,
+    docs/benchmarks.md), which would understate the split."""
+    saved = cudnn_varlen.merge, cudnn_varlen.combine
+    cudnn_varlen.merge, cudnn_varlen.combine = map(_compiled_outside_a_trace, (cudnn_split.merge, cudnn_split.combine))
+    try:
+        yield
+    finally:
+        cudnn_varlen.merge, cudnn_varlen.combine = saved
 
 
 def doc_lengths(seq: int, mix: str, seed: int = 2) -> list[int]:
