@@ -81,7 +81,7 @@ def rank_terms(case: dict) -> list[dict]:
     d = 2 * shape.head_dim / 256
     out = []
     for rank in range(1 if comm.capabilities.splits_heads else shape.world):  # a2a: every rank the same (one timed)
-        _, w = rank_work(shape, case["layout"], comm, rank, cu, case["kernel"])
+        _, w = rank_work(shape, case["layout"], comm, rank, cu)
         out.append(_terms(w, heads, d))
     return out
 
@@ -187,10 +187,10 @@ def fit_host() -> dict:
     for (comm, layout, rank), kernels in sorted(by_case.items()):
         packed = get_packed_layout(layout)
         docs = packed.prepare(cu, seq, cp) if packed.carries_plan else cu
+        _, work = rank_work(shape, layout, get_comm(comm), rank, docs)
         base = kernels["flash_varlen"]["host_ms"]
         for name, r in kernels.items():
             if name != "flash_varlen":
-                _, work = rank_work(shape, layout, get_comm(comm), rank, docs, name)
                 excess.setdefault(name, []).append((r["host_ms"] - base) / work.calls)
     out = {"flash_varlen": {"call_ms": 0.0, "note": "the reference: ATen's op, tens of microseconds a call"}}
     for name, values in excess.items():

@@ -83,13 +83,13 @@ def _rank_heads(shape: SiteShape, caps) -> tuple[int, int]:
 
 
 def rank_work(
-    shape: SiteShape, layout: str, comm: Comm, rank: int, documents: torch.Tensor | None, kernel: str | None = None
+    shape: SiteShape, layout: str, comm: Comm, rank: int, documents: torch.Tensor | None
 ) -> tuple[int, CallWork]:
     """(blocks, their counts) of one rank under `comm`'s region for the site's family, as its costing counts them
-    (`documents`: what `Costing.documents` gave) and `kernel` launches them."""
+    (`documents`: what `Costing.documents` gave)."""
     levels = {"levels": shape.levels} if comm.capabilities.levels else {}  # a comm on a 2-D CP mesh
     region = comm.regions[shape.costing.family]
-    return shape.costing.rank_work(shape, layout, region, rank, documents, kernel, **levels)
+    return shape.costing.rank_work(shape, layout, region, rank, documents, **levels)
 
 
 def wire_shape(shape: SiteShape, layout: str, comm: str) -> WireShape:
@@ -113,7 +113,7 @@ def estimate(shape: SiteShape, layout: str, comm: str, kernel: str, cu_seqlens: 
                                      exchanged)  # fmt: skip
     blocks, work_flops, times, host = [], [], [], []
     for rank in range(shape.world):
-        n, work = rank_work(shape, layout, entry, rank, documents, kernel)
+        n, work = rank_work(shape, layout, entry, rank, documents)
         blocks.append(n)
         work_flops.append(flops(work.pairs, q_heads, shape.head_dim, shape.v_head_dim))  # batch counted in work
         times.append(rate.ms(work, q_heads, shape.head_dim, shape.v_head_dim) + overhead)

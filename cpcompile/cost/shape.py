@@ -39,18 +39,10 @@ class Costing(Protocol):
         ...
 
     def rank_work(
-        self,
-        shape: SiteShape,
-        layout: str,
-        region: Region,
-        rank: int,
-        documents: torch.Tensor | None,
-        kernel: str | None = None,
-        **levels,
+        self, shape: SiteShape, layout: str, region: Region, rank: int, documents: torch.Tensor | None, **levels
     ) -> tuple[int, CallWork]:
         """(blocks, their kernel calls' counts) of rank `rank` under the comm's `region` for this family
-        (`region.rank_blocks` in the family's own arguments; `levels`: a 2-D mesh's, for a comm on one), as
-        `kernel` launches them (None: as one call a block)."""
+        (`region.rank_blocks` in the family's own arguments; `levels`: a 2-D mesh's, for a comm on one)."""
         ...
 
 

@@ -25,8 +25,6 @@ import torch
 
 from ..executor.blocks import decode_dense, encode_dense
 from ..executor.calls import plan_calls
-from ..kernels import get_varlen_kernel
-from ..kernels.varlen_ranges import encoded_launch
 from ..layouts.block import NO_WINDOW
 
 TILE = 128
@@ -132,31 +130,24 @@ def dense_work(blocks: list, batch: int) -> CallWork:
     return total
 
 
-def varlen_work(block, kernel: str | None = None) -> CallWork:
-    """The counts of one varlen block (layouts.thd.VarlenBlock) as varlen provider `kernel` launches it: the
-    calls its `launches` describes (cuDNN: one sequence a range, and a causal block of cut pieces from its split
-    threshold as a top-left square call plus an unmasked rectangle call), else one call over the block's ranges
-    plus the gaps between them (2B+1 sequences) unless the ranges tile both buffers (B:
-    kernels.varlen_ranges), anchored top-left when the block is square; each in a grid bounded by its static
-    bounds. The split threshold is read against the block's last q row (the rank's q length where the ranges
-    cover it)."""
-    ranges = block.ranges.long().cpu()
+def varlen_work(block) -> CallWork:
+    """The counts of one varlen block (layouts.thd.VarlenBlock) as the CUDA varlen providers launch it: its
+    ranges as sequences, plus the gaps between them (2B+1 sequences) unless the ranges tile both buffers
+    (B+1: kernels.varlen_ranges), in a grid bounded by the block's static max_q / max_k, anchored top-left when
+    the block is square."""
+    qs, qe, ks, ke = block.ranges.long().cpu()
     tiled = block.covers_rows and block.covers_keys
-    args = (ranges, block.causal, tuple(block.window), block.square, tiled)
-    provider = get_varlen_kernel(kernel) if kernel is not None else None
-    if provider is not None and hasattr(provider, "launches"):
-        rows = int(ranges[1].max()) if ranges.numel() else 0
-        calls = provider.launches(*args, rows, block.max_q, block.max_k)
-    else:
-        calls = encoded_launch(*args, block.max_q, block.max_k)
-    total = CallWork()
-    for c in calls:
-        qs, qe, ks, ke = c.ranges
-        total = total + sequence_work(
-            qe - qs, ke - ks, c.causal, c.window, bound_q=c.max_q, bound_k=c.max_k, launched=c.sequences,
-            top_left=c.top_left,
-        )  # fmt: skip
-    return total
+    sequences = qs.numel() if tiled else 2 * qs.numel() + 1
+    return sequence_work(
+        qe - qs,
+        ke - ks,
+        block.causal,
+        tuple(block.window),
+        bound_q=block.max_q,
+        bound_k=block.max_k,
+        launched=sequences,
+        top_left=block.square,
+    )
 
 
 def flops(pairs: int, q_heads: int, head_dim: int, v_head_dim: int, backward: bool = True) -> float:

@@ -13,7 +13,6 @@ scores become c * tanh(score / c) before the softmax (Gemma 2), and the LSE is o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -163,25 +162,6 @@ class VarlenAttentionKernel(Protocol):
         prepared: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dq, dk, dv) for one varlen block, given the final out and lse of its q rows."""
-
-
-@dataclass(frozen=True)
-class VarlenLaunch:
-    """One kernel call a varlen provider makes for a block, as the cost model counts it (cost/work.py): a
-    provider whose calls differ from one call over the block's ranges (cuDNN's split, its direct addressing)
-    describes them with an optional `launches(ranges, causal, window, square, tiled, rows)` method."""
-
-    ranges: torch.Tensor
-    """(4, B) the call's sequences (kernels.base ranges; empty ranges launch grid slots but compute nothing)."""
-    causal: bool
-    window: tuple[int, int]
-    top_left: bool
-    """The call runs a top-left anchored mask (or none): no bottom-right kernel."""
-    sequences: int
-    """Launched sequences (the grid's slots): gap sequences of an adjacent encoding included."""
-    max_q: int
-    max_k: int
-    """The static bounds the call's grid is sized by."""
 
 
 def range_ids(starts: torch.Tensor, ends: torch.Tensor, length: int) -> torch.Tensor:

@@ -50,9 +50,9 @@ import torch
 
 from . import cudnn_graph
 from ._cuda import cuda_half_reason, head_dim_reason, missing_package
-from .base import VarlenLaunch, range_ids
+from .base import range_ids
 from .cudnn_graph import ragged_metadata, range_columns
-from .cudnn_split import SPLIT_COUNT, combine, merge, parts, prepare_split
+from .cudnn_split import SPLIT_COUNT, combine, merge, prepare_split
 
 _OP_MODULE = "cudnn.sdpa.fwd.torch_op"
 _EXTRA = "pip install 'cpcompile[cudnn]'"
@@ -160,22 +160,6 @@ class CuDNNVarlenKernel:
     def prepared_count(self, window: tuple[int, int] = (-1, -1), tiled: bool = False, square: bool = False) -> int:
         """How many tensors `prepare` returns for a block with these keywords (static)."""
         return (7 if window[0] >= 0 else 6) + (SPLIT_COUNT if splits(window, square) else 0)
-
-    def launches(
-        self, ranges: torch.Tensor, causal: bool, window: tuple[int, int], square: bool, tiled: bool, rows: int,
-        max_q: int, max_k: int,
-    ) -> list[VarlenLaunch]:  # fmt: skip
-        """The calls `forward` makes for a block (for the cost model): one sequence a range, tiled or not
-        (`range_columns`); a causal block that `splits` at `rows` q rows as its square call (top-left) and its
-        rectangle call (unmasked), else one call, top-left where the block is square."""
-        b, window = ranges.shape[1], tuple(window)
-        if causal and splits(window, square, rows):
-            square_part, rect = parts(ranges)
-            return [
-                VarlenLaunch(square_part, True, window, True, b, max_q, min(max_q, max_k)),
-                VarlenLaunch(rect, False, window, True, b, max_q, max_k),
-            ]
-        return [VarlenLaunch(ranges, causal, window, square, b, max_q, max_k)]
 
     def prepare(self, ranges, tq, tk, max_q, window=(-1, -1), tiled=False, square=False) -> list[torch.Tensor]:
         """Each range's length and start columns (cudnn_graph.range_columns: range i is sequence i, no gap

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import torch
 
-from .base import VarlenLaunch
-
 
 def adjacent_cu_seqlens(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(cu_q, cu_k), int32 of length 2B+1: range i, then the gap after it (q gap with k gap) as one sequence.
@@ -34,13 +32,3 @@ def tiled_cu_seqlens(ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def cu_seqlens(ranges: torch.Tensor, tiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The block's cu_seqlens: tiled (B+1 offsets) when the block vouches for it, else adjacent (2B+1)."""
     return (tiled_cu_seqlens if tiled else adjacent_cu_seqlens)(ranges)
-
-
-def encoded_launch(
-    ranges: torch.Tensor, causal: bool, window: tuple[int, int], square: bool, tiled: bool, max_q: int, max_k: int
-) -> list[VarlenLaunch]:
-    """The one call a provider using `cu_seqlens` makes for a block (what the cost model assumes of a provider
-    without `launches`): B sequences when tiled, else 2B+1 (the gaps are sequences), anchored top-left only
-    where the block is square."""
-    b = ranges.shape[1]
-    return [VarlenLaunch(ranges, causal, tuple(window), square, b if tiled else 2 * b + 1, max_q, max_k)]

@@ -43,7 +43,7 @@ CASES = {
     ),
     "packed thd, assumed documents": (
         (_shape(PACKED, max_doc=3000), "thd", "all_gather", "cudnn_varlen", None),
-        Estimate(layout='thd', comm='all_gather', kernel='cudnn_varlen', rates='cudnn_varlen', blocks=(1, 1, 1, 1), flops=(292606705664, 361489235968, 380826550272, 310707224576), compute_ms=(1.1469646169960854, 1.6419044601622996, 1.7468735655291399, 1.5738004896128954), sent_fwd=50331648, sent_bwd=100663296, wire_ms=0.50331648, documents='assumed: documents of 3000 tokens', levels=(), measured_ms=None, host_ms=(0.7709999999999999, 0.7709999999999999, 0.7709999999999999, 0.7709999999999999)),  # noqa: E501
+        Estimate(layout='thd', comm='all_gather', kernel='cudnn_varlen', rates='cudnn_varlen', blocks=(1, 1, 1, 1), flops=(292606705664, 361489235968, 380826550272, 310707224576), compute_ms=(1.1988774282420813, 1.6938172714082955, 1.7987863767751353, 1.6257133008588913), sent_fwd=50331648, sent_bwd=100663296, wire_ms=0.50331648, documents='assumed: documents of 3000 tokens', levels=(), measured_ms=None, host_ms=(0.7709999999999999, 0.7709999999999999, 0.7709999999999999, 0.7709999999999999)),  # noqa: E501
     ),
     "packed thd, given documents, a2a": (
         (_shape(PACKED, max_doc=3000), "thd", "a2a", "flash_varlen", DOCS),
@@ -59,7 +59,7 @@ CASES = {
     ),
     "thd_balanced all_gather, measured": (
         (_shape(PACKED, tokens=8192, world=8, max_doc=18288), "thd_balanced", "all_gather", "cudnn_varlen", None),
-        Estimate(layout='thd_balanced', comm='all_gather', kernel='cudnn_varlen', rates='cudnn_varlen', blocks=(1, 1, 1, 1, 1, 1, 1, 1), flops=(4004529700864, 4004461232128, 4004529700864, 4004462551040, 4004172791808, 4004571963392, 4004434739200, 4004348264448), compute_ms=(5.041019461948897, 5.139246471807791, 5.041019461948897, 5.023098155158149, 4.7153387458060685, 4.878335380559125, 5.35734530813609, 5.388059740791276), sent_fwd=234881024, sent_bwd=469762048, wire_ms=2.34881024, documents='assumed: documents of 18288 tokens', levels=(), measured_ms=14.2049, host_ms=(1.5419999999999998, 1.5419999999999998, 1.5419999999999998, 1.5419999999999998, 1.5419999999999998, 1.5419999999999998, 1.5419999999999998, 1.5419999999999998)),  # noqa: E501
+        Estimate(layout='thd_balanced', comm='all_gather', kernel='cudnn_varlen', rates='cudnn_varlen', blocks=(1, 1, 1, 1, 1, 1, 1, 1), flops=(4004529700864, 4004461232128, 4004529700864, 4004462551040, 4004172791808, 4004571963392, 4004434739200, 4004348264448), compute_ms=(9.750836927169566, 9.765380786258696, 9.750836927169566, 9.635300431497352, 9.415555292621136, 9.577967402834881, 10.015760304598802, 10.000715474109363), sent_fwd=234881024, sent_bwd=469762048, wire_ms=2.34881024, documents='assumed: documents of 18288 tokens', levels=(), measured_ms=14.2049, host_ms=(0.7709999999999999, 0.7709999999999999, 0.7709999999999999, 0.7709999999999999, 0.7709999999999999, 0.7709999999999999, 0.7709999999999999, 0.7709999999999999)),  # noqa: E501
     ),
 }
 # fmt: on

@@ -130,31 +130,3 @@ def test_windowed_dense_sites_are_costed_with_their_window(comm, causal, window)
     e = estimate(shape, "zigzag", comm, "cpu_flash")
     total = e.flops[0] * world if comm == "a2a" else sum(e.flops)  # a2a: every rank Hq/cp heads, whole sequence
     assert total == flops(pairs, heads, d, d), (total, flops(pairs, heads, d, d))
-
-
-def _mixed_block(rows: int):
-    """A causal block of a whole document (square) and a cut piece (4 rows, last of 6 keys): what thd_balanced
-    hands cuDNN, at `rows` q rows."""
-    from cpcompile.layouts.thd import VarlenBlock, qk_ranges
-
-    half = rows // 2
-    ranges = qk_ranges(torch.tensor([0, half]), torch.tensor([half, rows]), torch.tensor([0, half]),
-                       torch.tensor([half, rows + half]))  # fmt: skip
-    return VarlenBlock(0, True, ranges, max_q=half, max_k=2 * half, covers_rows=True)
-
-
-def test_cudnn_counts_its_split_calls():
-    """cuDNN from its split threshold runs a mixed causal block as a top-left square call plus an unmasked
-    rectangle: no bottom-right tile, two calls, the same kept pairs; below it, one bottom-right call; one grid
-    slot a range either way (direct addressing), where the generic encoding launches 2B+1."""
-    from cpcompile.cost.work import varlen_work
-    from cpcompile.kernels.cudnn_varlen import SPLIT_MIN_ROWS
-
-    big, small = _mixed_block(SPLIT_MIN_ROWS), _mixed_block(SPLIT_MIN_ROWS // 2)
-    split, generic = varlen_work(big, "cudnn_varlen"), varlen_work(big)
-    assert (split.calls, split.br_tiles, split.pairs) == (2, 0, generic.pairs)
-    assert split.tiles == generic.tiles  # the cut piece's rectangle is whole tiles here: the same tiles kept
-    one, wide = varlen_work(small, "cudnn_varlen"), varlen_work(small)
-    assert (one.calls, one.br_tiles, one.pairs) == (1, one.tiles, wide.pairs)
-    half = SPLIT_MIN_ROWS // 4
-    assert (one.grid_q, wide.grid_q) == (2 * half // TILE, 5 * half // TILE)

@@ -102,7 +102,7 @@ class ToyCosting:
     def wire(self, shape, layout, lse_on_demand):
         return shape.wire_shape()
 
-    def rank_work(self, shape, layout, region, rank, documents, kernel=None, **levels):
+    def rank_work(self, shape, layout, region, rank, documents, **levels):
         blocks = region.rank_blocks(rank, shape.world, shape.tokens)
         work = CallWork(pairs=sum(q * k for q, k in blocks) * shape.batch, calls=len(blocks))
         return len(blocks), work

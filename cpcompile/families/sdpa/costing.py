@@ -25,7 +25,7 @@ class DenseCosting:
         return shape.wire_shape(dense_mask=(layout, shape.causal, shape.block_window))
 
     def rank_work(
-        self, shape: SiteShape, layout: str, region: Region, rank: int, documents: None, kernel=None, **levels
+        self, shape: SiteShape, layout: str, region: Region, rank: int, documents: None, **levels
     ) -> tuple[int, CallWork]:
         blocks = region.rank_blocks(layout, shape.causal, rank, shape.world, shape.tokens, shape.block_window, **levels)
         return len(blocks), dense_work(blocks, shape.batch)

@@ -3,8 +3,7 @@ documents: the example batch's where explain() has one, else the densest packing
 (`assumed_documents`: documents of max_q/max_k tokens; the planner sees no document). A layout with a per-batch
 plan (thd_balanced) is costed with the plan `prepare` makes of them. Each rank's blocks are the comm's varlen
 region's `rank_blocks` over those documents (layouts.thd.VarlenBlock), counted as the varlen kernels launch them;
-`kernel`'s
-launches of them (cost/work.varlen_work); the wire sees the longest document, the window and whether the lse travels."""
+the wire sees the longest document, the window and whether the lse travels."""
 
 from __future__ import annotations
 
@@ -51,14 +50,14 @@ class PackedCosting:
         )
 
     def rank_work(
-        self, shape: SiteShape, layout: str, region: Region, rank: int, documents: torch.Tensor, kernel=None, **levels
+        self, shape: SiteShape, layout: str, region: Region, rank: int, documents: torch.Tensor, **levels
     ) -> tuple[int, CallWork]:
         blocks = region.rank_blocks(
             layout, shape.causal, rank, shape.world, shape.tokens, documents, shape.max_doc, shape.window, **levels
         )
         total = CallWork()
         for block in blocks:
-            total = total + varlen_work(block, kernel)
+            total = total + varlen_work(block)
         return len(blocks), total
 
 
