@@ -50,8 +50,7 @@ def _compiled_outside_a_trace(fn):
 def fused_split_merge() -> Iterator[None]:
     """cudnn_varlen's split (kernels/cudnn_split.py) with its merge and gradient combination compiled, as in a
     region's traced graph, where the bench calls the provider eagerly (the executor ops, kernels alone): eagerly
-    they run as ~30 separate ops (10.89 against 5.86 ms at thd_balanced 128K / cp 8 on an H100,
-    docs/benchmarks.md), which would understate the split."""
+    each of their torch ops is a launch of its own, which would understate the split against a region."""
     saved = cudnn_varlen.merge, cudnn_varlen.combine
     cudnn_varlen.merge, cudnn_varlen.combine = map(_compiled_outside_a_trace, (cudnn_split.merge, cudnn_split.combine))
     try:

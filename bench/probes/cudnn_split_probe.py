@@ -12,7 +12,8 @@ the block's, wrong results on thd_balanced). Here both calls address their range
 offsets (each sequence its own start and length, no gap sequence), through kernels/cudnn_graph's ops.
 
 Per case (layout:mix:S:cp), every rank, GPU time of fwd+bwd (CUDA events, interleaved), the slowest rank of:
-  one     the block as the region runs it (cudnn_varlen; bottom-right unless every range is square)
+  one     the block as the region runs it (cudnn_varlen; bottom-right unless every range is square), its
+          metadata prepared before the timed calls for every column
   fa2     the same block on flash_varlen
   split   the two compact calls with the merge and gradient combination compiled by Inductor (the provider's
           own pieces: kernels/cudnn_split's parts, prepare_split, merge, combine)
@@ -82,14 +83,19 @@ def split_fn(q, k, v, dout, r, b, scale: float, check=None):
 
 def one_fn(q, k, v, dout, r, b, kernel: str, scale: float, check=None, direct: bool = False, split: bool = False):
     """The block through the provider: one call (`split` False: cudnn_varlen's split rule switched off around
-    it), or as the provider splits it (`split`: its row threshold at 0). Where the provider addresses ranges
-    directly (cudnn_graph.range_columns), "one" and "direct" are the same call."""
+    it), or as the provider splits it (`split`: its row threshold at 0), its metadata prepared before the timed
+    call, as a region prepares it once a batch (logs before 2026-12-07's review prepared it inside every call for
+    all but "direct"). Where the provider addresses ranges directly (cudnn_graph.range_columns), "one" and
+    "direct" are the same call."""
     impl = get_varlen_kernel(kernel)
     kw = b.kernel_kwargs()
     args = (r, b.max_q, b.max_k, b.causal, scale)
     rule = getattr(cudnn_varlen, "splits", None)
     if direct:  # the same call with each range addressed by its own offsets (no gap sequences)
         kw["prepared"] = cudnn_graph.range_columns(r) + direct_slots(r, q.shape[0], b.max_q)
+    else:
+        with _rule(rule, split):  # the split's extra tensors only where the rule may split
+            kw["prepared"] = impl.prepare(r, q.shape[0], k.shape[0], b.max_q, **b.kernel_kwargs())
 
     def run():
         with _rule(rule, split):

@@ -8,11 +8,13 @@ If the kernel masks those rows' scores to -inf before exp(score - lse), an lse o
 Per case, the backward with each form of the same final lse, its surroundings filled on purpose:
 
   padded 0 / nan / -inf / +inf   the padded buffer, its padding filled with that value (0: the reference)
-  ragged, nan past the end       token-major, the memory just past the last row NaN (what the provider passed)
+  ragged, nan past the end       token-major, the memory just past the last row NaN (the worst of what may lie
+                                 past the provider's fresh contiguous copy)
   ragged, 0 past the end         the same with 0 there, the rows outside every range still -inf
   ragged, 0 past, -inf as 0      and the -inf rows read as 0 too
 
-and prints the NaN count and max |difference| of dq, dk, dv against the reference on the rows and keys in ranges.
+and prints the NaN count and max |difference| of dq, dk, dv against the reference on the rows and keys in ranges,
+and the reference's own against fp32 math (SDPA per sequence), so a form wrong the reference's way shows too.
 
     python -m bench.probes.cudnn_stats_pad
 """
@@ -53,6 +55,22 @@ def _ragged(lse: torch.Tensor, past: float, neg_inf_as: float | None) -> torch.T
     return buf[:t].unsqueeze(-1)
 
 
+def _fp32(q, k, v, do, spans, causal: bool, scale: float) -> list[torch.Tensor]:
+    """(dq, dk, dv) in fp32 by SDPA per sequence (GQA by repeating kv heads), the rows of no range 0."""
+    grads = [torch.zeros(t.shape, device=CUDA) for t in (q, k, v)]
+    rep = q.shape[1] // k.shape[1]
+    for s, e in spans:
+        if e == s:
+            continue
+        qs, ks, vs = (t[s:e].float().transpose(0, 1).requires_grad_() for t in (q, k, v))
+        kx, vx = (t.repeat_interleave(rep, 0) for t in (ks, vs))
+        out = torch.nn.functional.scaled_dot_product_attention(qs, kx, vx, is_causal=causal, scale=scale)
+        out.backward(do[s:e].float().transpose(0, 1))
+        for g, leaf in zip(grads, (qs, ks, vs)):
+            g[s:e] = leaf.grad.transpose(0, 1)
+    return grads
+
+
 def _case(spans: list[tuple[int, int]], t: int, causal: bool, ragged_ok: bool, g: torch.Generator) -> dict[str, str]:
     hq, hkv, d = 8, 2, 128
     starts, ends = (torch.tensor(x, device=CUDA) for x in zip(*spans))
@@ -82,14 +100,20 @@ def _case(spans: list[tuple[int, int]], t: int, causal: bool, ragged_ok: bool, g
             grads[name] = torch.ops.cpcompile.cudnn_thd_bwd(do, q, k, v, out, st, bmeta, tokens, 0.1, *bounds, *mask,
                                                             False)  # fmt: skip
     want = grads["padded 0"]
-    report = {}
+    exact = _fp32(q, k, v, do, spans, causal, 0.1)
+    report = {"padded 0 vs fp32": _diffs(want, exact, rows)}
     for name, got in grads.items():
-        parts = []
-        for label, a, b in zip(("dq", "dk", "dv"), got, want):
-            a, b = a[rows].float(), b[rows].float()  # rows and keys in ranges (keys: the same spans here)
-            parts.append(f"{label} nan {int(a.isnan().sum())} diff {(a - b).abs().nan_to_num(float('inf')).max():.2e}")
-        report[name] = ", ".join(parts)
+        report[name] = _diffs(got, want, rows)
     return report
+
+
+def _diffs(got, want, rows: torch.Tensor) -> str:
+    """NaN count and max |got - want| of dq, dk, dv on the rows and keys in ranges (the same spans here)."""
+    parts = []
+    for label, a, b in zip(("dq", "dk", "dv"), got, want):
+        a, b = a[rows].float(), b[rows].float()
+        parts.append(f"{label} nan {int(a.isnan().sum())} diff {(a - b).abs().nan_to_num(float('inf')).max():.2e}")
+    return ", ".join(parts)
 
 
 def main() -> None:
@@ -104,7 +128,7 @@ def main() -> None:
         for causal in (True, False):
             try:
                 report = _case(spans, t, causal, ragged_ok, g)
-            except Exception as e:  # a form cuDNN refuses is an answer too
+            except (RuntimeError, ValueError) as e:  # a form cuDNN refuses is an answer too (a probe bug is not)
                 report = {"refused": f"{type(e).__name__}: {str(e)[:300]}"}
             for form, line in report.items():
                 print(f"{case}, causal={causal}, {form}: {line}", flush=True)

@@ -21,6 +21,12 @@ def _pieces(t: int, h: int = 2, d: int = 4):
 def test_the_compiled_merge_is_the_providers_and_is_undone():
     with thd_cases.fused_split_merge():
         assert cudnn_varlen.merge is not cudnn_split.merge
+        # the names the provider's forward and backward look up when they run
+        for method in (cudnn_varlen.CuDNNVarlenKernel.forward, cudnn_varlen.CuDNNVarlenKernel.backward):
+            assert method.__globals__["merge"] is cudnn_varlen.merge
+            assert method.__globals__["combine"] is cudnn_varlen.combine
+        assert "merge" in cudnn_varlen.CuDNNVarlenKernel.forward.__code__.co_names
+        assert "combine" in cudnn_varlen.CuDNNVarlenKernel.backward.__code__.co_names
         for t in (37, 64):  # dynamic shapes: one compile serves both
             o1, l1, o2, l2, rows, dark = _pieces(t)
             for got, want in zip(
