@@ -1,5 +1,6 @@
 """bench.thd_cases.fused_split_merge: the THD sweep's cuDNN rows run the provider's split merge compiled, as a
-region runs it. The compiled pieces must give the provider's own results, and leave the provider as it was."""
+region runs it. The compiled pieces must give the provider's own results (to fp32 rounding: Inductor fuses the
+fp32 math, so one ulp may differ; a wrong merge is off by O(1)), and leave the provider as it was."""
 
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ def test_the_compiled_merge_is_the_providers_and_is_undone():
             for got, want in zip(
                 cudnn_varlen.merge(o1, l1, o2, l2, rows, dark), cudnn_split.merge(o1, l1, o2, l2, rows, dark)
             ):
-                torch.testing.assert_close(got, want, rtol=0, atol=0)
+                torch.testing.assert_close(got, want)
             keys = torch.rand(t) < 0.3
             got = cudnn_varlen.combine((o1, o1, o2), (o2, o2, o1), rows, keys, dark)
             want = cudnn_split.combine((o1, o1, o2), (o2, o2, o1), rows, keys, dark)
             for a, b in zip(got, want):
-                torch.testing.assert_close(a, b, rtol=0, atol=0)
+                torch.testing.assert_close(a, b)
     assert (cudnn_varlen.merge, cudnn_varlen.combine) == (cudnn_split.merge, cudnn_split.combine)
