@@ -95,7 +95,7 @@ def one_fn(q, k, v, dout, r, b, kernel: str, scale: float, check=None, direct: b
         kw["prepared"] = cudnn_graph.range_columns(r) + direct_slots(r, q.shape[0], b.max_q)
     else:
         with _rule(rule, split):  # the split's extra tensors only where the rule may split
-            kw["prepared"] = impl.prepare(r, q.shape[0], k.shape[0], b.max_q, **b.kernel_kwargs())
+            kw["prepared"] = impl.prepare(r, q.shape[0], k.shape[0], b.max_q, **kw)
 
     def run():
         with _rule(rule, split):
