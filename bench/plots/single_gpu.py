@@ -3,6 +3,10 @@ and docs/single_gpu_thd.png (packed documents), and print the markdown tables us
 Runs on a CPU machine (matplotlib), from the repository root:
 
     python -m bench.plots.single_gpu [bench/results/single_gpu.json] [docs/single_gpu.png]
+
+The THD rows re-measured on an H100 (packed only: docs/single_gpu_h100_thd.png):
+
+    python -m bench.plots.single_gpu bench/results/single_gpu_thd_h100.json docs/single_gpu_h100.png
 """
 
 from __future__ import annotations
@@ -54,10 +58,11 @@ def main(src: str = "bench/results/single_gpu.json", png: str = "docs/single_gpu
     # packed rows: cuDNN THD's, against the corrected ideal (the fastest single-GPU call timed in the same run)
     thd = [r for r in recs if r["layout"].startswith("thd") and r["kernel"] == THD_KERNEL]
     where = f"{recs[0]['device']} (torch {recs[0]['torch']}), Llama3-8B shape, bf16"
-    _figure(dense, DENSE_STYLES, lambda r: (r["layout"], r["kernel"]), png, f"One CP rank's attention on {where}")
+    if dense:  # a packed-only re-measure (bench/results/single_gpu_thd_h100.json) has no dense rows
+        _figure(dense, DENSE_STYLES, lambda r: (r["layout"], r["kernel"]), png, f"One CP rank's attention on {where}")
     mixes = sorted({r["mix"] for r in thd})
     paths = [("thd", "all_gather", "s"), ("thd_zigzag", "all_gather", "o"), ("thd_balanced", "all_gather", "D"),
-             ("thd", "a2a", "^")]  # fmt: skip
+             ("thd", "a2a", "^"), ("thd_balanced", "a2a", "v")]  # fmt: skip
     thd_styles = {(lay, comm, m): marker + ("-" if i == 0 else "--")
                   for i, m in enumerate(mixes) for lay, comm, marker in paths}  # fmt: skip
     _figure(thd, thd_styles, lambda r: (r["layout"], r["comm"], r["mix"]), png.replace(".png", "_thd.png"),
