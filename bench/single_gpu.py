@@ -15,7 +15,9 @@ every document in full (cuDNN THD top-left over the whole packed sequence, the d
 FA2 varlen, timed together: `ideal_source`; FA2's and cuDNN's bottom-right times kept as columns), / cp.
 cudnn_varlen's own split of a block of cut pieces (from `split_min_rows` q rows, kernels/cudnn_split.py) runs with
 its merge compiled, as a region's graph runs it (`thd_cases.fused_split_merge`). cudnn_varlen all_gather rows also
-time the rank's block split by shape (`kernels_split_ms`). all_gather rows
+time the rank's block split by shape (`kernels_split_ms`). Packed rows' kernels alone (`kernels_only_ms`) run
+with each block's metadata built beforehand, as a region builds it once per batch (`kernels_prepared`; records
+without it built it in every timed call, which a cuDNN call's host time can dominate). all_gather rows
 also record the balance ceiling (mean / max rank work); thd_balanced rows the host time of its per-batch plan
 (`plan_ms`). --thd-comms a2a (thd, thd_balanced): the a2a region with its all-to-alls as identity, one rank;
 selective (thd, thd_balanced): its region with its exchange as identity, every rank. thd_balanced's
@@ -314,6 +316,7 @@ def _thd_sweep(args, layouts, records, device, kernels, with_cudnn, comms) -> li
                         hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE), batch=1, iters=args.iters,
                         device=device, torch=torch.__version__, measured_at=_now(),
                     )  # fmt: skip
+                    rec["kernels_prepared"] = True  # kernels alone with their metadata built beforehand
                     if kernel == "cudnn_varlen":  # which provider ran: blocks of cut pieces split from these rows
                         rec["split_min_rows"] = SPLIT_MIN_ROWS
                     if get_packed_layout(layout).carries_plan:  # thd_balanced: the data loader's cost a batch

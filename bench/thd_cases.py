@@ -7,8 +7,7 @@ shard_batch makes it, its time recorded as `plan_ms`). The ideal is the fastest 
 document in full, divided by cp, among: cuDNN THD over the whole packed sequence with its top-left band (every
 range square: `provider_full_fn`), the documents cut into <= 8K chunks (`chunked_full_fn`: the first chunks
 top-left, the later ones bottom-right, where cuDNN is fast on rectangles) and FA2 varlen (`full_fn`). cuDNN's
-bottom-right band over the same whole documents is timed as a column (`provider_full_fn(anchor="bottom_right")`):
-the mask every block ran before blocks could say they are square.
+bottom-right band over the whole documents is a column (`provider_full_fn(anchor="bottom_right")`, the old mask).
 """
 
 from __future__ import annotations
@@ -146,18 +145,21 @@ def region_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
 
 
 def kernels_only_fn(q, gathered, key_maps, dout, ranges, spec, kernel):
-    """The executor's kernel calls alone, on a ready key buffer: no copy, masking, merging or gradient fold."""
+    """The executor's kernel calls alone, on a ready key buffer, each block's metadata prepared once beforehand as
+    a region prepares it per batch (`prepared=`; records: `kernels_prepared`): no copy, mask, merge or fold."""
     impl = get_varlen_kernel(kernel)
     blocks = decode_varlen(spec)
     tensors = block_tensors(q, gathered, key_maps[0], ranges, spec, kernel)
     out, lse, keys = attend_gathered(q, gathered, key_maps[0], tensors, spec, SCALE, kernel)
     ks, vs = [keys[:, 0]], [keys[:, 1]]
+    kwargs = [b.kernel_kwargs() for b in blocks]
+    calls = [(r, b, {**kw, "prepared": impl.prepare(r, len(q), len(keys), b.max_q, **kw)})
+             for r, b, kw in zip(ranges, blocks, kwargs)]  # fmt: skip
 
     def run():
-        for r, b in zip(ranges, blocks):
-            impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, SCALE, **b.kernel_kwargs())
-        for r, b in zip(ranges, blocks):
-            kw = b.kernel_kwargs()
+        for r, b, kw in calls:
+            impl.forward(q, ks[b.source], vs[b.source], r, b.max_q, b.max_k, b.causal, SCALE, **kw)
+        for r, b, kw in calls:
             impl.backward(dout, q, ks[b.source], vs[b.source], out, lse, r, b.max_q, b.max_k, b.causal, SCALE, **kw)
 
     return run
@@ -339,7 +341,7 @@ def a2a_region_fn(q, k, v, dout, cu, cp: int, kernel: str, compiled: bool = Fals
 
 
 def a2a_kernels_only_fn(q, k, v, dout, cu, cp: int, kernel: str, layout: str = "thd"):
-    """The one varlen kernel call each way that an a2a rank makes: all T tokens, Hq/cp and Hkv/cp heads."""
+    """The one varlen call each way an a2a rank makes: all T tokens, Hq/cp and Hkv/cp heads, metadata prepared."""
     from cpcompile.layouts.thd import whole_sequence_blocks
 
     impl, total = get_varlen_kernel(kernel), q.shape[0] * cp
@@ -354,6 +356,7 @@ def a2a_kernels_only_fn(q, k, v, dout, cu, cp: int, kernel: str, layout: str = "
     (block,) = whole_sequence_blocks(cu, total, True, max_doc=longest)
     args = (block.ranges, block.max_q, block.max_k, True, SCALE)
     kw = decode_varlen(encode_varlen([block]))[0].kernel_kwargs()  # as the executor calls it: tiled, square
+    kw["prepared"] = impl.prepare(block.ranges, total, total, block.max_q, **kw)  # once, as the region does
     out, lse = impl.forward(qh, kh, vh, *args, **kw)
 
     def run():

@@ -6,7 +6,9 @@ mix, S, cp), the model's estimate of each (cost.estimate with the record's docum
 of them as shard_batch makes it; host time a call included, as kernel="auto" weighs it) against the measured
 slowest rank. A pair measured within cost.TIE is a tie; otherwise kernel="auto"'s pick (the first option, in
 VARLEN_AUTO_ORDER, within TIE of the fastest estimate: cost/choose.py) is right or wrong, and a wrong pick costs
-the measured ratio. CPU only:
+the measured ratio. Then the same for the (comm, kernel) pairs of each layout's run, what comm="auto" with
+kernel="auto" weighs, on the records' compute (the bench times no communication: the estimates' time on the
+wire is left out). CPU only:
 
     python -m bench.probes.cost_vs_records [bench/results/single_gpu_thd_h100.json]
 """
@@ -21,6 +23,7 @@ from collections import defaultdict
 import torch
 
 from bench.thd_cases import doc_lengths
+from cpcompile.comms.registry import COMMS
 from cpcompile.cost import TIE, SiteShape, estimate
 from cpcompile.families.varlen.costing import PACKED
 from cpcompile.kernels import VARLEN_AUTO_ORDER
@@ -44,11 +47,13 @@ def documents(rec: dict, lengths: list[int]) -> torch.Tensor:
     return get_packed_layout(rec["layout"]).prepare(offsets, sum(lengths), rec["cp"]).long()
 
 
-def estimated_ms(rec: dict) -> float:
+def estimated_ms(rec: dict, wire: bool = True) -> float:
+    """The model's time for the record's site, comm and kernel (`wire`: with its time on the wire)."""
     lengths = doc_lengths(rec["S"], rec["mix"])
     if len(lengths) != rec["n_docs"] or max(lengths) != rec["longest_doc"]:
         raise SystemExit(f"{rec['mix']} at S={rec['S']}: the mix regenerates otherwise than the record's documents")
-    return estimate(site(rec, lengths), rec["layout"], rec["comm"], rec["kernel"], documents(rec, lengths)).total_ms
+    e = estimate(site(rec, lengths), rec["layout"], rec["comm"], rec["kernel"], documents(rec, lengths))
+    return e.total_ms - (0.0 if wire else e.wire_ms)
 
 
 def auto_pick(est: dict[str, float]) -> str:
@@ -85,6 +90,32 @@ def main(path: str = "bench/results/single_gpu_thd_h100.json") -> None:
               f"{verdict} |")  # fmt: skip
     worst = f", the worst {max(wrong):.2f}x the faster kernel's time" if wrong else ""
     print(f"\n{ranked} pairs ranked, {ties} ties; auto picks the slower kernel at {len(wrong)}{worst}")
+    both_auto(runs)
+
+
+def both_auto(runs: dict[tuple, dict[str, dict]]) -> None:
+    """Per layout x mix x S x cp: the (comm, kernel) the model ranks first (compute and host, no wire; ties
+    within TIE to the first in the comm registry's and VARLEN_AUTO_ORDER's order) against the measured fastest."""
+    points: dict[tuple, list[dict]] = defaultdict(list)
+    for (layout, _, mix, seq, cp), pair in runs.items():
+        points[(layout, mix, seq, cp)] += pair.values()
+    comm_order = {c: i for i, c in enumerate(COMMS)}  # the registry's order: comm="auto"'s ties
+    print("\n| layout | mix | S | cp | measured fastest | auto's pick | its measured time / the fastest |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    wrong = []
+    for (layout, mix, seq, cp), recs in sorted(points.items()):
+        est = {(r["comm"], r["kernel"]): estimated_ms(r, wire=False) for r in recs}
+        meas = {(r["comm"], r["kernel"]): r["slowest_rank_ms"] for r in recs}
+        order = sorted(est, key=lambda o: (comm_order[o[0]], VARLEN_AUTO_ORDER.index(o[1])))
+        pick = next(o for o in order if est[o] <= min(est.values()) * (1 + TIE))
+        fastest = min(meas, key=meas.get)
+        ratio = meas[pick] / meas[fastest]
+        if ratio > 1 + TIE:
+            wrong.append(ratio)
+        print(f"| {layout} | {mix} | {seq // 1024}K | {cp} | {' + '.join(fastest)} | {' + '.join(pick)} | "
+              f"{ratio:.2f} |")  # fmt: skip
+    worst = f", the worst {max(wrong):.2f}x" if wrong else ""
+    print(f"\n{len(points)} runs; auto's (comm, kernel) more than TIE slower than the fastest at {len(wrong)}{worst}")
 
 
 if __name__ == "__main__":
