@@ -24,7 +24,7 @@ import torch
 
 from bench.thd_cases import doc_lengths
 from cpcompile.comms.registry import COMMS
-from cpcompile.cost import TIE, SiteShape, estimate
+from cpcompile.cost import TIE, Estimate, SiteShape, estimate
 from cpcompile.families.varlen.costing import PACKED
 from cpcompile.kernels import VARLEN_AUTO_ORDER
 from cpcompile.layouts.thd import get_packed_layout
@@ -47,13 +47,12 @@ def documents(rec: dict, lengths: list[int]) -> torch.Tensor:
     return get_packed_layout(rec["layout"]).prepare(offsets, sum(lengths), rec["cp"]).long()
 
 
-def estimated_ms(rec: dict, wire: bool = True) -> float:
-    """The model's time for the record's site, comm and kernel (`wire`: with its time on the wire)."""
+def estimated(rec: dict) -> Estimate:
+    """The model's estimate of the record's site, comm and kernel, with the record's documents."""
     lengths = doc_lengths(rec["S"], rec["mix"])
     if len(lengths) != rec["n_docs"] or max(lengths) != rec["longest_doc"]:
         raise SystemExit(f"{rec['mix']} at S={rec['S']}: the mix regenerates otherwise than the record's documents")
-    e = estimate(site(rec, lengths), rec["layout"], rec["comm"], rec["kernel"], documents(rec, lengths))
-    return e.total_ms - (0.0 if wire else e.wire_ms)
+    return estimate(site(rec, lengths), rec["layout"], rec["comm"], rec["kernel"], documents(rec, lengths))
 
 
 def auto_pick(est: dict[str, float]) -> str:
@@ -67,15 +66,15 @@ def main(path: str = "bench/results/single_gpu_thd_h100.json") -> None:
     for rec in json.load(open(path)):
         if rec["layout"].startswith("thd") and rec["kernel"] in KERNELS:
             runs[(rec["layout"], rec["comm"], rec["mix"], rec["S"], rec["cp"])][rec["kernel"]] = rec
+    runs = {key: pair for key, pair in runs.items() if set(pair) == set(KERNELS)}
+    est_of = {id(rec): estimated(rec) for pair in runs.values() for rec in pair.values()}  # each record once
     ranked = ties = 0
     wrong: list[float] = []
     print("| layout | comm | mix | S | cp | measured ms cuDNN / FA2 | estimated ms cuDNN / FA2 | auto | verdict |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for key, pair in sorted(runs.items()):
-        if set(pair) != set(KERNELS):
-            continue
         meas = {k: pair[k]["slowest_rank_ms"] for k in KERNELS}
-        est = {k: estimated_ms(pair[k]) for k in KERNELS}
+        est = {k: est_of[id(pair[k])].total_ms for k in KERNELS}
         pick, faster = auto_pick(est), min(meas, key=meas.get)
         if abs(meas["cudnn_varlen"] - meas["flash_varlen"]) <= TIE * min(meas.values()):
             verdict, ties = "tie", ties + 1
@@ -90,10 +89,10 @@ def main(path: str = "bench/results/single_gpu_thd_h100.json") -> None:
               f"{verdict} |")  # fmt: skip
     worst = f", the worst {max(wrong):.2f}x the faster kernel's time" if wrong else ""
     print(f"\n{ranked} pairs ranked, {ties} ties; auto picks the slower kernel at {len(wrong)}{worst}")
-    both_auto(runs)
+    both_auto(runs, est_of)
 
 
-def both_auto(runs: dict[tuple, dict[str, dict]]) -> None:
+def both_auto(runs: dict[tuple, dict[str, dict]], est_of: dict[int, Estimate]) -> None:
     """Per layout x mix x S x cp: the (comm, kernel) the model ranks first (compute and host, no wire; ties
     within TIE to the first in the comm registry's and VARLEN_AUTO_ORDER's order) against the measured fastest."""
     points: dict[tuple, list[dict]] = defaultdict(list)
@@ -104,7 +103,7 @@ def both_auto(runs: dict[tuple, dict[str, dict]]) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     wrong = []
     for (layout, mix, seq, cp), recs in sorted(points.items()):
-        est = {(r["comm"], r["kernel"]): estimated_ms(r, wire=False) for r in recs}
+        est = {(r["comm"], r["kernel"]): est_of[id(r)].total_ms - est_of[id(r)].wire_ms for r in recs}
         meas = {(r["comm"], r["kernel"]): r["slowest_rank_ms"] for r in recs}
         order = sorted(est, key=lambda o: (comm_order[o[0]], VARLEN_AUTO_ORDER.index(o[1])))
         pick = next(o for o in order if est[o] <= min(est.values()) * (1 + TIE))
