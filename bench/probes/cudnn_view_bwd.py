@@ -4,7 +4,7 @@ the frontend's op; it now reads token-major views in place (cudnn_varlen.token_m
 all_gather's key buffer), declaring each view's real strides and making its offsets from them. This prints the
 evidence, beside tests/gpu's accuracy check of the same path.
 
-    python -m bench.probes.cudnn_view_bwd
+    python -m bench.probes.cudnn_view_bwd [--where-nan]
 
 Per case (a fused projection's views; head-major buffers, which the provider still copies), the largest
 |difference| of dq, dk, dv (views against copies) over every row and key (all are defined here), and whether
@@ -13,6 +13,9 @@ they are equal bit for bit; a layout cuDNN refuses prints its error.
 
 from __future__ import annotations
 
+import itertools
+import sys
+
 import torch
 
 from cpcompile.kernels import cudnn_graph, cudnn_varlen
@@ -20,10 +23,18 @@ from cpcompile.kernels import cudnn_graph, cudnn_varlen
 CUDA = torch.device("cuda")
 
 
-def _case(
-    hq: int, hkv: int, d: int, causal: bool, ragged_stats: bool, head_major: bool, g: torch.Generator
-) -> dict[str, float]:
-    cu_q = torch.tensor([0, 40, 40, 100, 160], device=CUDA, dtype=torch.int32)
+def _grads(
+    hq: int,
+    hkv: int,
+    d: int,
+    causal: bool,
+    ragged_stats: bool,
+    head_major: bool,
+    g: torch.Generator,
+    lengths: tuple[int, ...] = (40, 0, 60, 60),
+) -> dict[str, tuple[torch.Tensor, ...]]:
+    """dq, dk, dv of one THD backward per form of q/k/v: "views", "copies" (all contiguous), "kv views"."""
+    cu_q = torch.tensor([0, *itertools.accumulate(lengths)], device=CUDA, dtype=torch.int32)
     cu_k = cu_q
     t = int(cu_q[-1])
     if head_major:  # (H, T, D) buffers seen as (T, H, D): token stride d, head stride T * d
@@ -35,7 +46,7 @@ def _case(
     do = torch.randn(t, hq, d, device=CUDA, generator=g, dtype=torch.bfloat16)
     columns = cudnn_graph.sequence_columns(cu_q, cu_k)
     mask = cudnn_varlen.band_args(causal, (-1, -1), True)
-    bounds = (60, 60)
+    bounds = (max(lengths), max(lengths))
     meta = cudnn_graph.ragged_metadata(columns, (q.stride(0), hq * d, hq), (k.stride(0), v.stride(0)))
     with torch.no_grad():
         out, stats = torch.ops.cpcompile.cudnn_thd_fwd(q, k, v, meta, [q.stride(0), k.stride(0), v.stride(0)], 0.1,
@@ -43,7 +54,10 @@ def _case(
         if ragged_stats:
             lse, q_extra = stats.contiguous(), (hq,)
         else:
-            lse, q_extra = cudnn_varlen.padded_lse(stats.squeeze(-1).t(), _ranges(cu_q), 4, bounds[0], True), ()
+            lse, q_extra = (
+                cudnn_varlen.padded_lse(stats.squeeze(-1).t(), _ranges(cu_q), len(lengths), bounds[0], True),
+                (),
+            )
         grads = {}
         for name, (qq, kk, vv) in {
             "views": (q, k, v),
@@ -55,7 +69,13 @@ def _case(
             tokens = [qq.stride(0), hq * d, kk.stride(0), vv.stride(0)]
             grads[name] = torch.ops.cpcompile.cudnn_thd_bwd(do, qq, kk, vv, out, lse, bmeta, tokens, 0.1, *bounds,
                                                             *mask, False)  # fmt: skip
-    views, copies, kv_views = grads.values()
+    return grads
+
+
+def _case(
+    hq: int, hkv: int, d: int, causal: bool, ragged_stats: bool, head_major: bool, g: torch.Generator
+) -> dict[str, float]:
+    views, copies, kv_views = _grads(hq, hkv, d, causal, ragged_stats, head_major, g).values()
     return {n: (a.float() - b.float()).abs().max().item() for n, a, b in zip(("dq", "dk", "dv"), views, copies)} | {
         "bit_equal": all(torch.equal(a, b) for a, b in zip(views, copies)),
         "kv_views_bit_equal": all(torch.equal(a, b) for a, b in zip(kv_views, copies)),
@@ -84,5 +104,26 @@ def main() -> None:
                           f"views={'head-major' if head_major else 'fused QKV'}: {result}", flush=True)  # fmt: skip
 
 
+def where_nan(repeats: int = 3) -> None:
+    """Which gradients come out NaN, per stats form, q/k/v form and document list, each case `repeats` times
+    (the ragged form's NaN was seen in one run of two): an empty document or not, fused-QKV views or head-major."""
+    cudnn_graph.RAGGED_STATS_ON = True  # the op takes the ragged form only while it is on (this process only)
+    g = torch.Generator(device=CUDA).manual_seed(0)
+    for lengths in ((40, 0, 60, 60), (40, 60, 60)):
+        for hq, hkv, d in ((8, 8, 128), (8, 2, 128)):
+            for causal in (True, False):
+                for ragged in (False, True):
+                    for head_major in (False, True):
+                        seen = []
+                        for _ in range(repeats):
+                            grads = _grads(hq, hkv, d, causal, ragged, head_major, g, lengths)
+                            nan = {form: "".join(n for n, t in zip("qkv", gs) if t.isnan().any())
+                                   for form, gs in grads.items()}  # fmt: skip
+                            seen.append(" ".join(f"{form}:{v or '-'}" for form, v in nan.items()))
+                        print(f"docs {lengths} heads {hq}/{hkv} dim {d} causal={causal} ragged_stats={ragged} "
+                              f"views={'head-major' if head_major else 'fused QKV'}: NaN in d[qkv] per run: "
+                              f"{' | '.join(seen)}", flush=True)  # fmt: skip
+
+
 if __name__ == "__main__":
-    main()
+    where_nan() if sys.argv[1:] == ["--where-nan"] else main()
