@@ -37,3 +37,18 @@ def test_a_pair_ranked_as_measured_and_the_swapped_pair_wrong(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| cudnn_varlen | WRONG: 1.61x |" in out
     assert "auto picks the slower kernel at 1, the worst 1.61x" in out
+
+
+def test_gpu_only_leaves_the_host_term_out(tmp_path, capsys):
+    """4K tokens a rank under a2a (one call over all documents): cuDNN's GPU time is the shorter (measured 1.32
+    against 2.21 ms, steps back to back), but the host time its call adds in the model makes auto take FA2;
+    --gpu-only weighs the GPU side alone and ranks it as measured."""
+    key = ("thd", "a2a", "docs-median-1K", 32768, 8)
+    records = json.loads((RECORDS.parent / "single_gpu_thd_prepared_h100.json").read_text())
+    recs = [r for r in records if (r["layout"], r["comm"], r["mix"], r["S"], r["cp"]) == key]
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps(recs))
+    probe.main(str(path))
+    assert "| flash_varlen | WRONG: 1.68x |" in capsys.readouterr().out
+    probe.main(str(path), "--gpu-only")
+    assert "| cudnn_varlen | right |" in capsys.readouterr().out
