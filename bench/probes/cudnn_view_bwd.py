@@ -1,10 +1,11 @@
 """Does cpcompile's cuDNN THD backward (kernels/cudnn_graph) give the same gradients on strided q/k/v views as on
 their contiguous copies? The provider read copies until the H200 had given wrong dq/dk on such views through
-the frontend's op; it now reads token-major views in place (cudnn_varlen.token_major: a fused projection's q,
-all_gather's key buffer), declaring each view's real strides and making its offsets from them. This prints the
-evidence, beside tests/gpu's accuracy check of the same path.
+the frontend's op; it now reads token-major k and v views in place (cudnn_varlen.token_major: all_gather's key
+buffer), declaring each view's real strides and making its offsets from them, and copies q (a strided q gives
+wrong dq here). This prints the evidence, beside tests/gpu's accuracy check of the same path.
 
-    python -m bench.probes.cudnn_view_bwd [--where-nan]
+    python -m bench.probes.cudnn_view_bwd
+    python -m bench.probes.cudnn_view_bwd --where-nan views|copies|kv-views  # one form a process
 
 Per case (a fused projection's views; head-major buffers, which the provider still copies), the largest
 |difference| of dq, dk, dv (views against copies) over every row and key (all are defined here), and whether
@@ -21,6 +22,8 @@ import torch
 from cpcompile.kernels import cudnn_graph, cudnn_varlen
 
 CUDA = torch.device("cuda")
+FORMS = ("views", "copies", "kv views")
+"""The q/k/v forms a case compares, in the order it runs them."""
 
 
 def _grads(
@@ -32,8 +35,10 @@ def _grads(
     head_major: bool,
     g: torch.Generator,
     lengths: tuple[int, ...] = (40, 0, 60, 60),
+    forms: tuple[str, ...] = FORMS,
 ) -> dict[str, tuple[torch.Tensor, ...]]:
-    """dq, dk, dv of one THD backward per form of q/k/v: "views", "copies" (all contiguous), "kv views"."""
+    """dq, dk, dv of one THD backward per form of q/k/v in `forms`: "views", "copies" (all contiguous), "kv views"
+    (q copied, as the provider does)."""
     cu_q = torch.tensor([0, *itertools.accumulate(lengths)], device=CUDA, dtype=torch.int32)
     cu_k = cu_q
     t = int(cu_q[-1])
@@ -59,11 +64,10 @@ def _grads(
                 (),
             )
         grads = {}
-        for name, (qq, kk, vv) in {
-            "views": (q, k, v),
-            "copies": (q.contiguous(), k.contiguous(), v.contiguous()),
-            "kv views": (q.contiguous(), k, v),
-        }.items():
+        given = {"views": (q, k, v), "copies": (q.contiguous(), k.contiguous(), v.contiguous()),
+                 "kv views": (q.contiguous(), k, v)}  # fmt: skip
+        for name in forms:
+            qq, kk, vv = given[name]
             bmeta = cudnn_graph.ragged_metadata(columns, (qq.stride(0), hq * d, hq * d, *q_extra),
                                                 (kk.stride(0), vv.stride(0), hkv * d, hkv * d))  # fmt: skip
             tokens = [qq.stride(0), hq * d, kk.stride(0), vv.stride(0)]
@@ -104,26 +108,30 @@ def main() -> None:
                           f"views={'head-major' if head_major else 'fused QKV'}: {result}", flush=True)  # fmt: skip
 
 
-def where_nan(repeats: int = 3) -> None:
-    """Which gradients come out NaN, per stats form, q/k/v form and document list, each case `repeats` times
-    (the ragged form's NaN was seen in one run of two): an empty document or not, fused-QKV views or head-major."""
+def where_nan(form: str, repeats: int = 3) -> None:
+    """Which gradients come out NaN for one q/k/v form, per stats form and document list, each case `repeats` times
+    (the ragged form's NaN was seen in one run of two). One form a process: a run that faults or writes out of
+    bounds would otherwise taint the forms after it (the first such run, all forms in one process, hit an illegal
+    memory access in its first case)."""
+    if form not in FORMS:
+        raise SystemExit(f"--where-nan takes one of {', '.join(f.replace(' ', '-') for f in FORMS)}, not {form!r}")
     cudnn_graph.RAGGED_STATS_ON = True  # the op takes the ragged form only while it is on (this process only)
     g = torch.Generator(device=CUDA).manual_seed(0)
-    for lengths in ((40, 0, 60, 60), (40, 60, 60)):
+    for lengths in ((40, 60, 60), (40, 0, 60, 60)):
         for hq, hkv, d in ((8, 8, 128), (8, 2, 128)):
-            for causal in (True, False):
-                for ragged in (False, True):
-                    for head_major in (False, True):
-                        seen = []
-                        for _ in range(repeats):
-                            grads = _grads(hq, hkv, d, causal, ragged, head_major, g, lengths)
-                            nan = {form: "".join(n for n, t in zip("qkv", gs) if t.isnan().any())
-                                   for form, gs in grads.items()}  # fmt: skip
-                            seen.append(" ".join(f"{form}:{v or '-'}" for form, v in nan.items()))
-                        print(f"docs {lengths} heads {hq}/{hkv} dim {d} causal={causal} ragged_stats={ragged} "
-                              f"views={'head-major' if head_major else 'fused QKV'}: NaN in d[qkv] per run: "
-                              f"{' | '.join(seen)}", flush=True)  # fmt: skip
+            for causal, ragged, head_major in itertools.product((True, False), (False, True), (False, True)):
+                seen = []
+                for _ in range(repeats):
+                    (grads,) = _grads(hq, hkv, d, causal, ragged, head_major, g, lengths, (form,)).values()
+                    torch.cuda.synchronize()  # a fault surfaces here, at its case
+                    seen.append("".join(n for n, t in zip("qkv", grads) if t.isnan().any()) or "-")
+                print(f"{form}: docs {lengths} heads {hq}/{hkv} dim {d} causal={causal} ragged_stats={ragged} "
+                      f"views={'head-major' if head_major else 'fused QKV'}: NaN in d[qkv] per run: "
+                      f"{' | '.join(seen)}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
-    where_nan() if sys.argv[1:] == ["--where-nan"] else main()
+    if sys.argv[1:2] == ["--where-nan"]:
+        where_nan(" ".join(sys.argv[2:]).replace("-", " "))
+    else:
+        main()
