@@ -64,10 +64,13 @@ def _grads(
                 (),
             )
         grads = {}
-        given = {"views": (q, k, v), "copies": (q.contiguous(), k.contiguous(), v.contiguous()),
-                 "kv views": (q.contiguous(), k, v)}  # fmt: skip
+        given = {
+            "views": lambda: (q, k, v),
+            "copies": lambda: (q.contiguous(), k.contiguous(), v.contiguous()),
+            "kv views": lambda: (q.contiguous(), k, v),
+        }  # only the forms asked for are made
         for name in forms:
-            qq, kk, vv = given[name]
+            qq, kk, vv = given[name]()
             bmeta = cudnn_graph.ragged_metadata(columns, (qq.stride(0), hq * d, hq * d, *q_extra),
                                                 (kk.stride(0), vv.stride(0), hkv * d, hkv * d))  # fmt: skip
             tokens = [qq.stride(0), hq * d, kk.stride(0), vv.stride(0)]
