@@ -15,13 +15,16 @@ every document in full (cuDNN THD top-left over the whole packed sequence, the d
 FA2 varlen, timed together: `ideal_source`; FA2's and cuDNN's bottom-right times kept as columns), / cp.
 cudnn_varlen's own split of a block of cut pieces (from `split_min_rows` q rows, kernels/cudnn_split.py) runs with
 its merge compiled, as a region's graph runs it (`thd_cases.fused_split_merge`). cudnn_varlen all_gather rows also
-time the rank's block split by shape (`kernels_split_ms`). Packed rows' kernels alone (`kernels_only_ms`) run
-with each block's metadata built beforehand, as a region builds it once per batch (`kernels_prepared`; records
-without it built it in every timed call, which a cuDNN call's host time can dominate). all_gather rows
-also record the balance ceiling (mean / max rank work); thd_balanced rows the host time of its per-batch plan
-(`plan_ms`). --thd-comms a2a (thd, thd_balanced): the a2a region with its all-to-alls as identity, one rank;
-selective (thd, thd_balanced): its region with its exchange as identity, every rank. thd_balanced's
-all_gather rows alone (about 2 minutes on an H200):
+time the rank's block split by shape (`kernels_split_ms`). all_gather rows' region time (`per_rank_ms`) runs its
+metadata and ops eagerly; `compiled_region_ms` (per rank) times the region itself compiled by Inductor as in a
+model, its collectives local (bench/thd_region.py; one compile per rank and case: --no-compiled-region skips it).
+Packed rows' kernels alone (`kernels_only_ms`) run with each block's metadata built beforehand, as a region builds
+it once per batch (`kernels_prepared`; records without it built it in every timed call, which a cuDNN call's host
+time can dominate). all_gather rows also record the balance ceiling (mean / max rank work); thd_balanced rows the
+host time of its per-batch plan (`plan_ms`). --thd-comms a2a (thd, thd_balanced): the a2a region with its
+all-to-alls as identity, one rank; selective (thd, thd_balanced): its region with its exchange as identity, every
+rank. thd_balanced's all_gather rows alone (about 2 minutes on an H200 with --no-compiled-region; each rank's
+compile adds to it):
 
     python -m bench.single_gpu --layouts thd_balanced --seqs 32768,65536,131072 --cps 2,4,8 \
         --mixes docs-median-1K,docs-median-8K --thd-comms all_gather --thd-kernels cudnn_varlen
@@ -37,7 +40,7 @@ import time
 
 import torch
 
-from bench import thd_cases
+from bench import thd_cases, thd_region
 from bench.common import (
     DTYPE,
     HKV,
@@ -136,6 +139,7 @@ def main() -> None:
     ap.add_argument("--mixes", default=",".join(thd_cases.MIXES))
     ap.add_argument("--thd-kernels", default="auto", help="varlen providers; auto = what kernel='auto' picks")
     ap.add_argument("--thd-comms", default="all_gather,a2a", help="all_gather, a2a, selective (as each allows)")
+    ap.add_argument("--no-compiled-region", action="store_true", help="all_gather THD: skip the compiled region")
     ap.add_argument("--kernels", default="cudnn,flash")
     ap.add_argument("--iters", type=int)
     ap.add_argument("--warmup", type=int, default=2)
@@ -250,8 +254,9 @@ def _varlen_kernels(names: str) -> list[str]:
 
 
 def _thd_rank_times(layout: str, comm: str, lengths: list[int], cp: int, kernel: str, args) -> dict:
-    """Per rank: the region's time, its kernel calls alone, its rank work (all_gather), a2a's eager region."""
-    per_rank, kernels_only, eager, work, split = [], [], [], [], []
+    """Per rank: the region's time, its kernel calls alone, its rank work (all_gather), a2a's eager region,
+    all_gather's region compiled (thd_region.py)."""
+    per_rank, kernels_only, eager, work, split, compiled = [], [], [], [], [], []
     for rank in range(1 if comm == "a2a" else cp):  # a2a: every rank the same
         if comm == "a2a":  # region compiled by Inductor (as in a model), kernel alone, eager
             case = thd_cases.a2a_rank_case(lengths, cp, layout)
@@ -266,15 +271,19 @@ def _thd_rank_times(layout: str, comm: str, lengths: list[int], cp: int, kernel:
         else:
             case = thd_cases.rank_case(layout, lengths, cp, rank)
             fns = [thd_cases.region_fn(*case, kernel), thd_cases.kernels_only_fn(*case, kernel)]
+            if not args.no_compiled_region:  # the region itself, Inductor-compiled as in a model, collectives local
+                fns.append(thd_region.compiled_region_fn(thd_region.rank_case(layout, lengths, cp, rank), kernel))
             if kernel == "cudnn_varlen":  # a mixed block split by shape into a top-left and a bottom-right call
                 fns.append(thd_cases.split_kernels_fn(*case, kernel))
             work.append(thd_cases.rank_work(case[4]))
         region, bare, *more = time_many_ms(fns, args.iters, args.warmup)
         per_rank.append(region)
         kernels_only.append(bare)
+        if comm == "all_gather" and not args.no_compiled_region:
+            compiled.append(more.pop(0))
         (eager if comm == "a2a" else split).extend(more)
         del case, fns
-    return dict(per_rank=per_rank, kernels_only=kernels_only, eager=eager, work=work, split=split)
+    return dict(per_rank=per_rank, kernels_only=kernels_only, eager=eager, work=work, split=split, compiled=compiled)
 
 
 def thd_sweep(args, layouts: list[str], records: list[dict], device: str) -> list[dict]:
@@ -328,6 +337,8 @@ def _thd_sweep(args, layouts, records, device, kernels, with_cudnn, comms) -> li
                         rec["eager_region_ms"] = t["eager"][slow]
                     if t["split"]:  # the kernel calls split by shape (square top-left, rest bottom-right)
                         rec["kernels_split_ms"] = t["split"]
+                    if t["compiled"]:  # all_gather's region compiled by Inductor, as in a model, per rank
+                        rec["compiled_region_ms"] = t["compiled"]
                     records = [r for r in records if _key(r) != _key(rec)] + [rec]
                     with open(args.out, "w") as f:
                         json.dump(records, f, indent=1)
@@ -336,6 +347,7 @@ def _thd_sweep(args, layouts, records, device, kernels, with_cudnn, comms) -> li
                     times = f"{per_rank[slow]:8.2f} ms, ideal {rec['ideal_ms']:8.2f} ms"
                     more = f", ceiling {rec['balance_ceiling']:.3f}" if "balance_ceiling" in rec else ""
                     more += f", eager region {t['eager'][slow]:.2f} ms" if t["eager"] else ""
+                    more += f", compiled region {max(t['compiled']):.2f} ms" if t["compiled"] else ""
                     more += f", kernels {bare[slow]:.2f} / split {t['split'][slow]:.2f} ms" if t["split"] else ""
                     more += f", eff vs FA2 ideal {rec['efficiency_vs_fa2']:.3f} [{time.time() - t0:.0f}s]"
                     print(f"  {what}: {times}, eff {eff:.3f} overhead {over:.1f}%{more}", flush=True)
