@@ -89,7 +89,7 @@ _PLANS: dict[tuple, tuple[torch.Tensor, float]] = {}
 def model_cu(layout: str, lengths: list[int], cp: int) -> tuple[torch.Tensor, float]:
     """(what the model's varlen_attn gets as cu_seqlens, host ms to make it): the offsets, or thd_balanced's
     plan made from them on the host as shard_batch makes it (once per layout x mix x cp, then cached)."""
-    key = (layout, tuple(lengths), cp)
+    key = (layout, tuple(lengths), cp, DEVICE)  # DEVICE: a CPU smoke test and a GPU run may share a process
     if key not in _PLANS:
         offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         t0 = time.perf_counter()

@@ -56,3 +56,13 @@ def test_a2a_kernel_alone_prepares_once(counted):
     assert counted["prepare"] == built == 1
     forward, backward = counted["calls"]
     assert isinstance(forward, list) and backward is forward  # the one prepared list, built before the calls
+
+
+def test_model_cu_plans_are_kept_per_device(monkeypatch):
+    """A plan made for one device is not handed to a run on another (a CPU smoke test and a GPU run may share a
+    process): thd_cases.model_cu's cache is keyed by the device as well as the layout, documents and cp."""
+    lengths = [96, 32, 128]
+    monkeypatch.setattr(thd_cases, "DEVICE", "meta")
+    assert thd_cases.model_cu("thd_balanced", lengths, 2)[0].device.type == "meta"
+    monkeypatch.setattr(thd_cases, "DEVICE", "cpu")
+    assert thd_cases.model_cu("thd_balanced", lengths, 2)[0].device.type == "cpu"
